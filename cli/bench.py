@@ -1,0 +1,36 @@
+"""``hamq bench``: run the benchmarks of benchmarks/ from a source checkout."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Run hamq's benchmarks (from a source checkout).", no_args_is_help=True)
+
+BENCHMARKS_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _run(name: str, args: list[str]) -> None:
+    script = BENCHMARKS_DIR / f"{name}.py"
+    if not script.is_file():
+        typer.echo(
+            f"error: {script} not found; benchmarks run from a source checkout of hamq",
+            err=True,
+        )
+        raise typer.Exit(2)
+    raise typer.Exit(subprocess.call([sys.executable, str(script), *args]))
+
+
+@app.command()
+def remoting(
+    quick: Annotated[bool, typer.Option(help="One round of 1-second cells.")] = False,
+    duration: Annotated[float, typer.Option(min=0.2, help="Seconds per cell.")] = 2.0,
+    rounds: Annotated[int, typer.Option(min=1, help="Measurements per cell (median).")] = 3,
+) -> None:
+    """Round trips per second of hamq's remoting layer against plain Trio."""
+    args = ["--quick"] if quick else ["--duration", str(duration), "--rounds", str(rounds)]
+    _run("remoting", args)

@@ -1,0 +1,45 @@
+"""hamq's sans-IO protocol layer: bytes in, objects out. Never imports trio.
+
+- codes.py         request/response codes, languages, serialize types, flag bits
+- command.py       RemotingCommand
+- serialization.py the JSON, ROCKETMQ and MSGPACK header codecs
+- frame.py         FrameDecoder / encode_frame
+- headers.py       typed request/response headers (attrs)
+- converter.py     headers <-> ext fields (cattrs)
+- errors.py        ProtocolError, RequestError, HeaderError
+"""
+
+from hamq.protocol.codes import (
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    HAMQ_PROTOCOL_VERSION,
+    LanguageCode,
+    RequestCode,
+    ResponseCode,
+    SerializeType,
+    code_name,
+)
+from hamq.protocol.command import RemotingCommand
+from hamq.protocol.converter import decode_header, encode_header
+from hamq.protocol.errors import HeaderError, ProtocolError, RequestError
+from hamq.protocol.frame import DEFAULT_MAX_FRAME_LENGTH, FrameDecoder, encode_frame
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_LENGTH",
+    "FLAG_ONEWAY",
+    "FLAG_RESPONSE",
+    "HAMQ_PROTOCOL_VERSION",
+    "FrameDecoder",
+    "HeaderError",
+    "LanguageCode",
+    "ProtocolError",
+    "RemotingCommand",
+    "RequestCode",
+    "RequestError",
+    "ResponseCode",
+    "SerializeType",
+    "code_name",
+    "decode_header",
+    "encode_frame",
+    "encode_header",
+]

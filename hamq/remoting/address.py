@@ -1,0 +1,25 @@
+"""``host:port`` addresses as RocketMQ writes them (``127.0.0.1:10911``, ``[::1]:9876``)."""
+
+from __future__ import annotations
+
+
+def parse_address(addr: str) -> tuple[str, int]:
+    """(host, port) of ``host:port``; ValueError names what is wrong."""
+    if not isinstance(addr, str) or not addr.strip():
+        raise ValueError(f"bad address {addr!r}: expected host:port")
+    text = addr.strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"bad address {addr!r}: expected host:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"bad address {addr!r}: write an IPv6 host in brackets, [::1]:9876")
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"bad address {addr!r}: port {port_text!r} is not in 1..65535")
+    return host, int(port_text)
+
+
+def format_address(host: str, port: int) -> str:
+    """The ``host:port`` text of an address, IPv6 hosts in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -1,0 +1,146 @@
+"""RemotingClient: one connection per address, opened on demand, many requests in flight.
+
+Use it as an async context manager; its connections live in its own nursery and
+close when the block ends::
+
+    async with RemotingClient() as client:
+        response = await client.invoke("127.0.0.1:9876", request, timeout_s=3.0)
+
+Requests on one connection are matched to responses by opaque, so any number can be
+in flight at once. ``invoke``'s timeout covers connecting as well as waiting. When a
+connection drops, every request waiting on it fails at once with
+RemotingConnectionClosed and the next call to that address connects again. Requests
+the server sends to the client (NOTIFY_CONSUMER_IDS_CHANGED ...) go to the client's
+own dispatcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from types import TracebackType
+
+import trio
+
+from hamq.protocol import RemotingCommand
+from hamq.remoting.address import parse_address
+from hamq.remoting.config import RemotingConfig
+from hamq.remoting.connection import Connection
+from hamq.remoting.dispatch import Dispatcher
+from hamq.remoting.errors import RemotingConnectError, RemotingTimeoutError
+
+log = logging.getLogger(__name__)
+
+
+class RemotingClient:
+    def __init__(
+        self,
+        *,
+        dispatcher: Dispatcher | None = None,
+        config: RemotingConfig | None = None,
+    ) -> None:
+        self.dispatcher = dispatcher or Dispatcher()
+        self._config = config or RemotingConfig()
+        self._connections: dict[str, Connection] = {}
+        self._connect_locks: dict[str, trio.Lock] = {}
+        self._nursery: trio.Nursery | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> RemotingClient:
+        stack = contextlib.AsyncExitStack()
+        self._nursery = await stack.enter_async_context(trio.open_nursery())
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._nursery is not None and self._stack is not None
+        for conn in list(self._connections.values()):
+            conn.close("client closed")
+        self._nursery.cancel_scope.cancel()
+        stack, self._stack, self._nursery = self._stack, None, None
+        # The block's own exception is not handed to the nursery, so it propagates
+        # as itself rather than wrapped in an ExceptionGroup.
+        await stack.aclose()
+        return None
+
+    @property
+    def connections(self) -> dict[str, Connection]:
+        """The open connections by address."""
+        return {addr: conn for addr, conn in self._connections.items() if not conn.closed}
+
+    # ------------------------------------------------------------------ calls
+    async def invoke(
+        self, addr: str, request: RemotingCommand, timeout_s: float
+    ) -> RemotingCommand:
+        """Send ``request`` to ``addr`` and return the response; assigns ``request.opaque``.
+
+        RemotingConnectError if no connection can be opened, RemotingTimeoutError
+        when ``timeout_s`` (connecting included) passes, RemotingConnectionClosed when
+        the connection drops first.
+        """
+        deadline = trio.current_time() + timeout_s
+        conn = await self.connection(addr, timeout_s=timeout_s)
+        remaining = deadline - trio.current_time()
+        if remaining <= 0:
+            raise RemotingTimeoutError(addr, f"connecting used the whole {timeout_s:g}s timeout")
+        return await conn.invoke(request, remaining)
+
+    async def invoke_oneway(self, addr: str, request: RemotingCommand, timeout_s: float) -> None:
+        """Send ``request`` with the oneway bit set; no response is awaited."""
+        conn = await self.connection(addr, timeout_s=timeout_s)
+        await conn.invoke_oneway(request, timeout_s)
+
+    # ------------------------------------------------------------------ connections
+    async def connection(self, addr: str, *, timeout_s: float | None = None) -> Connection:
+        """The open connection to ``addr``, connecting if there is none."""
+        conn = self._connections.get(addr)
+        if conn is not None and not conn.closed:
+            return conn
+        if self._nursery is None:
+            raise RuntimeError("RemotingClient is not open; use 'async with RemotingClient()'")
+        lock = self._connect_locks.setdefault(addr, trio.Lock())
+        async with lock:
+            conn = self._connections.get(addr)
+            if conn is not None and not conn.closed:
+                return conn
+            conn = await self._connect(addr, timeout_s)
+            self._connections[addr] = conn
+            return conn
+
+    def close_connection(self, addr: str, reason: str = "closed by client") -> None:
+        """Close the connection to ``addr`` if there is one (its waiters fail at once)."""
+        conn = self._connections.pop(addr, None)
+        if conn is not None:
+            conn.close(reason)
+
+    async def _connect(self, addr: str, timeout_s: float | None) -> Connection:
+        assert self._nursery is not None
+        try:
+            host, port = parse_address(addr)
+        except ValueError as exc:
+            raise RemotingConnectError(addr, str(exc)) from None
+        limit_s = self._config.connect_timeout_s
+        if timeout_s is not None:
+            limit_s = min(limit_s, timeout_s)
+        try:
+            with trio.fail_after(limit_s):
+                stream = await trio.open_tcp_stream(host, port)
+        except trio.TooSlowError:
+            raise RemotingConnectError(addr, f"connect timed out after {limit_s:g}s") from None
+        except OSError as exc:
+            raise RemotingConnectError(addr, f"cannot connect: {exc}") from None
+        conn = Connection(stream, peer=addr, dispatcher=self.dispatcher, config=self._config)
+        conn.add_close_listener(self._forget)
+        await self._nursery.start(conn.run)
+        log.debug("connected to %s", addr)
+        return conn
+
+    def _forget(self, conn: Connection) -> None:
+        if self._connections.get(conn.peer) is conn:
+            del self._connections[conn.peer]

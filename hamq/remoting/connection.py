@@ -1,0 +1,495 @@
+"""One TCP stream speaking remoting frames, in both directions.
+
+A ``Connection`` serves the requests its peer sends (through a ``Dispatcher``) and
+sends requests of its own (``invoke`` / ``invoke_oneway``) matched to responses by
+opaque. Server and client use the same class: brokers send requests to clients over
+the clients' own connections (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE).
+
+Tasks and invariants (all inside ``run``'s nursery):
+- the reader decodes frames and handles each inline, in the order received: a
+  response wakes its waiter, a request goes to the dispatcher. Processors that answer
+  at once never cost a task, and the answers to one received chunk leave in one write
+  that the reader makes itself when the socket is idle (no task switch per batch).
+- everyone else appends whole frames to the output buffer and the writer task sends
+  them, so a caller that is cancelled never leaves half a frame on the wire. At most
+  one of reader and writer sends at a time (``_send_busy``). A send is only ever
+  cancelled when the whole connection is torn down.
+- callers wait while the output buffer is above its high-water mark, and the reader
+  stops reading then: backpressure reaches the peer through TCP.
+- requests answered later (async processors, ``defer``) are "in flight"; past
+  ``max_in_flight_per_connection`` a new one is answered SYSTEM_BUSY at once.
+- when the connection ends (EOF, error, bad frame, idle timeout, close()), every
+  request of ours still waiting fails at once with RemotingConnectionClosed.
+- ``drain()`` is the graceful end: stop reading, answer what is in flight, flush,
+  close. ``close()`` is the hard end.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from hamq.protocol import (
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    FrameDecoder,
+    ProtocolError,
+    RemotingCommand,
+    RequestError,
+    ResponseCode,
+    encode_frame,
+)
+from hamq.remoting.config import RemotingConfig
+from hamq.remoting.errors import (
+    RemotingConnectionClosed,
+    RemotingFrameTooLarge,
+    RemotingTimeoutError,
+)
+
+if TYPE_CHECKING:
+    from hamq.remoting.dispatch import Dispatcher
+
+log = logging.getLogger(__name__)
+
+_OPAQUE_MASK = 0x7FFFFFFF
+
+
+@attrs.frozen
+class ConnectionStatistics:
+    peer: str
+    requests_received: int
+    responses_sent: int
+    requests_sent: int
+    responses_received: int
+    #: received requests not answered yet (async or deferred processors)
+    in_flight: int
+    #: our requests waiting for their responses
+    pending: int
+    bytes_received: int
+    bytes_sent: int
+    send_buffer_bytes: int
+
+
+class _Pending:
+    __slots__ = ("done", "error", "response")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.response: RemotingCommand | None = None
+        self.error: Exception | None = None
+
+
+class Responder:
+    """The promise to answer one received request later (``Connection.defer``).
+
+    ``send`` answers it once; ``discard`` gives it up without an answer. Either one
+    frees the request's in-flight place. Both are safe after the connection closed.
+    """
+
+    __slots__ = ("_conn", "_done", "request")
+
+    def __init__(self, conn: Connection, request: RemotingCommand) -> None:
+        self._conn = conn
+        self.request = request
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def connection(self) -> Connection:
+        return self._conn
+
+    def send(self, response: RemotingCommand) -> bool:
+        """Answer the request; False if it was already answered or the connection closed."""
+        if self._done:
+            return False
+        self._done = True
+        self._conn._release()
+        if self._conn.closed:
+            return False
+        self._conn.respond(self.request, response)
+        return True
+
+    def discard(self) -> None:
+        """Give the request up without answering it."""
+        if not self._done:
+            self._done = True
+            self._conn._release()
+
+
+class Connection:
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        *,
+        peer: str,
+        dispatcher: Dispatcher,
+        config: RemotingConfig,
+    ) -> None:
+        self.peer = peer
+        #: free for the layers above (client ids, group names) to tag a connection
+        self.attributes: dict[str, Any] = {}
+        self._stream = stream
+        self._dispatcher = dispatcher
+        self._config = config
+        self._decoder = FrameDecoder(config.max_frame_length)
+        # output: frames waiting to be sent, and the bytes of the send under way
+        self._out = bytearray()
+        self._sending = 0
+        self._send_busy = False
+        self._in_read_batch = False
+        self._writer_wakeup: trio.Event | None = None
+        self._write_progress: trio.Event | None = None
+        # our requests, by opaque
+        self._pending: dict[int, _Pending] = {}
+        self._next_opaque = 0
+        # received requests answered later
+        self._in_flight = 0
+        self._idle: trio.Event | None = None
+        # lifecycle
+        self._nursery: trio.Nursery | None = None
+        self._receive_scope = trio.CancelScope()  # cancelled by drain() in a receive only
+        self._receiving = False
+        self._draining = False
+        self._closed = False
+        self._close_reason = "not started"
+        self._close_listeners: list[Callable[[Connection], None]] = []
+        # counters
+        self._requests_received = 0
+        self._responses_sent = 0
+        self._requests_sent = 0
+        self._responses_received = 0
+        self._bytes_received = 0
+        self._bytes_sent = 0
+
+    # ------------------------------------------------------------------ state
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def close_reason(self) -> str:
+        return self._close_reason
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def add_close_listener(self, listener: Callable[[Connection], None]) -> None:
+        """Call ``listener(conn)`` once, when the connection has closed."""
+        self._close_listeners.append(listener)
+
+    def statistics(self) -> ConnectionStatistics:
+        return ConnectionStatistics(
+            peer=self.peer,
+            requests_received=self._requests_received,
+            responses_sent=self._responses_sent,
+            requests_sent=self._requests_sent,
+            responses_received=self._responses_received,
+            in_flight=self._in_flight,
+            pending=len(self._pending),
+            bytes_received=self._bytes_received,
+            bytes_sent=self._bytes_sent,
+            send_buffer_bytes=len(self._out) + self._sending,
+        )
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "draining" if self._draining else "open"
+        return f"<Connection {self.peer} {state}>"
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the connection until it ends; never raises for network trouble."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self._close_reason = ""
+                nursery.start_soon(self._write_loop)
+                if self._config.idle_timeout_s is not None:
+                    nursery.start_soon(self._idle_watchdog, self._config.idle_timeout_s)
+                task_status.started()
+                reason = await self._read_loop()
+                if self._draining and not self._close_reason:
+                    await self._finish_in_flight()
+                self._abort(reason)
+        finally:
+            self._closed = True
+            self._fail_pending()
+            self._wake_progress()
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self._stream)
+            log.debug("connection %s closed: %s", self.peer, self._close_reason)
+            for listener in self._close_listeners:
+                try:
+                    listener(self)
+                except Exception:
+                    log.exception("close listener of %s failed", self.peer)
+
+    def drain(self) -> None:
+        """Graceful end: read nothing more, answer what is in flight, flush, close."""
+        self._draining = True
+        if self._receiving:
+            self._receive_scope.cancel()
+
+    def close(self, reason: str = "closed locally") -> None:
+        """Hard end: close now; requests in flight go unanswered."""
+        self._abort(reason)
+
+    def _abort(self, reason: str) -> None:
+        if not self._close_reason:
+            self._close_reason = reason
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _finish_in_flight(self) -> None:
+        while self._in_flight > 0:
+            self._idle = trio.Event()
+            await self._idle.wait()
+        await self._wait_flushed(0)
+
+    # ------------------------------------------------------------------ reading
+    async def _idle_watchdog(self, idle_s: float) -> None:
+        """Close the connection once nothing has been received for ``idle_s`` seconds."""
+        seen = self._bytes_received
+        quiet_since = trio.current_time()
+        while True:
+            await trio.sleep(idle_s / 4)
+            now = trio.current_time()
+            if self._bytes_received != seen:
+                seen = self._bytes_received
+                quiet_since = now
+            elif now - quiet_since >= idle_s:
+                self._abort(f"nothing received for {idle_s:g}s")
+                return
+
+    async def _read_loop(self) -> str:
+        stream = self._stream
+        decoder = self._decoder
+        size = self._config.receive_size_bytes
+        high_water = self._config.write_buffer_high_water_bytes
+        dispatch = self._dispatcher.dispatch
+        with self._receive_scope:
+            while not self._draining:
+                self._receiving = True
+                try:
+                    data = await stream.receive_some(size)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    return f"receive failed: {exc}"
+                finally:
+                    self._receiving = False
+                if not data:
+                    return "closed by peer"
+                self._bytes_received += len(data)
+                decoder.feed(data)
+                try:
+                    commands = decoder.commands()
+                except ProtocolError as exc:
+                    return self._protocol_error(exc)
+                self._in_read_batch = True
+                try:
+                    for cmd in commands:
+                        if cmd.flag & FLAG_RESPONSE:
+                            self._complete(cmd)
+                        else:
+                            self._requests_received += 1
+                            dispatch(cmd, self)
+                finally:
+                    self._in_read_batch = False
+                if self._out:
+                    if not self._send_busy:
+                        try:
+                            await self._send_out()
+                        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                            return f"send failed: {exc}"
+                    if self._out:
+                        self._kick_writer()
+                    if len(self._out) > high_water:
+                        await self._wait_flushed(high_water)
+                if decoder.failed:
+                    try:
+                        decoder.commands()
+                    except ProtocolError as exc:
+                        return self._protocol_error(exc)
+        return "drained"
+
+    def _protocol_error(self, exc: ProtocolError) -> str:
+        log.warning("closing connection with %s: %s", self.peer, exc)
+        return f"protocol error: {exc}"
+
+    def _complete(self, response: RemotingCommand) -> None:
+        self._responses_received += 1
+        pending = self._pending.pop(response.opaque, None)
+        if pending is None:
+            log.debug("%s: dropping %s, nobody waits for it", self.peer, response.describe())
+            return
+        pending.response = response
+        pending.done.set()
+
+    # ------------------------------------------------------------------ answering
+    def respond(self, request: RemotingCommand, response: RemotingCommand) -> None:
+        """Send ``response`` to a received ``request`` (nothing for oneway requests).
+
+        The response gets the request's opaque and serialize type and the response bit.
+        """
+        if request.flag & FLAG_ONEWAY or self._closed:
+            return
+        response.opaque = request.opaque
+        response.flag |= FLAG_RESPONSE
+        response.serialize_type = request.serialize_type
+        try:
+            frame = encode_frame(response)
+        except ValueError as exc:
+            log.error(
+                "%s: cannot encode the response to %s: %s", self.peer, request.describe(), exc
+            )
+            frame = encode_frame(
+                request.response_to(ResponseCode.SYSTEM_ERROR, f"response not encodable: {exc}")
+            )
+        self._out += frame
+        self._responses_sent += 1
+        if not self._in_read_batch:
+            self._kick_writer()
+
+    def defer(self, request: RemotingCommand) -> Responder:
+        """Take a place in flight for ``request``, to be answered later by the Responder.
+
+        Raises RequestError(SYSTEM_BUSY) when the connection's in-flight limit is reached.
+        """
+        limit = self._config.max_in_flight_per_connection
+        if self._in_flight >= limit:
+            raise RequestError(
+                ResponseCode.SYSTEM_BUSY,
+                f"[OVERLOAD] {self._in_flight} requests already in flight on this "
+                f"connection (limit {limit}); try again later",
+            )
+        self._in_flight += 1
+        return Responder(self, request)
+
+    def _release(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._idle is not None:
+            self._idle.set()
+            self._idle = None
+
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+        """Run ``fn(*args)`` as a task that lives no longer than this connection."""
+        if self._nursery is None:
+            raise RuntimeError(f"{self!r} is not running")
+        self._nursery.start_soon(fn, *args)
+
+    # ------------------------------------------------------------------ requesting
+    async def invoke(self, request: RemotingCommand, timeout_s: float) -> RemotingCommand:
+        """Send ``request`` and wait for its response; assigns ``request.opaque``.
+
+        RemotingTimeoutError after ``timeout_s``; RemotingConnectionClosed at once if the
+        connection ends first.
+        """
+        frame = self._request_frame(request)
+        opaque = request.opaque
+        pending = _Pending()
+        self._pending[opaque] = pending
+        try:
+            with trio.move_on_after(timeout_s):
+                self._enqueue(frame)
+                await self._wait_flushed(self._config.write_buffer_high_water_bytes)
+                await pending.done.wait()
+            if pending.response is not None:
+                return pending.response
+            if pending.error is not None:
+                raise pending.error
+            raise RemotingTimeoutError(
+                self.peer, f"no response to {request.describe()} within {timeout_s:g}s"
+            )
+        finally:
+            self._pending.pop(opaque, None)
+
+    async def invoke_oneway(self, request: RemotingCommand, timeout_s: float) -> None:
+        """Send ``request`` with the oneway bit; waits only for room in the send buffer."""
+        request.flag |= FLAG_ONEWAY
+        self._enqueue(self._request_frame(request))
+        with trio.move_on_after(timeout_s) as scope:
+            await self._wait_flushed(self._config.write_buffer_high_water_bytes)
+        if scope.cancelled_caught:
+            raise RemotingTimeoutError(
+                self.peer, f"{request.describe()} not sent within {timeout_s:g}s (peer not reading)"
+            )
+
+    def _request_frame(self, request: RemotingCommand) -> bytes:
+        if self._closed:
+            raise RemotingConnectionClosed(self.peer, f"connection closed ({self._close_reason})")
+        request.opaque = self._next_opaque
+        self._next_opaque = (self._next_opaque + 1) & _OPAQUE_MASK
+        request.flag &= ~FLAG_RESPONSE
+        frame = encode_frame(request)
+        if len(frame) - 4 > self._config.max_frame_length:
+            raise RemotingFrameTooLarge(
+                self.peer,
+                f"{request.describe()} is a frame of {len(frame) - 4} bytes, over the "
+                f"maximum frame length {self._config.max_frame_length}; nothing was sent",
+            )
+        self._requests_sent += 1
+        return frame
+
+    def _fail_pending(self) -> None:
+        pending, self._pending = self._pending, {}
+        for waiter in pending.values():
+            waiter.error = RemotingConnectionClosed(
+                self.peer, f"connection closed before the response arrived ({self._close_reason})"
+            )
+            waiter.done.set()
+
+    # ------------------------------------------------------------------ writing
+    def _enqueue(self, frame: bytes) -> None:
+        if self._closed:
+            raise RemotingConnectionClosed(self.peer, f"connection closed ({self._close_reason})")
+        self._out += frame
+        self._kick_writer()
+
+    def _kick_writer(self) -> None:
+        wakeup = self._writer_wakeup
+        if wakeup is not None:
+            self._writer_wakeup = None
+            wakeup.set()
+
+    async def _send_out(self) -> None:
+        """Send everything buffered; the caller made sure no other send is under way."""
+        data, self._out = self._out, bytearray()
+        self._send_busy = True
+        self._sending = len(data)
+        try:
+            await self._stream.send_all(data)
+        finally:
+            self._send_busy = False
+            self._sending = 0
+        self._bytes_sent += len(data)
+        self._wake_progress()
+
+    async def _wait_flushed(self, limit: int) -> None:
+        """Wait until at most ``limit`` bytes are left to send (or the connection ends)."""
+        while len(self._out) + self._sending > limit and not self._closed:
+            if self._write_progress is None:
+                self._write_progress = trio.Event()
+            await self._write_progress.wait()
+
+    def _wake_progress(self) -> None:
+        progress = self._write_progress
+        if progress is not None:
+            self._write_progress = None
+            progress.set()
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                if not self._out or self._send_busy:
+                    self._writer_wakeup = trio.Event()
+                    await self._writer_wakeup.wait()
+                    continue
+                await self._send_out()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._abort(f"send failed: {exc}")

@@ -1,0 +1,211 @@
+"""Connection on in-memory streams: timers under a mock clock, backpressure, deferral.
+
+These tests run in virtual time (``autojump_clock``): a 120 s idle timeout takes no
+real time, and nothing depends on how fast the machine is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from hamq.protocol import RemotingCommand, ResponseCode
+from hamq.remoting import (
+    Connection,
+    Dispatcher,
+    RemotingConfig,
+    RemotingConnectionClosed,
+    RemotingTimeoutError,
+    Responder,
+)
+
+ECHO = 1
+NEVER = 2
+DEFER = 3
+BOOM_ASYNC = 4
+
+
+class Pair:
+    """Two connected Connections: ``client`` and ``server``, each running."""
+
+    def __init__(self, client: Connection, server: Connection) -> None:
+        self.client = client
+        self.server = server
+
+
+def server_dispatcher(deferred: list[Responder]) -> Dispatcher:
+    dispatcher = Dispatcher()
+    dispatcher.register(ECHO, lambda request, conn: request.response_to(body=request.body))
+
+    async def never(request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    def defer(request: RemotingCommand, conn: Connection) -> None:
+        deferred.append(conn.defer(request))
+
+    async def boom(request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        await trio.sleep(1)
+        raise KeyError("no such queue")
+
+    dispatcher.register_async(NEVER, never)
+    dispatcher.register(DEFER, defer)
+    dispatcher.register_async(BOOM_ASYNC, boom)
+    return dispatcher
+
+
+async def open_pair(
+    nursery: trio.Nursery,
+    deferred: list[Responder],
+    config: RemotingConfig | None = None,
+) -> Pair:
+    config = config or RemotingConfig()
+    a, b = trio.testing.memory_stream_pair()
+    # only the server side times out idle connections, so it is always the one to close
+    client_config = attrs.evolve(config, idle_timeout_s=None)
+    client = Connection(a, peer="server", dispatcher=Dispatcher(), config=client_config)
+    server = Connection(b, peer="client", dispatcher=server_dispatcher(deferred), config=config)
+    await nursery.start(client.run)
+    await nursery.start(server.run)
+    return Pair(client, server)
+
+
+@pytest.fixture
+async def deferred() -> AsyncIterator[list[Responder]]:
+    yield []
+
+
+async def test_client_timeout_names_the_request(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, deferred: list[Responder]
+) -> None:
+    pair = await open_pair(nursery, deferred)
+    start = trio.current_time()
+    with pytest.raises(RemotingTimeoutError, match=r"no response to request code 2 .* within 3s"):
+        await pair.client.invoke(RemotingCommand.request(NEVER), timeout_s=3)
+    assert trio.current_time() - start == pytest.approx(3)
+    # the late answer would be dropped; the connection itself is fine
+    response = await pair.client.invoke(RemotingCommand.request(ECHO, body=b"x"), timeout_s=3)
+    assert response.body == b"x"
+    assert pair.client.statistics().pending == 0
+
+
+async def test_idle_connection_closes_after_the_idle_timeout(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, deferred: list[Responder]
+) -> None:
+    pair = await open_pair(nursery, deferred, RemotingConfig(idle_timeout_s=120))
+    closed_at: list[float] = []
+    closed = trio.Event()
+
+    def on_close(conn: Connection) -> None:
+        closed_at.append(trio.current_time())
+        closed.set()
+
+    pair.server.add_close_listener(on_close)
+    start = trio.current_time()
+    await trio.sleep(100)
+    await pair.client.invoke(RemotingCommand.request(ECHO), timeout_s=3)  # activity
+    await trio.sleep(110)
+    assert not pair.server.closed  # 110 s since the last request
+    with trio.fail_after(100):
+        await closed.wait()
+    quiet = closed_at[0] - (start + 100)
+    assert 120 <= quiet <= 150
+    assert "nothing received for 120s" in pair.server.close_reason
+
+
+async def test_deferred_answer_arrives_when_the_processor_sends_it(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, deferred: list[Responder]
+) -> None:
+    pair = await open_pair(nursery, deferred)
+    answers: list[RemotingCommand] = []
+
+    async def ask() -> None:
+        answers.append(await pair.client.invoke(RemotingCommand.request(DEFER), timeout_s=30))
+
+    nursery.start_soon(ask)
+    await trio.testing.wait_all_tasks_blocked()
+    [responder] = deferred
+    assert pair.server.in_flight == 1
+    await trio.sleep(10)  # a long poll holds the request
+    assert responder.send(responder.request.response_to(remark="found"))
+    assert not responder.send(responder.request.response_to())  # only once
+    await trio.testing.wait_all_tasks_blocked()
+    assert [a.remark for a in answers] == ["found"]
+    assert pair.server.in_flight == 0
+
+
+async def test_async_processor_failure_is_a_system_error(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, deferred: list[Responder]
+) -> None:
+    pair = await open_pair(nursery, deferred)
+    response = await pair.client.invoke(RemotingCommand.request(BOOM_ASYNC), timeout_s=5)
+    assert response.code == ResponseCode.SYSTEM_ERROR
+    assert response.remark == "KeyError: 'no such queue'"
+    assert pair.server.in_flight == 0
+
+
+async def test_peer_that_stops_reading_pushes_back_on_senders(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, deferred: list[Responder]
+) -> None:
+    config = RemotingConfig(write_buffer_high_water_bytes=64 * 1024)
+    a, _never_read = trio.testing.lockstep_stream_pair()
+    conn = Connection(a, peer="stuck", dispatcher=Dispatcher(), config=config)
+    await nursery.start(conn.run)
+    body = b"x" * 16 * 1024
+    sent = 0
+    with pytest.raises(RemotingTimeoutError, match="not sent within 5s"):
+        for _ in range(100):
+            await conn.invoke_oneway(RemotingCommand.request(ECHO, body=body), timeout_s=5)
+            sent += 1
+    # the buffer stopped growing near the high-water mark instead of taking all 100
+    assert sent < 10
+    assert conn.statistics().send_buffer_bytes <= 64 * 1024 + 2 * len(body)
+
+
+async def test_closing_fails_waiters_and_refuses_new_requests(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, deferred: list[Responder]
+) -> None:
+    pair = await open_pair(nursery, deferred)
+    errors: list[Exception] = []
+
+    async def wait_forever() -> None:
+        try:
+            await pair.client.invoke(RemotingCommand.request(NEVER), timeout_s=1000)
+        except RemotingConnectionClosed as exc:
+            errors.append(exc)
+
+    nursery.start_soon(wait_forever)
+    await trio.testing.wait_all_tasks_blocked()
+    start = trio.current_time()
+    pair.client.close("shutting down")
+    await trio.testing.wait_all_tasks_blocked()
+    assert trio.current_time() == start  # failed at once, no timeout waited out
+    assert len(errors) == 1
+    assert "shutting down" in str(errors[0])
+    with pytest.raises(RemotingConnectionClosed):
+        await pair.client.invoke(RemotingCommand.request(ECHO), timeout_s=1)
+
+
+async def test_drain_answers_in_flight_then_closes(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, deferred: list[Responder]
+) -> None:
+    pair = await open_pair(nursery, deferred)
+    answers: list[RemotingCommand] = []
+
+    async def ask() -> None:
+        answers.append(await pair.client.invoke(RemotingCommand.request(DEFER), timeout_s=60))
+
+    nursery.start_soon(ask)
+    await trio.testing.wait_all_tasks_blocked()
+    pair.server.drain()
+    await trio.sleep(5)
+    assert not pair.server.closed  # still owes an answer
+    deferred[0].send(deferred[0].request.response_to(remark="last"))
+    await trio.testing.wait_all_tasks_blocked()
+    assert pair.server.closed
+    assert [a.remark for a in answers] == ["last"]
+    assert pair.server.close_reason == "drained"

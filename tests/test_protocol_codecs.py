@@ -1,0 +1,175 @@
+"""The three header codecs, checked against the bytes RocketMQ writes and reads."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import msgpack
+from hypothesis import given
+
+from hamq.protocol import (
+    FrameDecoder,
+    LanguageCode,
+    RemotingCommand,
+    SerializeType,
+    encode_frame,
+)
+from hamq.protocol.serialization import (
+    decode_json_header,
+    decode_msgpack_header,
+    decode_rocketmq_header,
+    encode_json_header,
+    encode_msgpack_header,
+    encode_rocketmq_header,
+)
+from tests.strategies import commands
+
+# A SEND_MESSAGE header as the C++ client 1.2.x sent it (shared/PROTOCOL.md §9): keys
+# sorted, ext values a mix of strings and numbers, a trailing newline in the header.
+CPP_SEND_HEADER = (
+    '{"code":10,"extFields":{"AccessKey":"","OnsChannel":"ALIYUN",'
+    '"Signature":"/6eBTC7IAbbWd2RMu95BRquKmlQ=","batch":"0","bornTimestamp":"1795267292855",'
+    '"defaultTopic":"TBW102","defaultTopicQueueNums":4,"flag":0,"producerGroup":"PID_TEST",'
+    '"properties":"KEYS\\u0001key0\\u0002TAGS\\u0001tagA\\u0002UNIQ_KEY\\u0001'
+    '0100007F0000EC70000037513A6F0100\\u0002WAIT\\u0001true\\u0002myprop\\u0001v0\\u0002",'
+    '"queueId":0,"reconsumeTimes":"0","sysFlag":0,"topic":"TopicTest","unitMode":"0"},'
+    '"flag":0,"language":"CPP","opaque":1,"remark":"","version":63}\n'
+)
+
+
+@given(commands(SerializeType.JSON))
+def test_json_round_trip(cmd: RemotingCommand) -> None:
+    assert decode_json_header(encode_json_header(cmd), cmd.body) == cmd
+
+
+@given(commands(SerializeType.MSGPACK))
+def test_msgpack_round_trip(cmd: RemotingCommand) -> None:
+    assert decode_msgpack_header(encode_msgpack_header(cmd), cmd.body) == cmd
+
+
+@given(commands(SerializeType.ROCKETMQ))
+def test_rocketmq_round_trip(cmd: RemotingCommand) -> None:
+    decoded = decode_rocketmq_header(encode_rocketmq_header(cmd), cmd.body)
+    cmd.remark = cmd.remark or None  # a zero-length remark is null on the wire
+    assert decoded == cmd
+
+
+def test_json_is_written_as_fastjson_writes_it() -> None:
+    cmd = RemotingCommand(
+        code=0,
+        opaque=1,
+        flag=1,
+        ext_fields={"queueOffset": "0", "msgId": "7F00000100002A9F0000000000000000", "k": "é\x01"},
+        language=LanguageCode.JAVA,
+        version=401,
+        serialize_type=SerializeType.JSON,
+    )
+    assert (
+        encode_json_header(cmd)
+        == (
+            '{"code":0,"extFields":{"k":"é\\u0001","msgId":"7F00000100002A9F0000000000000000",'
+            '"queueOffset":"0"},"flag":1,"language":"JAVA","opaque":1,'
+            '"serializeTypeCurrentRPC":"JSON","version":401}'
+        ).encode()
+    )
+
+
+def test_json_writes_a_remark_and_leaves_out_a_null_one() -> None:
+    with_remark = RemotingCommand(
+        code=17, remark="topic x not exist", serialize_type=SerializeType.JSON
+    )
+    assert b'"remark":"topic x not exist"' in encode_json_header(with_remark)
+    assert b"remark" not in encode_json_header(
+        RemotingCommand(code=0, serialize_type=SerializeType.JSON)
+    )
+
+
+def test_the_cpp_clients_send_header_decodes_with_every_value_a_string() -> None:
+    cmd = decode_json_header(CPP_SEND_HEADER.encode(), b"hello-0")
+    assert cmd.code == 10
+    assert cmd.language is LanguageCode.CPP
+    assert cmd.version == 63
+    assert cmd.opaque == 1
+    assert cmd.remark == ""
+    assert cmd.ext_fields["queueId"] == "0"
+    assert cmd.ext_fields["defaultTopicQueueNums"] == "4"
+    assert cmd.ext_fields["bornTimestamp"] == "1795267292855"
+    assert cmd.ext_fields["properties"].startswith("KEYS\x01key0\x02TAGS\x01tagA\x02")
+
+
+def test_json_decode_accepts_numbers_booleans_and_nulls_in_ext_fields() -> None:
+    header = b'{"code":11,"extFields":{"a":5,"b":true,"c":null,"d":2.0,"e":"x"}}'
+    cmd = decode_json_header(header, b"")
+    assert cmd.ext_fields == {"a": "5", "b": "true", "d": "2", "e": "x"}
+    assert cmd.language is LanguageCode.JAVA  # RocketMQ's default when none is given
+
+
+def test_unknown_language_names_count_as_other() -> None:
+    cmd = decode_json_header(b'{"code":1,"language":"COBOL"}', b"")
+    assert cmd.language is LanguageCode.OTHER
+
+
+def test_rocketmq_binary_layout_matches_protocol_section_2_2() -> None:
+    cmd = RemotingCommand(
+        code=105,
+        opaque=9,
+        flag=2,
+        remark="hi",
+        ext_fields={"topic": "T1"},
+        language=LanguageCode.JAVA,
+        version=401,
+        serialize_type=SerializeType.ROCKETMQ,
+    )
+    header = encode_rocketmq_header(cmd)
+    expected = (
+        struct.pack(">hBhii", 105, 0, 401, 9, 2)
+        + struct.pack(">i", 2)
+        + b"hi"
+        + struct.pack(">i", 2 + 5 + 4 + 2)
+        + struct.pack(">h", 5)
+        + b"topic"
+        + struct.pack(">i", 2)
+        + b"T1"
+    )
+    assert header == expected
+    assert len(header) == 21 + 2 + 13  # 21 + remark + ext fields
+    frame = encode_frame(cmd)
+    assert struct.unpack_from(">I", frame, 4)[0] == (1 << 24) | len(header)
+
+
+def test_rocketmq_zero_length_remark_is_null() -> None:
+    header = struct.pack(">hBhii", 0, 1, 63, 1, 1) + struct.pack(">i", 0) + struct.pack(">i", 0)
+    cmd = decode_rocketmq_header(header, b"")
+    assert cmd.remark is None
+    assert cmd.language is LanguageCode.CPP
+    assert cmd.ext_fields == {}
+
+
+def test_msgpack_header_uses_the_json_field_names() -> None:
+    cmd = RemotingCommand(code=34, opaque=3, remark="r", ext_fields={"a": "1"})
+    assert msgpack.unpackb(encode_msgpack_header(cmd)) == {
+        "code": 34,
+        "extFields": {"a": "1"},
+        "flag": 0,
+        "language": "PYTHON",
+        "opaque": 3,
+        "remark": "r",
+        "version": cmd.version,
+    }
+
+
+def test_response_to_copies_opaque_and_serialize_type() -> None:
+    request = RemotingCommand(code=10, opaque=77, serialize_type=SerializeType.JSON)
+    response = request.response_to(17, "no such topic", ext_fields={"x": "1"})
+    assert response.is_response
+    assert not request.is_response
+    assert response.opaque == 77
+    assert response.serialize_type == SerializeType.JSON
+    decoder = FrameDecoder()
+    decoder.feed(encode_frame(response))
+    decoded = decoder.next_command()
+    assert decoded is not None
+    assert json.loads(encode_json_header(response))["flag"] == 1
+    assert decoded.remark == "no such topic"
+    assert decoded.ext_fields == {"x": "1"}
