@@ -161,9 +161,10 @@ async def test_peer_that_stops_reading_pushes_back_on_senders(
         for _ in range(100):
             await conn.invoke_oneway(RemotingCommand.request(ECHO, body=body), timeout_s=5)
             sent += 1
-    # the buffer stopped growing near the high-water mark instead of taking all 100
+    # the buffer stopped growing at the high-water mark instead of taking all 100
     assert sent < 10
-    assert conn.statistics().send_buffer_bytes <= 64 * 1024 + 2 * len(body)
+    assert conn.statistics().send_buffer_bytes <= 64 * 1024 + 3 * len(body)
+    assert not conn.closed  # giving up while waiting for room leaves the stream intact
 
 
 async def test_closing_fails_waiters_and_refuses_new_requests(

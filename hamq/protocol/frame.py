@@ -110,13 +110,16 @@ class FrameDecoder:
         if self._error is not None:
             raise self._error
         out: list[RemotingCommand] = []
+        append = out.append
         buffer = self._buffer
         size = len(buffer)
+        # slices of bytes are the one copy a body needs; a bytearray's need one more
+        whole = buffer if type(buffer) is bytes else None
         max_length = self.max_frame_length
         decoders = _DECODERS
+        pos = self._pos
         try:
             while limit:
-                pos = self._pos
                 if size - pos < 8:
                     if size - pos >= 4:
                         self._check_length(_LENGTH.unpack_from(buffer, pos)[0])
@@ -124,7 +127,7 @@ class FrameDecoder:
                 length, word = _PREFIX.unpack_from(buffer, pos)
                 if length < 4 or length > max_length:
                     self._check_length(length)
-                header_length = word & MAX_HEADER_LENGTH
+                header_length = word & 0xFFFFFF
                 if header_length > length - 4:
                     raise ProtocolError(
                         f"header length {header_length} runs past the end of a frame "
@@ -138,21 +141,24 @@ class FrameDecoder:
                     raise ProtocolError(
                         f"unknown serialize type {serialize_type} (0 JSON, 1 ROCKETMQ, 2 MSGPACK)"
                     )
-                body_start = pos + 8 + header_length
-                self._pos = end
-                if type(buffer) is bytes:
-                    body = buffer[body_start:end]
+                header_start = pos + 8
+                body_start = header_start + header_length
+                pos = end
+                if whole is not None:
+                    body = whole[body_start:end]
                 elif end - body_start > _COPY_ONCE_BYTES:
                     with memoryview(buffer) as view:
                         body = view[body_start:end].tobytes()
                 else:
                     body = bytes(buffer[body_start:end])
-                out.append(decoders[serialize_type](buffer[pos + 8 : body_start], body))
+                append(decoders[serialize_type](buffer[header_start:body_start], body))
                 limit -= 1
         except ProtocolError as exc:
             self._error = exc
             if not out:
                 raise
+        finally:
+            self._pos = pos
         return out
 
     def _check_length(self, length: int) -> None:

@@ -48,16 +48,18 @@ _MSGPACK = SerializeType.MSGPACK
 
 
 def _command_fields(cmd: RemotingCommand) -> dict[str, Any]:
-    """The JSON/msgpack map of a command."""
-    fields: dict[str, Any] = {"code": cmd.code}
+    """The JSON/msgpack map of a command (JSON sorts the keys when it writes them)."""
+    fields: dict[str, Any] = {
+        "code": cmd.code,
+        "flag": cmd.flag,
+        "language": _LANGUAGE_NAMES.get(cmd.language, "OTHER"),
+        "opaque": cmd.opaque,
+        "version": cmd.version,
+    }
     if cmd.ext_fields:
         fields["extFields"] = cmd.ext_fields
-    fields["flag"] = cmd.flag
-    fields["language"] = _LANGUAGE_NAMES.get(cmd.language, "OTHER")
-    fields["opaque"] = cmd.opaque
     if cmd.remark is not None:
         fields["remark"] = cmd.remark
-    fields["version"] = cmd.version
     return fields
 
 
@@ -101,43 +103,64 @@ def _ext_fields(raw: dict[Any, Any]) -> dict[str, str]:
 
 
 def _from_mapping(header: Any, serialize_type: SerializeType, body: bytes) -> RemotingCommand:
-    if type(header) is not dict:
-        raise ProtocolError(f"header must be a map, not {type(header).__name__}")
-    get = header.get
-    code = get("code")
-    opaque = get("opaque", 0)
-    flag = get("flag", 0)
-    version = get("version", 0)
-    # Fast path: four non-negative int32s. Anything else is checked field by field.
+    """A command from a decoded JSON/msgpack header map.
+
+    The fast path takes a header with every field present and well typed; anything
+    else goes through ``_checked_from_mapping``, which applies RocketMQ's defaults and
+    names what is wrong.
+    """
+    try:
+        code = header["code"]
+        opaque = header["opaque"]
+        flag = header["flag"]
+        version = header["version"]
+        language = _LANGUAGE_BY_NAME.get(header["language"], _OTHER)
+        remark = header.get("remark")
+        ext = header.get("extFields")
+    except (KeyError, TypeError, AttributeError):
+        return _checked_from_mapping(header, serialize_type, body)
     if not (
-        type(code) is int
-        and type(opaque) is int
-        and type(flag) is int
-        and type(version) is int
-        and not (code | opaque | flag | version) >> 31
+        type(code) is type(opaque) is type(flag) is type(version) is int
+        and not (code | opaque | flag | version) >> 31  # four non-negative int32s
+        and (remark is None or type(remark) is str)
     ):
-        code = _int_field(header, "code", None)
-        opaque = _int_field(header, "opaque", 0)
-        flag = _int_field(header, "flag", 0)
-        version = _int_field(header, "version", 0)
-    language_name = get("language", "JAVA")
-    if type(language_name) is not str:
-        raise ProtocolError(f"header field 'language' must be a name, not {language_name!r:.40}")
-    language = _LANGUAGE_BY_NAME.get(language_name, _OTHER)
-    remark = get("remark")
-    if remark is not None and type(remark) is not str:
-        raise ProtocolError(f"header field 'remark' must be a string, not {remark!r:.40}")
-    ext = get("extFields")
+        return _checked_from_mapping(header, serialize_type, body)
     if ext is None:
         ext = {}
     elif type(ext) is dict:
         for key, value in ext.items():
             if type(value) is not str or type(key) is not str:
-                ext = _ext_fields(ext)
-                break
+                return _checked_from_mapping(header, serialize_type, body)
     else:
-        raise ProtocolError(f"extFields must be an object, not {type(ext).__name__}")
+        return _checked_from_mapping(header, serialize_type, body)
     return RemotingCommand(code, opaque, flag, remark, ext, body, language, version, serialize_type)
+
+
+def _checked_from_mapping(
+    header: Any, serialize_type: SerializeType, body: bytes
+) -> RemotingCommand:
+    if type(header) is not dict:
+        raise ProtocolError(f"header must be a map, not {type(header).__name__}")
+    language_name = header.get("language", "JAVA")
+    if type(language_name) is not str:
+        raise ProtocolError(f"header field 'language' must be a name, not {language_name!r:.40}")
+    remark = header.get("remark")
+    if remark is not None and type(remark) is not str:
+        raise ProtocolError(f"header field 'remark' must be a string, not {remark!r:.40}")
+    ext = header.get("extFields")
+    if ext is not None and type(ext) is not dict:
+        raise ProtocolError(f"extFields must be an object, not {type(ext).__name__}")
+    return RemotingCommand(
+        _int_field(header, "code", None),
+        _int_field(header, "opaque", 0),
+        _int_field(header, "flag", 0),
+        remark,
+        _ext_fields(ext) if ext else {},
+        body,
+        _LANGUAGE_BY_NAME.get(language_name, _OTHER),
+        _int_field(header, "version", 0),
+        serialize_type,
+    )
 
 
 # ---------------------------------------------------------------- JSON (0)

@@ -12,12 +12,15 @@ Tasks and invariants (all inside ``run``'s nursery):
   that the reader makes itself when the socket is idle (no task switch per batch).
 - everyone else appends whole frames to the output buffer and the writer task sends
   them, so a caller that is cancelled never leaves half a frame on the wire. At most
-  one of reader and writer sends at a time (``_send_busy``). A send is only ever
-  cancelled when the whole connection is torn down.
+  one of reader and writer sends at a time (``_send_busy``); whoever finishes a send
+  hands frames queued meanwhile to the writer. A send is only ever cancelled when the
+  whole connection is torn down.
 - callers wait while the output buffer is above its high-water mark, and the reader
   stops reading then: backpressure reaches the peer through TCP.
 - requests answered later (async processors, ``defer``) are "in flight"; past
   ``max_in_flight_per_connection`` a new one is answered SYSTEM_BUSY at once.
+- a watchdog task closes the connection once nothing has been received for
+  ``idle_timeout_s`` (no timer per receive).
 - when the connection ends (EOF, error, bad frame, idle timeout, close()), every
   request of ours still waiting fails at once with RemotingConnectionClosed.
 - ``drain()`` is the graceful end: stop reading, answer what is in flight, flush,
@@ -158,7 +161,7 @@ class Connection:
         self._receiving = False
         self._draining = False
         self._closed = False
-        self._close_reason = "not started"
+        self._close_reason = ""
         self._close_listeners: list[Callable[[Connection], None]] = []
         # counters
         self._requests_received = 0
@@ -207,9 +210,11 @@ class Connection:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve the connection until it ends; never raises for network trouble."""
         try:
+            if self._close_reason:  # closed before it started
+                task_status.started()
+                return
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                self._close_reason = ""
                 nursery.start_soon(self._write_loop)
                 if self._config.idle_timeout_s is not None:
                     nursery.start_soon(self._idle_watchdog, self._config.idle_timeout_s)
@@ -302,13 +307,12 @@ class Connection:
                 finally:
                     self._in_read_batch = False
                 if self._out:
+                    # when a send is under way, its sender hands these over afterwards
                     if not self._send_busy:
                         try:
                             await self._send_out()
                         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                             return f"send failed: {exc}"
-                    if self._out:
-                        self._kick_writer()
                     if len(self._out) > high_water:
                         await self._wait_flushed(high_water)
                 if decoder.failed:
@@ -396,8 +400,7 @@ class Connection:
         self._pending[opaque] = pending
         try:
             with trio.move_on_after(timeout_s):
-                self._enqueue(frame)
-                await self._wait_flushed(self._config.write_buffer_high_water_bytes)
+                await self._send_request(frame)
                 await pending.done.wait()
             if pending.response is not None:
                 return pending.response
@@ -412,13 +415,25 @@ class Connection:
     async def invoke_oneway(self, request: RemotingCommand, timeout_s: float) -> None:
         """Send ``request`` with the oneway bit; waits only for room in the send buffer."""
         request.flag |= FLAG_ONEWAY
-        self._enqueue(self._request_frame(request))
+        frame = self._request_frame(request)
         with trio.move_on_after(timeout_s) as scope:
-            await self._wait_flushed(self._config.write_buffer_high_water_bytes)
+            await self._send_request(frame)
         if scope.cancelled_caught:
             raise RemotingTimeoutError(
                 self.peer, f"{request.describe()} not sent within {timeout_s:g}s (peer not reading)"
             )
+
+    async def _send_request(self, frame: bytes) -> None:
+        """Queue a request frame for the writer; wait while the buffer is over high water.
+
+        Callers may be cancelled (timeouts) at any point here without harm: the bytes
+        of a frame only ever leave through the writer, whole.
+        """
+        if self._closed:
+            raise RemotingConnectionClosed(self.peer, f"connection closed ({self._close_reason})")
+        self._out += frame
+        self._kick_writer()
+        await self._wait_flushed(self._config.write_buffer_high_water_bytes)
 
     def _request_frame(self, request: RemotingCommand) -> bytes:
         if self._closed:
@@ -445,12 +460,6 @@ class Connection:
             waiter.done.set()
 
     # ------------------------------------------------------------------ writing
-    def _enqueue(self, frame: bytes) -> None:
-        if self._closed:
-            raise RemotingConnectionClosed(self.peer, f"connection closed ({self._close_reason})")
-        self._out += frame
-        self._kick_writer()
-
     def _kick_writer(self) -> None:
         wakeup = self._writer_wakeup
         if wakeup is not None:
@@ -469,6 +478,8 @@ class Connection:
             self._sending = 0
         self._bytes_sent += len(data)
         self._wake_progress()
+        if self._out:
+            self._kick_writer()  # frames queued during this send
 
     async def _wait_flushed(self, limit: int) -> None:
         """Wait until at most ``limit`` bytes are left to send (or the connection ends)."""
