@@ -16,6 +16,8 @@ INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
 # any text UTF-8 can carry (lone surrogates cannot be encoded)
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+# the ROCKETMQ binary header cannot carry an empty string (it is null there)
+NONEMPTY_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40)
 EXT_FIELDS = st.dictionaries(TEXT, TEXT, max_size=6)
 
 
@@ -42,10 +44,18 @@ def _for_type(tp: Any) -> st.SearchStrategy[Any]:
         return st.one_of(*(_for_type(arg) for arg in typing.get_args(tp)))
     return {
         int: INT64,
-        str: TEXT,
+        str: NONEMPTY_TEXT,
         bool: st.booleans(),
         type(None): st.none(),
     }[tp]
+
+
+def as_rocketmq_delivers(cmd: RemotingCommand) -> RemotingCommand:
+    """What a command looks like after a ROCKETMQ header: "" is null there, so an empty
+    remark is None and empty ext fields are absent."""
+    cmd.remark = cmd.remark or None
+    cmd.ext_fields = {k: v for k, v in cmd.ext_fields.items() if k and v}
+    return cmd
 
 
 def headers(cls: type) -> st.SearchStrategy[Any]:

@@ -13,7 +13,13 @@ import pytest
 import trio
 import trio.testing
 
-from hamq.protocol import RemotingCommand, ResponseCode
+from hamq.protocol import (
+    FrameDecoder,
+    RemotingCommand,
+    ResponseCode,
+    SerializeType,
+    encode_frame,
+)
 from hamq.remoting import (
     Connection,
     Dispatcher,
@@ -210,3 +216,114 @@ async def test_drain_answers_in_flight_then_closes(
     assert pair.server.closed
     assert [a.remark for a in answers] == ["last"]
     assert pair.server.close_reason == "drained"
+
+
+async def test_drain_right_after_data_arrives_still_answers_it(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    client_side, server_side = trio.testing.memory_stream_pair()
+    dispatcher = Dispatcher()
+    dispatcher.register(ECHO, lambda request, conn: request.response_to(body=b"pong"))
+    conn = Connection(server_side, peer="p", dispatcher=dispatcher, config=RemotingConfig())
+    await nursery.start(conn.run)
+    await trio.testing.wait_all_tasks_blocked()  # the reader waits in receive_some
+    request = RemotingCommand(code=ECHO, opaque=7)
+    server_side.receive_stream.put_data(encode_frame(request))  # wakes the reader...
+    conn.drain()  # ...and the drain comes before it runs
+    received = b""
+    with trio.fail_after(10):
+        while chunk := await client_side.receive_some():
+            received += chunk
+    decoder = FrameDecoder()
+    decoder.feed(received)
+    assert [(c.opaque, c.body) for c in decoder.commands()] == [(7, b"pong")]
+    assert conn.close_reason == "drained"
+
+
+async def test_a_closed_connection_is_closed_at_once_even_if_a_task_is_slow_to_finish(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    dispatcher = Dispatcher()
+
+    async def slow_cleanup(request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        with trio.CancelScope(shield=True):  # like an fsync in a worker thread
+            await trio.sleep(30)
+        return request.response_to()
+
+    dispatcher.register_async(NEVER, slow_cleanup)
+    a, b = trio.testing.memory_stream_pair()
+    conn = Connection(a, peer="peer", dispatcher=dispatcher, config=RemotingConfig())
+    peer = Connection(b, peer="me", dispatcher=server_dispatcher([]), config=RemotingConfig())
+    await nursery.start(conn.run)
+    await nursery.start(peer.run)
+    await peer.invoke_oneway(RemotingCommand.request(NEVER), 1)
+    await trio.testing.wait_all_tasks_blocked()
+    errors: list[Exception] = []
+
+    async def waiting() -> None:
+        try:  # the peer never answers this one
+            await conn.invoke(RemotingCommand.request(NEVER), timeout_s=100)
+        except RemotingConnectionClosed as exc:
+            errors.append(exc)
+
+    nursery.start_soon(waiting)
+    await trio.testing.wait_all_tasks_blocked()
+    start = trio.current_time()
+    peer.close("peer gone")
+    await trio.testing.wait_all_tasks_blocked()
+    assert conn.closed  # although slow_cleanup still runs
+    assert len(errors) == 1 and trio.current_time() == start  # failed at once
+    with pytest.raises(RemotingConnectionClosed):
+        await conn.invoke(RemotingCommand.request(ECHO), timeout_s=1)
+
+
+async def test_drain_fails_our_own_waiting_requests_at_once(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, deferred: list[Responder]
+) -> None:
+    pair = await open_pair(nursery, deferred)
+    errors: list[Exception] = []
+
+    async def ask() -> None:
+        try:  # the answer could only come through the reading that drain() stops
+            await pair.client.invoke(RemotingCommand.request(NEVER), timeout_s=100)
+        except RemotingConnectionClosed as exc:
+            errors.append(exc)
+
+    nursery.start_soon(ask)
+    await trio.testing.wait_all_tasks_blocked()
+    pair.client.drain()
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(errors) == 1
+    assert "draining" in str(errors[0])
+    with pytest.raises(RemotingConnectionClosed, match=r"draining|drained"):
+        await pair.client.invoke(RemotingCommand.request(ECHO), timeout_s=5)
+
+
+async def test_an_unencodable_response_becomes_a_system_error(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    dispatcher = Dispatcher()
+    # an int where RocketMQ's binary header needs a string: a processor bug
+    dispatcher.register(
+        ECHO,
+        lambda request, conn: request.response_to(ext_fields={"queueId": 0}),  # type: ignore[dict-item]
+    )
+    a, b = trio.testing.memory_stream_pair()
+    server = Connection(b, peer="client", dispatcher=dispatcher, config=RemotingConfig())
+    client = Connection(a, peer="server", dispatcher=Dispatcher(), config=RemotingConfig())
+    await nursery.start(server.run)
+    await nursery.start(client.run)
+    request = RemotingCommand.request(ECHO, serialize_type=SerializeType.ROCKETMQ)
+    response = await client.invoke(request, timeout_s=5)
+    assert response.code == ResponseCode.SYSTEM_ERROR
+    assert "could not be encoded (AttributeError)" in (response.remark or "")
+    assert not server.closed
+
+
+async def test_invoke_clears_a_oneway_bit_left_on_the_request(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, deferred: list[Responder]
+) -> None:
+    pair = await open_pair(nursery, deferred)
+    request = RemotingCommand.request(ECHO, body=b"x", oneway=True)
+    response = await pair.client.invoke(request, timeout_s=5)
+    assert response.body == b"x"

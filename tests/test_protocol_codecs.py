@@ -23,7 +23,7 @@ from hamq.protocol.serialization import (
     encode_msgpack_header,
     encode_rocketmq_header,
 )
-from tests.strategies import commands
+from tests.strategies import as_rocketmq_delivers, commands
 
 # A SEND_MESSAGE header as the C++ client 1.2.x sent it (shared/PROTOCOL.md §9): keys
 # sorted, ext values a mix of strings and numbers, a trailing newline in the header.
@@ -51,8 +51,7 @@ def test_msgpack_round_trip(cmd: RemotingCommand) -> None:
 @given(commands(SerializeType.ROCKETMQ))
 def test_rocketmq_round_trip(cmd: RemotingCommand) -> None:
     decoded = decode_rocketmq_header(encode_rocketmq_header(cmd), cmd.body)
-    cmd.remark = cmd.remark or None  # a zero-length remark is null on the wire
-    assert decoded == cmd
+    assert decoded == as_rocketmq_delivers(cmd)
 
 
 def test_json_is_written_as_fastjson_writes_it() -> None:
@@ -136,6 +135,13 @@ def test_rocketmq_binary_layout_matches_protocol_section_2_2() -> None:
     assert len(header) == 21 + 2 + 13  # 21 + remark + ext fields
     frame = encode_frame(cmd)
     assert struct.unpack_from(">I", frame, 4)[0] == (1 << 24) | len(header)
+
+
+def test_rocketmq_empty_ext_value_is_an_absent_field() -> None:
+    cmd = RemotingCommand(
+        code=10, ext_fields={"topic": "T", "remark": ""}, serialize_type=SerializeType.ROCKETMQ
+    )
+    assert decode_rocketmq_header(encode_rocketmq_header(cmd), b"").ext_fields == {"topic": "T"}
 
 
 def test_rocketmq_zero_length_remark_is_null() -> None:

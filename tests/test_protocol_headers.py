@@ -151,3 +151,17 @@ def test_header_error_travels_as_invalid_parameter_response() -> None:
     request = RemotingCommand.request(RequestCode.PULL_MESSAGE, ext_fields={"topic": "T"})
     with pytest.raises(HeaderError, match="consumerGroup"):
         request.header(PullMessageRequestHeader)
+
+
+def test_integers_must_fit_javas_long() -> None:
+    fields = encode_header(_send_header())
+    with pytest.raises(HeaderError, match="out of range for a 64-bit integer"):
+        decode_header(SendMessageRequestHeader, {**fields, "bornTimestamp": str(2**63)})
+    header = decode_header(SendMessageRequestHeader, {**fields, "bornTimestamp": str(-(2**63))})
+    assert header.born_timestamp == -(2**63)
+
+
+def test_broker_name_travels_as_bname_like_rocketmq_5() -> None:
+    fields = encode_header(_send_header(broker_name="broker-a"))
+    assert fields["bname"] == "broker-a"
+    assert "brokerName" not in fields

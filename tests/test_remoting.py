@@ -28,6 +28,7 @@ from hamq.remoting import (
     RemotingConnectionClosed,
     RemotingFrameTooLarge,
     RemotingServer,
+    RemotingTimeoutError,
 )
 
 ECHO = 1
@@ -400,3 +401,93 @@ async def test_client_reconnects_after_the_connection_drops(
         response = await client.invoke(addr, RemotingCommand.request(ECHO, body=b"again"), 5)
         assert response.body == b"again"
         assert client.connections[addr] is not first
+
+
+async def test_concurrent_callers_share_one_connect_and_keep_their_timeouts(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    attempts = []
+
+    async def never_connects(host: str, port: int, **kwargs: object) -> trio.SocketStream:
+        attempts.append((host, port))
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(trio, "open_tcp_stream", never_connects)
+    finished: list[tuple[float, str]] = []
+    async with RemotingClient() as client:
+
+        async def call() -> None:
+            start = trio.current_time()
+            try:
+                await client.invoke("127.0.0.1:9", RemotingCommand.request(ECHO), timeout_s=1)
+            except RemotingTimeoutError as exc:
+                finished.append((trio.current_time() - start, str(exc)))
+
+        async with trio.open_nursery() as callers:
+            for _ in range(5):
+                callers.start_soon(call)
+    assert len(finished) == 5
+    assert all(elapsed == pytest.approx(1) for elapsed, _ in finished)
+    assert "not connected within 1s" in finished[0][1]
+    assert len(attempts) == 1  # one attempt, shared
+
+
+async def test_two_peers_pipelining_big_requests_at_each_other_do_not_stall(
+    nursery: trio.Nursery,
+) -> None:
+    """Both readers keep reading while both sides have megabytes to send."""
+    body = b"x" * (1 << 20)
+    processors = Processors()
+    server, addr = await start_server(nursery, processors)
+    server_side: list[Connection] = []
+    server.on_connect(server_side.append)
+    client_dispatcher = Dispatcher()
+    client_dispatcher.register(ECHO, lambda request, conn: request.response_to(body=request.body))
+    done = 0
+
+    async def calls(conn: Connection) -> None:
+        nonlocal done
+        for _ in range(3):
+            response = await conn.invoke(RemotingCommand.request(ECHO, body=body), timeout_s=30)
+            assert len(response.body) == len(body)
+            done += 1
+
+    async with RemotingClient(dispatcher=client_dispatcher) as client:
+        client_conn = await client.connection(addr)
+        await client.invoke(addr, RemotingCommand.request(ECHO), timeout_s=5)
+        with trio.fail_after(60):
+            async with trio.open_nursery() as callers:
+                for _ in range(16):
+                    callers.start_soon(calls, client_conn)
+                    callers.start_soon(calls, server_side[0])
+    assert done == 96
+
+
+async def test_a_peer_that_never_reads_its_answers_is_disconnected(nursery: trio.Nursery) -> None:
+    processors = Processors()
+    server, addr = await start_server(
+        nursery, processors, RemotingConfig(max_send_buffer_bytes=1 << 20)
+    )
+    reasons: list[str] = []
+    closed = trio.Event()
+
+    def on_close(conn: Connection) -> None:
+        reasons.append(conn.close_reason)
+        closed.set()
+
+    server.on_close(on_close)
+    peer = await raw_connection(addr)
+    request = encode_frame(RemotingCommand(code=ECHO, body=b"y" * 65536))
+    with trio.fail_after(30):
+        try:
+            while True:  # keep asking, never read a byte
+                await peer.send_all(request * 16)
+        except trio.BrokenResourceError:
+            pass  # the server hung up on us
+    await peer.aclose()
+    with trio.fail_after(10):
+        await closed.wait()
+    [reason] = reasons
+    assert reason.startswith("peer is not reading")
+    assert "over max_send_buffer_bytes 1048576" in reason

@@ -6,8 +6,8 @@ class (headers.py) whose snake_case field names map to RocketMQ's camelCase keys
 camelCase form says so in its metadata: ``attrs.field(metadata={"wire": "clientID"})``.
 
 Decoding rules (RocketMQ's, shared/PROTOCOL.md §2.1 and §9):
-- ints parse from decimal strings or numbers (``int(str(v))``), booleans from
-  ``true``/``false`` (any case) and ``1``/``0``;
+- ints parse from decimal strings or numbers (``int(str(v))``) within Java's long
+  range, booleans from ``true``/``false`` (any case) and ``1``/``0``;
 - a field without a default is required; every missing or malformed field is
   reported at once, by its wire name, in a ``HeaderError``;
 - unknown keys are ignored (clients add credentials and newer fields).
@@ -30,7 +30,9 @@ from hamq.protocol.errors import HeaderError
 
 T = TypeVar("T")
 
-_INT_RE = re.compile(r"[+-]?[0-9]+")
+_INT_RE = re.compile(r"[+-]?[0-9]{1,20}")
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
 _TRUE = frozenset({"true", "1"})
 _FALSE = frozenset({"false", "0", ""})
 
@@ -46,10 +48,14 @@ def wire_name(field: attrs.Attribute[Any]) -> str:
 
 def _structure_int(value: object, _type: object) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and _INT_RE.fullmatch(value.strip()):
-        return int(value)
-    raise ValueError(f"{value!r} is not an integer")
+        number = value
+    elif isinstance(value, str) and _INT_RE.fullmatch(value.strip()):
+        number = int(value)
+    else:
+        raise ValueError(f"{value!r} is not an integer")
+    if not _INT64_MIN <= number <= _INT64_MAX:
+        raise ValueError(f"{value!r} is out of range for a 64-bit integer")
+    return number
 
 
 def _structure_bool(value: object, _type: object) -> bool:

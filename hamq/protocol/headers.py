@@ -116,7 +116,8 @@ class SendMessageRequestHeader:
     unit_mode: bool | None = None
     batch: bool | None = None
     max_reconsume_times: int | None = None
-    broker_name: str | None = None
+    #: 5.x: RocketMQ's RpcRequestHeader carries the broker name as ``bname``
+    broker_name: str | None = attrs.field(default=None, metadata=_wire("bname"))
 
 
 #: SEND_MESSAGE_V2's one-letter keys -> SEND_MESSAGE's keys (PROTOCOL.md §5.2).
@@ -134,7 +135,7 @@ SEND_V2_KEYS: Mapping[str, str] = {
     "k": "unitMode",
     "l": "maxReconsumeTimes",
     "m": "batch",
-    "n": "brokerName",
+    "n": "bname",
 }
 _SEND_V1_KEYS = {full: short for short, full in SEND_V2_KEYS.items()}
 

@@ -275,7 +275,9 @@ def decode_rocketmq_header(data: Buffer, body: bytes) -> RemotingCommand:
         (key_length,) = reader.unpack(_INT16, "an extFields key length")
         key = reader.text(key_length, "extFields key")
         (value_length,) = reader.unpack(_INT32, f"the length of extFields value {key!r}")
-        fields[key] = reader.text(value_length, f"extFields value {key!r}")
+        value = reader.text(value_length, f"extFields value {key!r}")
+        if key and value:  # a zero-length string is null on this wire: the field is absent
+            fields[key] = value
     return RemotingCommand(
         code=code,
         opaque=opaque,

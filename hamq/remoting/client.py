@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from types import TracebackType
 
 import trio
@@ -42,7 +43,7 @@ class RemotingClient:
         self.dispatcher = dispatcher or Dispatcher()
         self._config = config or RemotingConfig()
         self._connections: dict[str, Connection] = {}
-        self._connect_locks: dict[str, trio.Lock] = {}
+        self._connecting: dict[str, _Attempt] = {}
         self._nursery: trio.Nursery | None = None
         self._stack: contextlib.AsyncExitStack | None = None
 
@@ -98,20 +99,27 @@ class RemotingClient:
 
     # ------------------------------------------------------------------ connections
     async def connection(self, addr: str, *, timeout_s: float | None = None) -> Connection:
-        """The open connection to ``addr``, connecting if there is none."""
+        """The open connection to ``addr``, connecting if there is none.
+
+        Concurrent callers share one connect attempt; each waits at most ``timeout_s``
+        (RemotingTimeoutError), and all see the same outcome.
+        """
         conn = self._connections.get(addr)
         if conn is not None and not conn.closed:
             return conn
         if self._nursery is None:
             raise RuntimeError("RemotingClient is not open; use 'async with RemotingClient()'")
-        lock = self._connect_locks.setdefault(addr, trio.Lock())
-        async with lock:
-            conn = self._connections.get(addr)
-            if conn is not None and not conn.closed:
-                return conn
-            conn = await self._connect(addr, timeout_s)
-            self._connections[addr] = conn
-            return conn
+        attempt = self._connecting.get(addr)
+        if attempt is None:
+            attempt = self._connecting[addr] = _Attempt()
+            self._nursery.start_soon(self._connect, addr, attempt)
+        with trio.move_on_after(math.inf if timeout_s is None else timeout_s) as waited:
+            await attempt.done.wait()
+        if waited.cancelled_caught:
+            raise RemotingTimeoutError(addr, f"not connected within {timeout_s:g}s")
+        if attempt.connection is None:
+            raise RemotingConnectError(addr, attempt.error)
+        return attempt.connection
 
     def close_connection(self, addr: str, reason: str = "closed by client") -> None:
         """Close the connection to ``addr`` if there is one (its waiters fail at once)."""
@@ -119,15 +127,24 @@ class RemotingClient:
         if conn is not None:
             conn.close(reason)
 
-    async def _connect(self, addr: str, timeout_s: float | None) -> Connection:
+    async def _connect(self, addr: str, attempt: _Attempt) -> None:
+        assert self._nursery is not None
+        try:
+            attempt.connection = await self._open(addr)
+            self._connections[addr] = attempt.connection
+        except RemotingConnectError as exc:
+            attempt.error = str(exc).removeprefix(f"{addr}: ")
+        finally:
+            del self._connecting[addr]
+            attempt.done.set()
+
+    async def _open(self, addr: str) -> Connection:
         assert self._nursery is not None
         try:
             host, port = parse_address(addr)
         except ValueError as exc:
             raise RemotingConnectError(addr, str(exc)) from None
         limit_s = self._config.connect_timeout_s
-        if timeout_s is not None:
-            limit_s = min(limit_s, timeout_s)
         try:
             with trio.fail_after(limit_s):
                 stream = await trio.open_tcp_stream(host, port)
@@ -144,3 +161,14 @@ class RemotingClient:
     def _forget(self, conn: Connection) -> None:
         if self._connections.get(conn.peer) is conn:
             del self._connections[conn.peer]
+
+
+class _Attempt:
+    """One connect attempt that several callers may wait for."""
+
+    __slots__ = ("connection", "done", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.connection: Connection | None = None
+        self.error = "connect failed"

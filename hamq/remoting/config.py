@@ -31,7 +31,11 @@ class RemotingConfig:
     idle_timeout_s: float | None = attrs.field(default=120.0, validator=_positive_or_none)
     #: How long opening a TCP connection may take (RocketMQ connectTimeoutMillis: 3 s).
     connect_timeout_s: float = attrs.field(default=3.0, validator=v.gt(0.0))
-    #: Pending output above which writers wait for the peer to read (backpressure).
+    #: Pending output above which our own requests wait for the peer to read.
     write_buffer_high_water_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=v.ge(1))
+    #: Pending output past which the peer counts as not reading and the connection is
+    #: closed. The reader never stops reading to wait for output (two peers doing
+    #: that to each other would wait forever), so this bounds the memory instead.
+    max_send_buffer_bytes: int = attrs.field(default=64 * 1024 * 1024, validator=v.ge(1024))
     #: Bytes asked of the socket per receive.
     receive_size_bytes: int = attrs.field(default=64 * 1024, validator=v.ge(1024))

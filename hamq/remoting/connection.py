@@ -10,13 +10,18 @@ Tasks and invariants (all inside ``run``'s nursery):
   response wakes its waiter, a request goes to the dispatcher. Processors that answer
   at once never cost a task, and the answers to one received chunk leave in one write
   that the reader makes itself when the socket is idle (no task switch per batch).
+- the reader never blocks on output: it writes what the socket takes at once
+  (one non-blocking write on its file descriptor) and leaves the rest to the writer
+  task. Two peers that both stopped reading until their output drained would wait
+  for each other forever; instead, past ``max_send_buffer_bytes`` of unsent output
+  the peer counts as not reading and the connection closes.
 - everyone else appends whole frames to the output buffer and the writer task sends
   them, so a caller that is cancelled never leaves half a frame on the wire. At most
-  one of reader and writer sends at a time (``_send_busy``); whoever finishes a send
-  hands frames queued meanwhile to the writer. A send is only ever cancelled when the
-  whole connection is torn down.
-- callers wait while the output buffer is above its high-water mark, and the reader
-  stops reading then: backpressure reaches the peer through TCP.
+  one send is in progress at a time (``_send_busy``); whoever finishes a send hands
+  frames queued meanwhile to the writer. A send is only ever cancelled when the whole
+  connection is torn down.
+- our own requests wait while the output is above its high-water mark: backpressure
+  for the side that produces.
 - requests answered later (async processors, ``defer``) are "in flight"; past
   ``max_in_flight_per_connection`` a new one is answered SYSTEM_BUSY at once.
 - a watchdog task closes the connection once nothing has been received for
@@ -29,7 +34,10 @@ Tasks and invariants (all inside ``run``'s nursery):
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -139,6 +147,9 @@ class Connection:
         #: free for the layers above (client ids, group names) to tag a connection
         self.attributes: dict[str, Any] = {}
         self._stream = stream
+        # the socket, and its descriptor (non-blocking under Trio) for the reader's writes
+        self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
+        self._fd = self._socket.fileno() if self._socket is not None else -1
         self._dispatcher = dispatcher
         self._config = config
         self._decoder = FrameDecoder(config.max_frame_length)
@@ -157,8 +168,9 @@ class Connection:
         self._idle: trio.Event | None = None
         # lifecycle
         self._nursery: trio.Nursery | None = None
-        self._receive_scope = trio.CancelScope()  # cancelled by drain() in a receive only
-        self._receiving = False
+        # for streams that are not sockets: a scope around each receive, and nothing
+        # else, so that drain() cancels a receive and never a send
+        self._receive_scope: trio.CancelScope | None = None
         self._draining = False
         self._closed = False
         self._close_reason = ""
@@ -224,9 +236,7 @@ class Connection:
                     await self._finish_in_flight()
                 self._abort(reason)
         finally:
-            self._closed = True
-            self._fail_pending()
-            self._wake_progress()
+            self._abort("connection ended")
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self._stream)
             log.debug("connection %s closed: %s", self.peer, self._close_reason)
@@ -237,9 +247,19 @@ class Connection:
                     log.exception("close listener of %s failed", self.peer)
 
     def drain(self) -> None:
-        """Graceful end: read nothing more, answer what is in flight, flush, close."""
+        """Graceful end: read nothing more, answer what is in flight, flush, close.
+
+        Our own requests still waiting fail at once: their answers can no longer be read.
+        """
+        if self._closed or self._draining:
+            return
         self._draining = True
-        if self._receiving:
+        self._fail_pending("connection draining")
+        if self._socket is not None:
+            # a receive in progress sees EOF; sends are not affected
+            with contextlib.suppress(OSError):
+                self._socket.shutdown(socket.SHUT_RD)
+        elif self._receive_scope is not None:
             self._receive_scope.cancel()
 
     def close(self, reason: str = "closed locally") -> None:
@@ -247,8 +267,13 @@ class Connection:
         self._abort(reason)
 
     def _abort(self, reason: str) -> None:
+        """Close at once: from here on the connection is closed for everyone, even while
+        its tasks are still being cancelled."""
         if not self._close_reason:
             self._close_reason = reason
+        self._closed = True
+        self._fail_pending(self._close_reason)
+        self._wake_progress()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
@@ -277,50 +302,61 @@ class Connection:
         stream = self._stream
         decoder = self._decoder
         size = self._config.receive_size_bytes
-        high_water = self._config.write_buffer_high_water_bytes
+        max_unsent = self._config.max_send_buffer_bytes
         dispatch = self._dispatcher.dispatch
-        with self._receive_scope:
-            while not self._draining:
-                self._receiving = True
+        while not self._draining:
+            try:
+                data = await self._receive(stream, size)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                return f"receive failed: {exc}"
+            if not data:
+                if self._draining:
+                    break  # drain() cancelled the receive before anything arrived
+                return "closed by peer"
+            self._bytes_received += len(data)
+            decoder.feed(data)
+            try:
+                commands = decoder.commands()
+            except ProtocolError as exc:
+                return self._protocol_error(exc)
+            self._in_read_batch = True
+            try:
+                for cmd in commands:
+                    if cmd.flag & FLAG_RESPONSE:
+                        self._complete(cmd)
+                    else:
+                        self._requests_received += 1
+                        dispatch(cmd, self)
+            finally:
+                self._in_read_batch = False
+            if self._out and not self._send_busy:  # else that sender hands them over
                 try:
-                    data = await stream.receive_some(size)
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    return f"receive failed: {exc}"
-                finally:
-                    self._receiving = False
-                if not data:
-                    return "closed by peer"
-                self._bytes_received += len(data)
-                decoder.feed(data)
+                    self._write_now()
+                except OSError as exc:
+                    return f"send failed: {exc}"
+                if self._out:
+                    self._kick_writer()
+            if len(self._out) + self._sending > max_unsent:
+                return (
+                    f"peer is not reading: {len(self._out) + self._sending} bytes unsent, "
+                    f"over max_send_buffer_bytes {max_unsent}"
+                )
+            if decoder.failed:
                 try:
-                    commands = decoder.commands()
+                    decoder.commands()
                 except ProtocolError as exc:
                     return self._protocol_error(exc)
-                self._in_read_batch = True
-                try:
-                    for cmd in commands:
-                        if cmd.flag & FLAG_RESPONSE:
-                            self._complete(cmd)
-                        else:
-                            self._requests_received += 1
-                            dispatch(cmd, self)
-                finally:
-                    self._in_read_batch = False
-                if self._out:
-                    # when a send is under way, its sender hands these over afterwards
-                    if not self._send_busy:
-                        try:
-                            await self._send_out()
-                        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                            return f"send failed: {exc}"
-                    if len(self._out) > high_water:
-                        await self._wait_flushed(high_water)
-                if decoder.failed:
-                    try:
-                        decoder.commands()
-                    except ProtocolError as exc:
-                        return self._protocol_error(exc)
         return "drained"
+
+    async def _receive(self, stream: trio.abc.Stream, size: int) -> bytes | bytearray:
+        if self._socket is not None:  # drain() wakes this receive by shutting the read side
+            return await stream.receive_some(size)
+        # another kind of stream (test doubles): a scope around the receive alone
+        data: bytes | bytearray = b""
+        with trio.CancelScope() as self._receive_scope:
+            data = await stream.receive_some(size)
+        self._receive_scope = None
+        return data
 
     def _protocol_error(self, exc: ProtocolError) -> str:
         log.warning("closing connection with %s: %s", self.peer, exc)
@@ -348,12 +384,19 @@ class Connection:
         response.serialize_type = request.serialize_type
         try:
             frame = encode_frame(response)
-        except ValueError as exc:
-            log.error(
-                "%s: cannot encode the response to %s: %s", self.peer, request.describe(), exc
-            )
+            if len(frame) - 4 > self._config.max_frame_length:
+                raise ValueError(
+                    f"a response frame of {len(frame) - 4} bytes is over the maximum frame "
+                    f"length {self._config.max_frame_length}"
+                )
+        except Exception as exc:
+            log.error("%s: cannot send the response to %s: %s", self.peer, request.describe(), exc)
             frame = encode_frame(
-                request.response_to(ResponseCode.SYSTEM_ERROR, f"response not encodable: {exc}")
+                request.response_to(
+                    ResponseCode.SYSTEM_ERROR,
+                    f"the response to {request.describe()} could not be encoded "
+                    f"({type(exc).__name__})",
+                )
             )
         self._out += frame
         self._responses_sent += 1
@@ -383,6 +426,8 @@ class Connection:
 
     def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         """Run ``fn(*args)`` as a task that lives no longer than this connection."""
+        if self._closed:
+            raise RemotingConnectionClosed(self.peer, f"connection closed ({self._close_reason})")
         if self._nursery is None:
             raise RuntimeError(f"{self!r} is not running")
         self._nursery.start_soon(fn, *args)
@@ -394,6 +439,7 @@ class Connection:
         RemotingTimeoutError after ``timeout_s``; RemotingConnectionClosed at once if the
         connection ends first.
         """
+        request.flag &= ~FLAG_ONEWAY
         frame = self._request_frame(request)
         opaque = request.opaque
         pending = _Pending()
@@ -422,6 +468,10 @@ class Connection:
             raise RemotingTimeoutError(
                 self.peer, f"{request.describe()} not sent within {timeout_s:g}s (peer not reading)"
             )
+        if self._closed and (self._out or self._sending):
+            raise RemotingConnectionClosed(
+                self.peer, f"connection closed before {request.describe()} was sent"
+            )
 
     async def _send_request(self, frame: bytes) -> None:
         """Queue a request frame for the writer; wait while the buffer is over high water.
@@ -438,6 +488,8 @@ class Connection:
     def _request_frame(self, request: RemotingCommand) -> bytes:
         if self._closed:
             raise RemotingConnectionClosed(self.peer, f"connection closed ({self._close_reason})")
+        if self._draining:
+            raise RemotingConnectionClosed(self.peer, "connection draining: no new requests")
         request.opaque = self._next_opaque
         self._next_opaque = (self._next_opaque + 1) & _OPAQUE_MASK
         request.flag &= ~FLAG_RESPONSE
@@ -451,11 +503,11 @@ class Connection:
         self._requests_sent += 1
         return frame
 
-    def _fail_pending(self) -> None:
+    def _fail_pending(self, reason: str) -> None:
         pending, self._pending = self._pending, {}
         for waiter in pending.values():
             waiter.error = RemotingConnectionClosed(
-                self.peer, f"connection closed before the response arrived ({self._close_reason})"
+                self.peer, f"connection closed before the response arrived ({reason})"
             )
             waiter.done.set()
 
@@ -466,6 +518,22 @@ class Connection:
             self._writer_wakeup = None
             wakeup.set()
 
+    def _write_now(self) -> None:
+        """Write what the socket takes without blocking; the rest stays buffered."""
+        if self._fd < 0:
+            return  # not a socket: the writer task sends
+        data = self._out
+        try:
+            written = os.write(self._fd, data)
+        except BlockingIOError:
+            return
+        self._bytes_sent += written
+        if written == len(data):
+            self._out = bytearray()
+        else:
+            del data[:written]
+        self._wake_progress()
+
     async def _send_out(self) -> None:
         """Send everything buffered; the caller made sure no other send is under way."""
         data, self._out = self._out, bytearray()
@@ -473,11 +541,11 @@ class Connection:
         self._sending = len(data)
         try:
             await self._stream.send_all(data)
+            self._bytes_sent += len(data)
         finally:
             self._send_busy = False
             self._sending = 0
-        self._bytes_sent += len(data)
-        self._wake_progress()
+            self._wake_progress()
         if self._out:
             self._kick_writer()  # frames queued during this send
 

@@ -1,0 +1,600 @@
+"""Stored messages: RocketMQ's CommitLog record, properties, message ids and batches.
+
+The record (shared/PROTOCOL.md §6.2) is what the CommitLog holds, what a PULL response
+body concatenates and what HA replicates. Big-endian::
+
+     0 TOTALSIZE int32         4 MAGICCODE int32        8 BODYCRC int32
+    12 QUEUEID int32          16 FLAG int32            20 QUEUEOFFSET int64
+    28 PHYSICALOFFSET int64   36 SYSFLAG int32         40 BORNTIMESTAMP int64
+    48 BORNHOST  4-byte IPv4 + int32 port (16-byte IPv6 when SYSFLAG has 0x10)
+       STORETIMESTAMP int64
+       STOREHOST 4-byte IPv4 + int32 port (16-byte IPv6 when SYSFLAG has 0x20)
+       RECONSUMETIMES int32   PREPARED_TRANSACTION_OFFSET int64
+       BODY int32 length + bytes (as stored, possibly compressed; BODYCRC covers these)
+       TOPIC int8 length (MAGIC V1) or int16 (MAGIC V2, topics over 127 bytes) + UTF-8
+       PROPERTIES int16 length + UTF-8 ``key 0x01 value 0x02`` pairs
+
+TOTALSIZE = 91 + body + topic + properties for V1 with IPv4 hosts. A segment's unused
+tail starts with ``int32 remaining, int32 BLANK_MAGIC``.
+
+Invariants: BODYCRC = crc32(body) & 0x7FFFFFFF; a property key or value never holds
+0x01 or 0x02; the properties string is at most 32767 bytes. Everything here is pure:
+bytes in, values out. ``MessageFormatError`` names what is wrong with a record.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import mmap
+import os
+import random
+import struct
+import time
+import zlib
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+
+import attrs
+
+# ---------------------------------------------------------------- constants
+
+MAGIC_V1 = 0xDAA320A7 - 2**32  # as the signed int32 Java writes
+MAGIC_V2 = 0xDAA320AB - 2**32
+BLANK_MAGIC = 0xCBD43194 - 2**32
+#: a segment keeps at least this much room for the blank marker
+END_FILE_MIN_BLANK_LENGTH = 8
+MAX_PROPERTIES_LENGTH = 32767
+MAX_TOPIC_LENGTH_V1 = 127
+
+SYSFLAG_COMPRESSED = 0x1
+SYSFLAG_MULTI_TAGS = 0x2
+SYSFLAG_TRANSACTION_MASK = 0xC
+SYSFLAG_TRANSACTION_NOT_TYPE = 0x0
+SYSFLAG_TRANSACTION_PREPARED = 0x4
+SYSFLAG_TRANSACTION_COMMIT = 0x8
+SYSFLAG_TRANSACTION_ROLLBACK = 0xC
+SYSFLAG_BORNHOST_V6 = 0x10
+SYSFLAG_STOREHOST_V6 = 0x20
+
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+
+# well-known property keys (PROTOCOL.md §6.1)
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_WAIT = "WAIT"
+PROPERTY_DELAY = "DELAY"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+PROPERTY_PRODUCER_GROUP = "PGROUP"
+PROPERTY_MIN_OFFSET = "MIN_OFFSET"
+PROPERTY_MAX_OFFSET = "MAX_OFFSET"
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+PROPERTY_RECONSUME_TIME = "RECONSUME_TIME"
+PROPERTY_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
+PROPERTY_CONSUME_START_TIME = "CONSUME_START_TIME"
+PROPERTY_MSG_REGION = "MSG_REGION"
+PROPERTY_TRACE_SWITCH = "TRACE_ON"
+PROPERTY_CLUSTER = "CLUSTER"
+KEY_SEPARATOR = " "
+
+
+#: what records are read from and written into (the store passes its mmaps)
+ReadableBuffer = bytes | bytearray | memoryview | mmap.mmap
+WritableBuffer = bytearray | memoryview | mmap.mmap
+
+
+class MessageFormatError(ValueError):
+    """Bytes that are not a valid stored message (or batch); the text says why."""
+
+
+# ---------------------------------------------------------------- small codecs
+
+
+def body_crc(body: bytes | memoryview) -> int:
+    """BODYCRC: CRC32 of the stored body, masked to a positive int32."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode()``: 31-polynomial over UTF-16 code units, signed int32."""
+    h = 0
+    data = text.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - 2**32 if h & 0x80000000 else h
+
+
+def tags_code(tags: str | None) -> int:
+    """The consume-queue tag code of a TAGS value: its Java hash, 0 without tags."""
+    return java_string_hash(tags) if tags else 0
+
+
+def encode_properties(properties: Mapping[str, str]) -> str:
+    """``key 0x01 value 0x02`` for each pair; keys or values holding 0x01/0x02 are refused."""
+    parts = []
+    for key, value in properties.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise MessageFormatError(f"property {key!r}: keys and values must be strings")
+        for text in (key, value):
+            if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
+                raise MessageFormatError(
+                    f"property {key!r}: keys and values may not contain \\x01 or \\x02"
+                )
+        parts.append(f"{key}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}")
+    return "".join(parts)
+
+
+def decode_properties(text: str) -> dict[str, str]:
+    """The map of a properties string; pairs without a separator are skipped."""
+    properties: dict[str, str] = {}
+    for pair in text.split(PROPERTY_SEPARATOR):
+        key, sep, value = pair.partition(NAME_VALUE_SEPARATOR)
+        if sep:
+            properties[key] = value
+    return properties
+
+
+def pack_host(host: str, port: int) -> bytes:
+    """BORNHOST / STOREHOST bytes: 4- or 16-byte address + int32 port."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise MessageFormatError(f"host {host!r} is not an IP address") from None
+    if not 0 <= port < 65536:
+        raise MessageFormatError(f"port {port} is not in 0..65535")
+    return address.packed + port.to_bytes(4, "big")
+
+
+def unpack_host(data: bytes | memoryview) -> str:
+    """``ip:port`` of packed host bytes (8 for IPv4, 20 for IPv6)."""
+    raw = bytes(data)
+    port = int.from_bytes(raw[-4:], "big")
+    address = ipaddress.ip_address(raw[:-4])
+    return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
+
+
+def offset_msg_id(store_host: bytes, physical_offset: int) -> str:
+    """The offset message id (§6.4): STOREHOST bytes + int64 commit-log offset, upper hex."""
+    return (store_host + physical_offset.to_bytes(8, "big")).hex().upper()
+
+
+def parse_offset_msg_id(msg_id: str) -> tuple[str, int]:
+    """(``ip:port`` of the store host, commit-log offset) of an offset message id."""
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError:
+        raise MessageFormatError(f"message id {msg_id!r} is not hex") from None
+    if len(raw) not in (16, 28):
+        raise MessageFormatError(
+            f"message id {msg_id!r} has {len(raw)} bytes; an offset id has 16 or 28"
+        )
+    return unpack_host(raw[:-8]), int.from_bytes(raw[-8:], "big")
+
+
+class MessageIdGenerator:
+    """UNIQ_KEY ids laid out as Java's MessageClientIDSetter lays them out (§6.5).
+
+    16 bytes as 32 upper-case hex digits: IPv4 (4) + pid (2) + a per-generator random
+    int (4, Java's class-loader hash) + ms since the start of the month (4) + counter (2).
+    """
+
+    def __init__(self, ip: str = "127.0.0.1") -> None:
+        address = ipaddress.ip_address(ip)
+        fixed = address.packed + (os.getpid() & 0xFFFF).to_bytes(2, "big")
+        fixed += random.getrandbits(32).to_bytes(4, "big")
+        self._prefix = fixed.hex().upper()
+        self._counter = 0
+        self._month_start_ms = 0
+        self._next_month_ms = 0
+
+    def next_id(self, now_ms: int | None = None) -> str:
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        if now >= self._next_month_ms or now < self._month_start_ms:
+            self._set_month(now)
+        self._counter = (self._counter + 1) & 0xFFFF
+        span = (now - self._month_start_ms) & 0xFFFFFFFF
+        return f"{self._prefix}{span:08X}{self._counter:04X}"
+
+    def _set_month(self, now_ms: int) -> None:
+        moment = datetime.fromtimestamp(now_ms / 1000, UTC)
+        start = moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        following = (
+            start.replace(year=start.year + 1, month=1)
+            if start.month == 12
+            else (start.replace(month=start.month + 1))
+        )
+        self._month_start_ms = int(start.timestamp() * 1000)
+        self._next_month_ms = int(following.timestamp() * 1000)
+
+
+# ---------------------------------------------------------------- the record
+
+# TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG BORNTIMESTAMP
+_HEAD = struct.Struct(">iiiiiqqiq")  # 48 bytes
+_I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+_Q = struct.Struct(">q")
+HEAD_SIZE = _HEAD.size
+
+
+def _host_size(v6: bool) -> int:
+    return 20 if v6 else 8
+
+
+@attrs.frozen(slots=True)
+class RecordTemplate:
+    """A message encoded once, before its place in the log is known.
+
+    ``pack_into`` writes the whole record at a position, filling in QUEUEOFFSET,
+    PHYSICALOFFSET and STORETIMESTAMP, which only the CommitLog knows.
+    """
+
+    size: int
+    magic: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: bytes
+    store_host: bytes
+    reconsume_times: int
+    prepared_transaction_offset: int
+    #: BODY length + body + TOPIC length + topic + PROPERTIES length + properties
+    tail: bytes
+
+    def pack_into(
+        self,
+        buffer: WritableBuffer,
+        pos: int,
+        *,
+        queue_offset: int,
+        physical_offset: int,
+        store_timestamp: int,
+    ) -> None:
+        _HEAD.pack_into(
+            buffer,
+            pos,
+            self.size,
+            self.magic,
+            self.body_crc,
+            self.queue_id,
+            self.flag,
+            queue_offset,
+            physical_offset,
+            self.sys_flag,
+            self.born_timestamp,
+        )
+        at = pos + HEAD_SIZE
+        end = at + len(self.born_host)
+        buffer[at:end] = self.born_host
+        _Q.pack_into(buffer, end, store_timestamp)
+        at = end + 8
+        end = at + len(self.store_host)
+        buffer[at:end] = self.store_host
+        _I32.pack_into(buffer, end, self.reconsume_times)
+        _Q.pack_into(buffer, end + 4, self.prepared_transaction_offset)
+        at = end + 12
+        buffer[at : at + len(self.tail)] = self.tail
+
+    def encode(self, *, queue_offset: int, physical_offset: int, store_timestamp: int) -> bytes:
+        out = bytearray(self.size)
+        self.pack_into(
+            out,
+            0,
+            queue_offset=queue_offset,
+            physical_offset=physical_offset,
+            store_timestamp=store_timestamp,
+        )
+        return bytes(out)
+
+
+def make_record_template(
+    *,
+    topic: str,
+    queue_id: int,
+    body: bytes,
+    flag: int = 0,
+    properties: str = "",
+    sys_flag: int = 0,
+    born_timestamp: int = 0,
+    born_host: bytes = b"\x7f\x00\x00\x01\x00\x00\x00\x00",
+    store_host: bytes = b"\x7f\x00\x00\x01\x00\x00\x00\x00",
+    reconsume_times: int = 0,
+    prepared_transaction_offset: int = 0,
+) -> RecordTemplate:
+    """Encode everything of a record but its place in the log; MessageFormatError if it
+    cannot be stored (topic or properties too long, a host of the wrong size)."""
+    topic_bytes = topic.encode()
+    if not topic_bytes:
+        raise MessageFormatError("topic is empty")
+    if len(topic_bytes) > 32767:
+        raise MessageFormatError(f"topic of {len(topic_bytes)} bytes is over 32767")
+    v2 = len(topic_bytes) > MAX_TOPIC_LENGTH_V1
+    properties_bytes = properties.encode()
+    if len(properties_bytes) > MAX_PROPERTIES_LENGTH:
+        raise MessageFormatError(
+            f"properties of {len(properties_bytes)} bytes are over {MAX_PROPERTIES_LENGTH}"
+        )
+    for name, host, bit in (
+        ("born host", born_host, SYSFLAG_BORNHOST_V6),
+        ("store host", store_host, SYSFLAG_STOREHOST_V6),
+    ):
+        if len(host) == 20:
+            sys_flag |= bit
+        elif len(host) == 8:
+            sys_flag &= ~bit
+        else:
+            raise MessageFormatError(f"{name} of {len(host)} bytes; expected 8 or 20")
+    topic_length = _I16.pack(len(topic_bytes)) if v2 else bytes((len(topic_bytes),))
+    tail = b"".join(
+        (
+            _I32.pack(len(body)),
+            body,
+            topic_length,
+            topic_bytes,
+            _I16.pack(len(properties_bytes)),
+            properties_bytes,
+        )
+    )
+    size = HEAD_SIZE + len(born_host) + 8 + len(store_host) + 12 + len(tail)
+    return RecordTemplate(
+        size=size,
+        magic=MAGIC_V2 if v2 else MAGIC_V1,
+        body_crc=body_crc(body),
+        queue_id=queue_id,
+        flag=flag,
+        sys_flag=sys_flag,
+        born_timestamp=born_timestamp,
+        born_host=born_host,
+        store_host=store_host,
+        reconsume_times=reconsume_times,
+        prepared_transaction_offset=prepared_transaction_offset,
+        tail=tail,
+    )
+
+
+@attrs.frozen(slots=True)
+class RecordInfo:
+    """What a record says, read without copying its body (``body`` is a view)."""
+
+    size: int
+    magic: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    physical_offset: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: bytes
+    store_timestamp: int
+    store_host: bytes
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body: memoryview
+    topic: str
+    properties: str
+
+
+def read_record(buffer: ReadableBuffer, pos: int = 0, *, check_crc: bool = True) -> RecordInfo:
+    """The record at ``pos``; MessageFormatError names the first thing that is wrong.
+
+    Checks the magic, that every length stays inside TOTALSIZE and the buffer, that the
+    lengths add up to TOTALSIZE exactly, and (``check_crc``) the body CRC.
+    """
+    view = memoryview(buffer)
+    available = len(view) - pos
+    if available < HEAD_SIZE:
+        raise MessageFormatError(f"only {available} bytes left, a record header needs 48")
+    size, magic, crc, queue_id, flag, queue_offset, physical_offset, sys_flag, born_ts = (
+        _HEAD.unpack_from(view, pos)
+    )
+    if magic not in (MAGIC_V1, MAGIC_V2):
+        raise MessageFormatError(f"magic code {magic & 0xFFFFFFFF:#010x} is not a message's")
+    if size > available:
+        raise MessageFormatError(f"total size {size} runs past the {available} bytes there")
+    end = pos + size
+    at = pos + HEAD_SIZE
+    try:
+        born_len = _host_size(bool(sys_flag & SYSFLAG_BORNHOST_V6))
+        born_host = bytes(view[at : at + born_len])
+        at += born_len
+        (store_ts,) = _Q.unpack_from(view, at)
+        at += 8
+        store_len = _host_size(bool(sys_flag & SYSFLAG_STOREHOST_V6))
+        store_host = bytes(view[at : at + store_len])
+        at += store_len
+        reconsume_times, prepared = struct.unpack_from(">iq", view, at)
+        at += 12
+        (body_len,) = _I32.unpack_from(view, at)
+        at += 4
+        if body_len < 0 or at + body_len > end:
+            raise MessageFormatError(f"body length {body_len} runs past total size {size}")
+        body = view[at : at + body_len]
+        at += body_len
+        if magic == MAGIC_V2:
+            (topic_len,) = _I16.unpack_from(view, at)
+            at += 2
+        else:
+            topic_len = view[at]
+            at += 1
+        if topic_len <= 0 or at + topic_len > end:
+            raise MessageFormatError(f"topic length {topic_len} runs past total size {size}")
+        topic = str(view[at : at + topic_len], "utf-8")
+        at += topic_len
+        (properties_len,) = _I16.unpack_from(view, at)
+        at += 2
+        if properties_len < 0 or at + properties_len != end:
+            raise MessageFormatError(
+                f"properties length {properties_len} does not end the record at total size {size}"
+            )
+        properties = str(view[at:end], "utf-8")
+    except struct.error:
+        raise MessageFormatError(f"record fields run past total size {size}") from None
+    except UnicodeDecodeError as exc:
+        raise MessageFormatError(f"topic or properties are not UTF-8: {exc}") from None
+    if check_crc and body_crc(body) != crc:
+        raise MessageFormatError(f"body CRC {body_crc(body):#x} does not match stored {crc:#x}")
+    return RecordInfo(
+        size=size,
+        magic=magic,
+        body_crc=crc,
+        queue_id=queue_id,
+        flag=flag,
+        queue_offset=queue_offset,
+        physical_offset=physical_offset,
+        sys_flag=sys_flag,
+        born_timestamp=born_ts,
+        born_host=born_host,
+        store_timestamp=store_ts,
+        store_host=store_host,
+        reconsume_times=reconsume_times,
+        prepared_transaction_offset=prepared,
+        body=body,
+        topic=topic,
+        properties=properties,
+    )
+
+
+def is_blank(buffer: ReadableBuffer, pos: int) -> bool:
+    """True if a segment's blank marker (``remaining, BLANK_MAGIC``) starts at ``pos``."""
+    if len(buffer) - pos < 8:
+        return False
+    return bool(_I32.unpack_from(buffer, pos + 4)[0] == BLANK_MAGIC)
+
+
+@attrs.frozen(slots=True)
+class StoredMessage:
+    """A message as a consumer sees it: one record of a pull body, decoded."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    flag: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: str
+    store_timestamp: int
+    store_host: str
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body: bytes
+    properties: dict[str, str]
+    offset_msg_id: str
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        return [k for k in self.properties.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) if k]
+
+    @property
+    def msg_id(self) -> str:
+        """The id users see: UNIQ_KEY, or the offset id when there is none (§6.5)."""
+        return self.properties.get(PROPERTY_UNIQ_KEY) or self.offset_msg_id
+
+    @property
+    def compressed(self) -> bool:
+        return bool(self.sys_flag & SYSFLAG_COMPRESSED)
+
+
+def stored_message(info: RecordInfo) -> StoredMessage:
+    return StoredMessage(
+        topic=info.topic,
+        queue_id=info.queue_id,
+        queue_offset=info.queue_offset,
+        physical_offset=info.physical_offset,
+        flag=info.flag,
+        sys_flag=info.sys_flag,
+        born_timestamp=info.born_timestamp,
+        born_host=unpack_host(info.born_host),
+        store_timestamp=info.store_timestamp,
+        store_host=unpack_host(info.store_host),
+        reconsume_times=info.reconsume_times,
+        prepared_transaction_offset=info.prepared_transaction_offset,
+        body=bytes(info.body),
+        properties=decode_properties(info.properties),
+        offset_msg_id=offset_msg_id(info.store_host, info.physical_offset),
+    )
+
+
+def decode_message(
+    buffer: bytes | bytearray | memoryview, pos: int = 0, *, check_crc: bool = True
+) -> StoredMessage:
+    return stored_message(read_record(buffer, pos, check_crc=check_crc))
+
+
+def decode_messages(
+    buffer: bytes | bytearray | memoryview, *, check_crc: bool = True
+) -> list[StoredMessage]:
+    """Every record of a pull body (records back to back)."""
+    messages = []
+    pos = 0
+    while pos < len(buffer):
+        info = read_record(buffer, pos, check_crc=check_crc)
+        messages.append(stored_message(info))
+        pos += info.size
+    return messages
+
+
+# ---------------------------------------------------------------- batches (§6.6)
+
+
+@attrs.frozen(slots=True)
+class BatchEntry:
+    body: bytes
+    flag: int = 0
+    properties: str = ""
+
+
+_BATCH_HEAD = struct.Struct(">iiiii")  # TOTALSIZE MAGIC(0) BODYCRC(0) FLAG BODYLEN
+
+
+def encode_batch(entries: Iterable[BatchEntry]) -> bytes:
+    parts = []
+    for entry in entries:
+        properties = entry.properties.encode()
+        if len(properties) > MAX_PROPERTIES_LENGTH:
+            raise MessageFormatError(f"batch entry properties of {len(properties)} bytes")
+        size = 20 + len(entry.body) + 2 + len(properties)
+        parts.append(_BATCH_HEAD.pack(size, 0, 0, entry.flag, len(entry.body)))
+        parts += [entry.body, _I16.pack(len(properties)), properties]
+    return b"".join(parts)
+
+
+def decode_batch(body: bytes | memoryview) -> list[BatchEntry]:
+    """The messages of a batch body; MessageFormatError names the bad entry."""
+    view = memoryview(body)
+    entries: list[BatchEntry] = []
+    pos = 0
+    while pos < len(view):
+        if len(view) - pos < 22:
+            raise MessageFormatError(f"batch entry {len(entries)} is cut short at byte {pos}")
+        size, _magic, _crc, flag, body_len = _BATCH_HEAD.unpack_from(view, pos)
+        end = pos + size
+        if size < 22 or end > len(view) or body_len < 0 or 20 + body_len + 2 > size:
+            raise MessageFormatError(
+                f"batch entry {len(entries)}: sizes do not add up (total {size}, body {body_len})"
+            )
+        at = pos + 20
+        entry_body = bytes(view[at : at + body_len])
+        at += body_len
+        (properties_len,) = _I16.unpack_from(view, at)
+        at += 2
+        if properties_len < 0 or at + properties_len != end:
+            raise MessageFormatError(f"batch entry {len(entries)}: properties length mismatch")
+        try:
+            properties = str(view[at:end], "utf-8")
+        except UnicodeDecodeError as exc:
+            raise MessageFormatError(f"batch entry {len(entries)}: {exc}") from None
+        entries.append(BatchEntry(body=entry_body, flag=flag, properties=properties))
+        pos = end
+    return entries

@@ -1,0 +1,50 @@
+"""The message store: CommitLog, consume queues, index, flush, recovery, delay levels.
+
+No network code here; the broker drives it through ``MessageStore``
+(shared/DESIGN.md §4, formats in shared/PROTOCOL.md §6).
+
+- segment.py        fixed-size mmap'd files and the queue of them
+- commitlog.py      the log of records (appends, raw appends for slaves, truncation)
+- consume_queue.py  20-byte entries per topic/queue
+- index.py          RocketMQ's hash index files (KEYS, UNIQ_KEY)
+- dispatcher.py     the reput task that builds queues and index from the log
+- checkpoint.py     how far things are on disk; files.py: atomic writes, the lock
+- recovery.py       clean and crash recovery
+- flush.py          async flush, group commit, checkpointing
+- schedule.py       delay levels
+- retention.py      deleting old segments
+- message_store.py  the facade processors use
+"""
+
+from hamq.store.commitlog import AppendResult
+from hamq.store.config import BrokerRole, FlushDiskType, StoreConfig, parse_delay_levels
+from hamq.store.dispatcher import SCHEDULE_TOPIC, DispatchRequest
+from hamq.store.message_store import (
+    GetMessageResult,
+    GetMessageStatus,
+    MessageStore,
+    MessageToStore,
+    PutMessageResult,
+    PutMessageStatus,
+    StoreStatistics,
+)
+from hamq.store.segment import StoreCorruptionError, StoreError
+
+__all__ = [
+    "SCHEDULE_TOPIC",
+    "AppendResult",
+    "BrokerRole",
+    "DispatchRequest",
+    "FlushDiskType",
+    "GetMessageResult",
+    "GetMessageStatus",
+    "MessageStore",
+    "MessageToStore",
+    "PutMessageResult",
+    "PutMessageStatus",
+    "StoreConfig",
+    "StoreCorruptionError",
+    "StoreError",
+    "StoreStatistics",
+    "parse_delay_levels",
+]

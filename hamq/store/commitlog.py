@@ -1,0 +1,194 @@
+"""CommitLog: every message of every topic, in arrival order, in RocketMQ's record format.
+
+Offsets here are byte offsets in the log ("physical offsets"). Invariants:
+- one writer: ``append``, ``append_raw`` and ``truncate`` never await, so Trio runs
+  them one at a time and no lock is needed;
+- a record never spans two segments: when a record plus the 8-byte blank marker does
+  not fit, the segment's tail gets ``int32 remaining, int32 BLANK_MAGIC`` and the record
+  starts the next segment (shared/PROTOCOL.md §6.2);
+- queue offsets are assigned here, one per stored message of a (topic, queue id) —
+  not for prepared or rolled-back transaction messages, as in RocketMQ — from
+  ``queue_offsets``, which recovery rebuilds from the consume queues;
+- everything after ``max_offset`` is zeros, so a scan after a crash stops there.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+
+from hamq.protocol.message import (
+    BLANK_MAGIC,
+    END_FILE_MIN_BLANK_LENGTH,
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED,
+    SYSFLAG_TRANSACTION_ROLLBACK,
+    RecordTemplate,
+    offset_msg_id,
+)
+from hamq.store.segment import Segment, SegmentQueue, StoreError
+
+log = logging.getLogger(__name__)
+
+_BLANK = struct.Struct(">ii")
+
+
+@attrs.frozen(slots=True)
+class AppendResult:
+    physical_offset: int
+    size: int
+    queue_offset: int
+    store_timestamp: int
+    store_host: bytes
+
+    @property
+    def end_offset(self) -> int:
+        """The log offset just past this record: what a flush or a replica must reach."""
+        return self.physical_offset + self.size
+
+    @property
+    def offset_msg_id(self) -> str:
+        return offset_msg_id(self.store_host, self.physical_offset)
+
+
+class CommitLog:
+    def __init__(self, directory: Path, segment_size: int, clock: Callable[[], int]) -> None:
+        self.segments = SegmentQueue(directory, segment_size)
+        self.segment_size = segment_size
+        self._clock = clock
+        #: next queue offset of each (topic, queue id)
+        self.queue_offsets: dict[tuple[str, int], int] = {}
+
+    def load(self) -> None:
+        self.segments.load()
+
+    def close(self) -> None:
+        self.segments.close()
+
+    @property
+    def min_offset(self) -> int:
+        return self.segments.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        return self.segments.max_offset
+
+    # ------------------------------------------------------------------ writing
+    def append(self, topic: str, template: RecordTemplate) -> AppendResult:
+        """Store one record; its queue offset, physical offset and store time are set here."""
+        size = template.size
+        if size + END_FILE_MIN_BLANK_LENGTH > self.segment_size:
+            raise StoreError(
+                f"a record of {size} bytes cannot fit a {self.segment_size}-byte segment"
+            )
+        segment = self._segment_with_room(size)
+        pos = segment.wrote
+        physical_offset = segment.start + pos
+        key = (topic, template.queue_id)
+        transaction = template.sys_flag & SYSFLAG_TRANSACTION_MASK
+        counted = transaction not in (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK)
+        queue_offset = self.queue_offsets.get(key, 0) if counted else 0
+        store_timestamp = self._clock()
+        template.pack_into(
+            segment.buffer,
+            pos,
+            queue_offset=queue_offset,
+            physical_offset=physical_offset,
+            store_timestamp=store_timestamp,
+        )
+        segment.wrote = pos + size
+        if counted:
+            self.queue_offsets[key] = queue_offset + 1
+        return AppendResult(
+            physical_offset, size, queue_offset, store_timestamp, template.store_host
+        )
+
+    def _segment_with_room(self, size: int) -> Segment:
+        segment = self.segments.last
+        if segment is None:
+            return self.segments.create(0)
+        if segment.remaining >= size + END_FILE_MIN_BLANK_LENGTH:
+            return segment
+        if segment.remaining >= END_FILE_MIN_BLANK_LENGTH:
+            _BLANK.pack_into(segment.buffer, segment.wrote, segment.remaining, BLANK_MAGIC)
+        segment.wrote = segment.size
+        return self.segments.create(segment.end)
+
+    def append_raw(self, offset: int, data: bytes | memoryview) -> None:
+        """Append bytes replicated from a master at ``offset`` (a slave's write path).
+
+        ``offset`` must be exactly the end of this log; a gap or an overlap is refused,
+        and so is data that would cross a segment boundary (a master sends within one
+        segment, blank marker included).
+        """
+        segment = self.segments.last
+        if segment is None:
+            if offset % self.segment_size:
+                raise StoreError(
+                    f"an empty log can only start at a segment boundary, not at {offset}"
+                )
+            segment = self.segments.create(offset)
+        elif offset != self.max_offset:
+            kind = "gap" if offset > self.max_offset else "overlap"
+            raise StoreError(
+                f"replicated data at {offset} does not continue the log at {self.max_offset} "
+                f"({kind} of {abs(offset - self.max_offset)} bytes)"
+            )
+        elif segment.remaining == 0:
+            segment = self.segments.create(segment.end)
+        if len(data) > segment.remaining:
+            raise StoreError(
+                f"{len(data)} replicated bytes at {offset} would cross the end of segment "
+                f"{segment.path.name} ({segment.remaining} bytes left)"
+            )
+        segment.write(data)
+
+    def truncate(self, offset: int) -> tuple[int, int] | None:
+        """Drop everything at and after ``offset``; returns the dropped range, logged."""
+        end = self.max_offset
+        if offset >= end:
+            if offset > end:
+                raise StoreError(f"cannot truncate to {offset}: the log ends at {end}")
+            return None
+        if offset < self.min_offset:
+            raise StoreError(f"cannot truncate to {offset}: the log starts at {self.min_offset}")
+        self.segments.remove_after(offset + 1)  # keeps the segment holding offset
+        segment = self.segments.find(offset)
+        if segment is not None:
+            cut = offset - segment.start
+            segment.zero(cut, segment.wrote)
+            segment.wrote = cut
+            segment.flushed = min(segment.flushed, cut)
+        log.warning(
+            "commitlog truncated to %d: dropped [%d, %d), %d bytes",
+            offset,
+            offset,
+            end,
+            end - offset,
+        )
+        return offset, end
+
+    # ------------------------------------------------------------------ reading
+    def read(self, offset: int, size: int) -> memoryview:
+        """The ``size`` bytes at ``offset`` (one record), zero-copy."""
+        segment = self.segments.find(offset)
+        if segment is None or offset - segment.start + size > segment.wrote:
+            raise StoreError(f"no {size}-byte record at commitlog offset {offset}")
+        return segment.view(offset - segment.start, size)
+
+    def get_data(self, offset: int, max_bytes: int) -> memoryview:
+        """Up to ``max_bytes`` from ``offset`` within one segment (for HA transfers);
+        empty at the end of the log."""
+        segment = self.segments.find(offset)
+        if segment is None:
+            if offset == self.max_offset:
+                return memoryview(b"")
+            raise StoreError(
+                f"commitlog offset {offset} is outside [{self.min_offset}, {self.max_offset}]"
+            )
+        pos = offset - segment.start
+        return segment.view(pos, max(0, min(max_bytes, segment.wrote - pos)))

@@ -1,0 +1,201 @@
+"""ConsumeQueue: per (topic, queue id), where each of its messages sits in the CommitLog.
+
+Entry k (logical offset k) is 20 bytes at byte k*20 of the queue (shared/PROTOCOL.md
+§6.3): commit-log offset int64, record size int32, tags code int64 (for
+SCHEDULE_TOPIC_XXXX: the delivery time in ms). Files hold ``entries_per_file`` entries
+and are named by the 20-digit byte offset of their first entry, under
+``consumequeue/<topic>/<queue id>/``. Invariants:
+- entries [min_offset, max_offset) are valid; files are zero-filled and an entry of
+  size 0 is empty;
+- ``put`` is idempotent for an entry that is there already (recovery may dispatch a
+  record twice) and refuses a gap, except that an empty queue may start anywhere (a
+  rebuild after the oldest CommitLog files were deleted);
+- the dispatch (reput) task is the only writer; readers get copies of entries.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+from hamq.store.segment import SegmentQueue, StoreCorruptionError
+
+log = logging.getLogger(__name__)
+
+ENTRY = struct.Struct(">qiq")
+ENTRY_SIZE = ENTRY.size  # 20
+
+Entry = tuple[int, int, int]  # commit-log offset, size, tags code
+
+
+class ConsumeQueue:
+    def __init__(self, root: Path, topic: str, queue_id: int, entries_per_file: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.directory = root / topic / str(queue_id)
+        self.entries_per_file = entries_per_file
+        self.segments = SegmentQueue(self.directory, entries_per_file * ENTRY_SIZE)
+        self.min_offset = 0
+        self.max_offset = 0
+
+    def __repr__(self) -> str:
+        return f"<ConsumeQueue {self.topic}/{self.queue_id} [{self.min_offset}, {self.max_offset})>"
+
+    # ------------------------------------------------------------------ load
+    def load(self) -> None:
+        """Open the files and find the entries they hold (the last non-empty one ends it)."""
+        self.segments.load()
+        first, last = self.segments.first, self.segments.last
+        if first is None or last is None:
+            return
+        data = bytes(last.view(0, last.size)).rstrip(b"\0")
+        used = -(-len(data) // ENTRY_SIZE) * ENTRY_SIZE  # round up to whole entries
+        self.segments.set_end(last.start + used)
+        self.max_offset = (last.start + used) // ENTRY_SIZE
+        self.min_offset = first.start // ENTRY_SIZE
+        while self.min_offset < self.max_offset and self._raw(self.min_offset)[1] == 0:
+            self.min_offset += 1
+        if self.min_offset == self.max_offset:  # nothing valid: start afresh
+            self.segments.remove_after(0)
+            self.min_offset = self.max_offset = 0
+
+    def close(self) -> None:
+        self.segments.close()
+
+    # ------------------------------------------------------------------ writing
+    def put(self, queue_offset: int, physical_offset: int, size: int, tags_code: int) -> bool:
+        """Add entry ``queue_offset``; False if that very entry was there already."""
+        if queue_offset < self.max_offset:
+            if queue_offset < self.min_offset:
+                return False
+            existing = self._raw(queue_offset)
+            if existing[:2] == (physical_offset, size):
+                return False
+            raise StoreCorruptionError(
+                f"consume queue {self.topic}/{self.queue_id} entry {queue_offset} points at "
+                f"{existing[0]} (+{existing[1]}), but the commitlog has it at "
+                f"{physical_offset} (+{size})"
+            )
+        if queue_offset > self.max_offset and not self.segments.empty:
+            raise StoreCorruptionError(
+                f"consume queue {self.topic}/{self.queue_id} ends at entry {self.max_offset}; "
+                f"entry {queue_offset} would leave a gap"
+            )
+        position = queue_offset * ENTRY_SIZE
+        segment = self.segments.last
+        if segment is None:
+            segment = self.segments.create(position - position % self.segments.segment_size)
+            self.min_offset = queue_offset
+        elif position >= segment.end:
+            segment = self.segments.create(segment.end)
+        ENTRY.pack_into(segment.buffer, position - segment.start, physical_offset, size, tags_code)
+        segment.wrote = position - segment.start + ENTRY_SIZE
+        self.max_offset = queue_offset + 1
+        return True
+
+    def truncate_dirty(self, physical_offset: int) -> int:
+        """Drop the entries that point at or past ``physical_offset``; returns how many.
+
+        Commit-log offsets grow along a queue, so the cut is found by binary search.
+        """
+        offsets = range(self.min_offset, self.max_offset)
+        keep = offsets.start + bisect.bisect_left(
+            offsets, physical_offset, key=lambda offset: self._raw(offset)[0]
+        )
+        dropped = self.max_offset - keep
+        if not dropped:
+            return 0
+        if keep == self.min_offset:
+            self.segments.remove_after(0)
+            self.min_offset = self.max_offset = keep
+            return dropped
+        position = keep * ENTRY_SIZE
+        self.segments.remove_after(position)
+        segment = self.segments.last
+        assert segment is not None  # it holds entry keep - 1
+        cut = position - segment.start
+        segment.zero(cut, segment.wrote)
+        segment.wrote = cut
+        segment.flushed = min(segment.flushed, cut)
+        self.max_offset = keep
+        return dropped
+
+    def delete_expired(self, commitlog_min_offset: int) -> int:
+        """Delete files whose every entry points below the CommitLog's start, then move
+        ``min_offset`` past such entries; returns the number of files deleted."""
+        deleted = 0
+        while len(self.segments.segments) > 1:
+            first = self.segments.segments[0]
+            last_entry = self._raw((first.end - ENTRY_SIZE) // ENTRY_SIZE)
+            if last_entry[0] + last_entry[1] > commitlog_min_offset:
+                break
+            self.segments.remove_first()
+            deleted += 1
+        self.min_offset = max(self.min_offset, self.segments.min_offset // ENTRY_SIZE)
+        while self.min_offset < self.max_offset:
+            physical_offset, _size, _tags = self._raw(self.min_offset)
+            if physical_offset >= commitlog_min_offset:
+                break
+            self.min_offset += 1
+        return deleted
+
+    # ------------------------------------------------------------------ reading
+    def _raw(self, offset: int) -> Entry:
+        position = offset * ENTRY_SIZE
+        segment = self.segments.find(position)
+        if segment is None:
+            return (0, 0, 0)
+        entry: Entry = ENTRY.unpack_from(segment.buffer, position - segment.start)
+        return entry
+
+    def entry(self, offset: int) -> Entry | None:
+        """Entry ``offset`` if it is in [min_offset, max_offset)."""
+        if not self.min_offset <= offset < self.max_offset:
+            return None
+        return self._raw(offset)
+
+    def entries(self, offset: int, max_count: int) -> list[Entry]:
+        """Up to ``max_count`` entries from ``offset`` (clamped to the valid range)."""
+        offset = max(offset, self.min_offset)
+        stop = min(self.max_offset, offset + max_count)
+        found: list[Entry] = []
+        while offset < stop:
+            position = offset * ENTRY_SIZE
+            segment = self.segments.find(position)
+            if segment is None:
+                break
+            in_file = min(stop - offset, (segment.end - position) // ENTRY_SIZE)
+            start = position - segment.start
+            found.extend(ENTRY.iter_unpack(segment.view(start, in_file * ENTRY_SIZE)))
+            offset += in_file
+        return found
+
+    def last_entry_end(self) -> int | None:
+        """The commit-log offset just past the last entry's record, None when empty."""
+        if self.max_offset == self.min_offset:
+            return None
+        physical_offset, size, _tags = self._raw(self.max_offset - 1)
+        return physical_offset + size
+
+    def offset_by_time(
+        self, timestamp_ms: int, store_time_of: Callable[[int, int], int], *, upper: bool = False
+    ) -> int:
+        """Binary search by store time. LOWER (default): the first entry stored at or after
+        ``timestamp_ms`` (``max_offset`` if all are earlier). UPPER: the last entry stored
+        at or before it (``min_offset`` if none is)."""
+        offsets = range(self.min_offset, self.max_offset)
+        if not offsets:
+            return self.min_offset
+
+        def store_time(offset: int) -> int:
+            physical_offset, size, _tags = self._raw(offset)
+            return store_time_of(physical_offset, size)
+
+        if upper:
+            found = bisect.bisect_right(offsets, timestamp_ms, key=store_time) - 1
+            return offsets[max(found, 0)]
+        found = bisect.bisect_left(offsets, timestamp_ms, key=store_time)
+        return offsets[found] if found < len(offsets) else self.max_offset

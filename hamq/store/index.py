@@ -1,0 +1,240 @@
+"""Index: find messages by key (KEYS property) and by unique id (UNIQ_KEY).
+
+RocketMQ's index file format, so the files read the same way::
+
+    header (40 bytes): begin timestamp int64, end timestamp int64,
+                       begin commit-log offset int64, end commit-log offset int64,
+                       used hash slots int32, entry count int32 (entry 0 is never used)
+    hash slots:        ``hash_slots`` x int32, the newest entry of each slot (0 = none)
+    entries:           ``max_entries`` x (key hash int32, commit-log offset int64,
+                       seconds since begin timestamp int32, previous entry int32)
+
+The key of a message is ``topic#key`` for each of its KEYS and for its UNIQ_KEY; the
+hash is Java's ``String.hashCode`` made non-negative, as in RocketMQ. A file is one
+time slice: when it is full a new one starts, named by the creation time
+(``yyyyMMddHHmmssSSS``). Entries chain newest to oldest within a slot.
+
+Invariants and choices:
+- ``indexed_offset`` (the header's end offset of the newest file) says which records
+  are indexed; dispatch skips records below it, so re-dispatching is harmless;
+- hash collisions and entries left by a truncated log are filtered by the caller, which
+  reads each candidate record and checks its topic and keys (MessageStore.query);
+  truncation therefore only moves ``indexed_offset`` back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from datetime import UTC, datetime
+from pathlib import Path
+
+from hamq.protocol.message import java_string_hash
+from hamq.store.files import fsync_directory
+from hamq.store.segment import close_mapped_file, map_existing_file, map_new_file
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct(">qqqqii")
+_SLOT = struct.Struct(">i")
+_ENTRY = struct.Struct(">iqii")
+HEADER_SIZE = _HEADER.size  # 40
+
+
+def index_key(topic: str, key: str) -> str:
+    return f"{topic}#{key}"
+
+
+def key_hash(key: str) -> int:
+    """RocketMQ's ``indexKeyHashMethod``: abs of Java's hash, 0 for Integer.MIN_VALUE."""
+    h = java_string_hash(key)
+    return 0 if h == -(2**31) else abs(h)
+
+
+class IndexFile:
+    def __init__(self, path: Path, hash_slots: int, max_entries: int, *, create: bool) -> None:
+        self.path = path
+        self.hash_slots = hash_slots
+        self.max_entries = max_entries
+        size = HEADER_SIZE + hash_slots * _SLOT.size + max_entries * _ENTRY.size
+        self._fd, self._mm = (map_new_file if create else map_existing_file)(path, size)
+        header: tuple[int, int, int, int, int, int] = _HEADER.unpack_from(self._mm, 0)
+        self.begin_timestamp: int = header[0]
+        self.end_timestamp: int = header[1]
+        self.begin_offset: int = header[2]
+        self.end_offset: int = header[3]
+        self.used_slots: int = header[4]
+        self.count: int = max(header[5], 1)
+        self.dirty = create
+
+    def __repr__(self) -> str:
+        return f"<IndexFile {self.path.name} entries={self.count - 1} end={self.end_offset}>"
+
+    @property
+    def full(self) -> bool:
+        return self.count >= self.max_entries
+
+    def put(self, key: str, physical_offset: int, store_timestamp: int) -> bool:
+        """Index ``key`` for the record at ``physical_offset``; False when the file is full."""
+        if self.full:
+            return False
+        h = key_hash(key)
+        slot_at = HEADER_SIZE + (h % self.hash_slots) * _SLOT.size
+        (previous,) = _SLOT.unpack_from(self._mm, slot_at)
+        if previous <= 0 or previous >= self.count:
+            previous = 0
+        if self.count == 1:
+            self.begin_timestamp = store_timestamp
+            self.begin_offset = physical_offset
+        seconds = min(max((store_timestamp - self.begin_timestamp) // 1000, 0), 2**31 - 1)
+        entry_at = HEADER_SIZE + self.hash_slots * _SLOT.size + self.count * _ENTRY.size
+        _ENTRY.pack_into(self._mm, entry_at, h, physical_offset, seconds, previous)
+        _SLOT.pack_into(self._mm, slot_at, self.count)
+        if previous == 0:
+            self.used_slots += 1
+        self.count += 1
+        self.end_timestamp = max(self.end_timestamp, store_timestamp)
+        self.end_offset = max(self.end_offset, physical_offset)
+        self._write_header()
+        self.dirty = True
+        return True
+
+    def _write_header(self) -> None:
+        _HEADER.pack_into(
+            self._mm,
+            0,
+            self.begin_timestamp,
+            self.end_timestamp,
+            self.begin_offset,
+            self.end_offset,
+            self.used_slots,
+            self.count,
+        )
+
+    def select(self, key: str, max_num: int, begin_ms: int, end_ms: int) -> list[int]:
+        """Commit-log offsets of entries for ``key`` stored in [begin_ms, end_ms], newest first."""
+        h = key_hash(key)
+        (current,) = _SLOT.unpack_from(self._mm, HEADER_SIZE + (h % self.hash_slots) * _SLOT.size)
+        found: list[int] = []
+        entries_at = HEADER_SIZE + self.hash_slots * _SLOT.size
+        seen = 0
+        while 0 < current < self.count and len(found) < max_num and seen < self.count:
+            entry_hash, physical_offset, seconds, previous = _ENTRY.unpack_from(
+                self._mm, entries_at + current * _ENTRY.size
+            )
+            stored = self.begin_timestamp + seconds * 1000
+            if entry_hash == h and begin_ms <= stored <= end_ms + 999:
+                found.append(physical_offset)
+            if previous >= current:  # chains only go back in time; anything else is damage
+                break
+            current = previous
+            seen += 1
+        return found
+
+    def lower_end(self, physical_offset: int) -> None:
+        """After a truncation: records from ``physical_offset`` on are to be indexed again."""
+        if self.end_offset >= physical_offset:
+            self.end_offset = physical_offset - 1
+            self._write_header()
+            self.dirty = True
+
+    def sync_data(self) -> None:
+        """Blocking: write the file's dirty pages to disk (run in a worker thread)."""
+        os.fdatasync(self._fd)
+
+    def close(self) -> None:
+        close_mapped_file(self._fd, self._mm, self.path)
+
+    def destroy(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+class IndexService:
+    def __init__(self, directory: Path, hash_slots: int, max_entries: int) -> None:
+        self.directory = directory
+        self.hash_slots = hash_slots
+        self.max_entries = max_entries
+        self.files: list[IndexFile] = []
+
+    def load(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for leftover in self.directory.glob(".*.creating"):
+            leftover.unlink()
+        for path in sorted(p for p in self.directory.iterdir() if p.name.isdigit()):
+            self.files.append(IndexFile(path, self.hash_slots, self.max_entries, create=False))
+
+    def close(self) -> None:
+        for index_file in self.files:
+            index_file.close()
+
+    @property
+    def indexed_offset(self) -> int:
+        """Records at commit-log offsets up to this one are indexed (-1: none)."""
+        return max((f.end_offset for f in self.files if f.count > 1), default=-1)
+
+    def add(self, topic: str, keys: list[str], physical_offset: int, store_timestamp: int) -> None:
+        """Index one record's keys (KEYS and UNIQ_KEY); records already indexed are skipped."""
+        if physical_offset <= self.indexed_offset or not keys:
+            return
+        for key in keys:
+            full_key = index_key(topic, key)
+            current = self._writable(store_timestamp)
+            if not current.put(full_key, physical_offset, store_timestamp):
+                self._new_file(store_timestamp).put(full_key, physical_offset, store_timestamp)
+
+    def _writable(self, now_ms: int) -> IndexFile:
+        if not self.files or self.files[-1].full:
+            return self._new_file(now_ms)
+        return self.files[-1]
+
+    def _new_file(self, now_ms: int) -> IndexFile:
+        stamp = now_ms
+        while True:
+            name = datetime.fromtimestamp(stamp / 1000, UTC).strftime("%Y%m%d%H%M%S%f")[:-3]
+            path = self.directory / name
+            if not path.exists() and (not self.files or name > self.files[-1].path.name):
+                break
+            stamp += 1
+        index_file = IndexFile(path, self.hash_slots, self.max_entries, create=True)
+        self.files.append(index_file)
+        return index_file
+
+    def query(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int) -> list[int]:
+        """Candidate commit-log offsets for ``key`` of ``topic``, newest first, deduplicated.
+
+        Candidates may be hash collisions: callers check the records themselves.
+        """
+        full_key = index_key(topic, key)
+        found: list[int] = []
+        for index_file in reversed(self.files):
+            if index_file.count <= 1:
+                continue
+            if index_file.end_timestamp < begin_ms or index_file.begin_timestamp > end_ms + 999:
+                continue
+            for offset in index_file.select(full_key, max_num, begin_ms, end_ms):
+                if offset not in found:
+                    found.append(offset)
+            if len(found) >= max_num:
+                break
+        return found[:max_num]
+
+    def truncate(self, physical_offset: int) -> None:
+        """Records from ``physical_offset`` on were dropped from the log: index them anew
+        when they come back (stale entries are filtered at query time)."""
+        for index_file in self.files:
+            index_file.lower_end(physical_offset)
+
+    def delete_expired(self, commitlog_min_offset: int) -> int:
+        """Delete files (never the newest) whose every entry points below the log's start."""
+        deleted = 0
+        while len(self.files) > 1 and self.files[0].end_offset < commitlog_min_offset:
+            self.files.pop(0).destroy()
+            deleted += 1
+        if deleted:
+            fsync_directory(self.directory)
+        return deleted
+
+    def dirty_files(self) -> list[IndexFile]:
+        return [f for f in self.files if f.dirty]

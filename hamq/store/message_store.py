@@ -1,0 +1,607 @@
+"""MessageStore: the one object the broker's processors use.
+
+Lifecycle: ``await nursery.start(store.run)`` locks the directory, recovers (in a worker
+thread), drops the abort marker, starts the dispatch, flush, schedule (master only) and
+retention tasks, then reports started. Cancelling ``run`` stops it cleanly: the rest
+is dispatched and flushed, the checkpoint written, the abort marker removed. A
+process killed instead leaves the marker, and the next start recovers as after a
+crash.
+
+Puts never await while appending (one writer, no lock). A SYNC_FLUSH put then waits
+for the fsync that covers it (group commit): FLUSH_DISK_TIMEOUT after
+``sync_flush_timeout_s``, the message stored either way. Reads return zero-copy views
+of the CommitLog, meant to be used (joined into a response) before the next await.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping
+
+import attrs
+import trio
+
+from hamq.protocol.message import (
+    PROPERTY_DELAY,
+    PROPERTY_KEYS,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_UNIQ_KEY,
+    PROPERTY_WAIT,
+    SYSFLAG_BORNHOST_V6,
+    SYSFLAG_TRANSACTION_COMMIT,
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_NOT_TYPE,
+    MessageFormatError,
+    StoredMessage,
+    decode_message,
+    encode_properties,
+    make_record_template,
+    pack_host,
+)
+from hamq.store.checkpoint import Checkpoint, load_checkpoint
+from hamq.store.commitlog import AppendResult, CommitLog
+from hamq.store.config import FlushDiskType, StoreConfig
+from hamq.store.dispatcher import SCHEDULE_TOPIC, ConsumeQueueTable, ReputService
+from hamq.store.files import DirectoryLock, fsync_directory
+from hamq.store.flush import FlushService
+from hamq.store.index import IndexService
+from hamq.store.recovery import RecoveryReport, recover
+from hamq.store.retention import RetentionService
+from hamq.store.schedule import ScheduleService
+from hamq.store.segment import StoreCorruptionError, StoreError
+
+log = logging.getLogger(__name__)
+
+#: entries a get_message scans at most while a tag filter skips them (RocketMQ: 16000)
+MAX_FILTERED_SCAN = 16_000
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class PutMessageStatus(enum.Enum):
+    PUT_OK = "PUT_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+    CREATE_MAPPED_FILE_FAILED = "CREATE_MAPPED_FILE_FAILED"
+    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
+    PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
+
+
+class GetMessageStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    MESSAGE_WAS_REMOVING = "MESSAGE_WAS_REMOVING"
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+
+
+@attrs.frozen
+class MessageToStore:
+    """A message as a producer's request gives it; the store adds place and time."""
+
+    topic: str
+    queue_id: int
+    body: bytes
+    flag: int = 0
+    properties: Mapping[str, str] = attrs.field(factory=dict)
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    born_host: tuple[str, int] = ("127.0.0.1", 0)
+    store_host: tuple[str, int] = ("127.0.0.1", 10911)
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+
+    @property
+    def wait_store_ok(self) -> bool:
+        """WAIT=false asks not to wait for flush or replicas (RocketMQ's default: wait)."""
+        return self.properties.get(PROPERTY_WAIT, "true") != "false"
+
+
+@attrs.frozen
+class PutMessageResult:
+    status: PutMessageStatus
+    append: AppendResult | None = None
+    remark: str = ""
+
+    @property
+    def stored(self) -> bool:
+        """True when the message is in the CommitLog (even if a flush or replica timed out)."""
+        return self.append is not None
+
+
+@attrs.frozen
+class GetMessageResult:
+    status: GetMessageStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    #: the records found, zero-copy views of the CommitLog, in queue order
+    messages: tuple[memoryview, ...] = ()
+
+    @property
+    def body(self) -> bytes:
+        """The records back to back: a PULL response body."""
+        return b"".join(self.messages)
+
+    @property
+    def message_count(self) -> int:
+        return len(self.messages)
+
+
+@attrs.frozen
+class StoreStatistics:
+    running: bool
+    role: str
+    commitlog_min_offset: int
+    commitlog_max_offset: int
+    flushed_offset: int
+    dispatched_offset: int
+    consume_queues: int
+    messages_put: int
+    put_failures: int
+    messages_got: int
+    flush_rounds: int
+    delayed_delivered: int
+    segments_deleted: int
+    dispatch_failure: str | None
+
+
+class MessageStore:
+    def __init__(
+        self,
+        config: StoreConfig,
+        *,
+        clock: Callable[[], int] = wall_clock_ms,
+        retention_floor: Callable[[], int] | None = None,
+        confirm_offset: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        self._delay_levels_ms = config.delay_levels_ms
+        self.commitlog = CommitLog(config.commitlog_dir, config.commitlog_segment_bytes, clock)
+        self.queues = ConsumeQueueTable(
+            config.consume_queue_dir, config.consume_queue_entries_per_file
+        )
+        self.index = IndexService(
+            config.index_dir, config.index_hash_slots, config.index_max_entries
+        )
+        self.reput = ReputService(self.commitlog, self.queues, self.index, self._delay_levels_ms)
+        self._retention_floor = retention_floor or (lambda: self.commitlog.max_offset)
+        self._confirm_offset = confirm_offset
+        self._lock = DirectoryLock(config.store_dir)
+        self._abort_path = config.store_dir / "abort"
+        self.recovery: RecoveryReport | None = None
+        self.flush: FlushService | None = None
+        self.schedule: ScheduleService | None = None
+        self.retention: RetentionService | None = None
+        self._running = False
+        self._puts = 0
+        self._put_failures = 0
+        self._gets = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        config = self.config
+        config.store_dir.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+        try:
+            clean = not self._abort_path.exists()
+            try:
+                checkpoint = load_checkpoint(config.store_dir / "checkpoint")
+            except StoreCorruptionError as exc:
+                log.error("%s; recovering by scanning the whole commitlog", exc)
+                checkpoint, clean = None, False
+            self.recovery = await trio.to_thread.run_sync(
+                lambda: recover(
+                    store_dir=config.store_dir,
+                    commitlog=self.commitlog,
+                    queues=self.queues,
+                    index=self.index,
+                    reput=self.reput,
+                    checkpoint=checkpoint,
+                    clean=clean,
+                )
+            )
+            await trio.to_thread.run_sync(self._mark_running)
+            self.flush = FlushService(
+                config,
+                self.commitlog,
+                self.queues,
+                self.index,
+                self.reput,
+                checkpoint=checkpoint or Checkpoint(),
+                confirm_offset=self._confirm_offset,
+            )
+            self.retention = RetentionService(
+                commitlog=self.commitlog,
+                queues=self.queues,
+                index=self.index,
+                reput=self.reput,
+                clock=self._clock,
+                floor=self._retention_floor,
+                reserved_ms=int(config.file_reserved_time_h * 3_600_000),
+                interval_s=config.clean_interval_s,
+            )
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.reput.run)
+                await nursery.start(self.flush.run)
+                await nursery.start(self.retention.run)
+                if config.role.is_master:
+                    self.schedule = self._schedule_service()
+                    self.reput.listeners.append(self.schedule.on_dispatch)
+                    await nursery.start(self.schedule.run)
+                self._running = True
+                log.info("message store running in %s as %s", config.store_dir, config.role.value)
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._running = False
+            with trio.CancelScope(shield=True):
+                await self._stop(flush=self.flush is not None)
+
+    def _mark_running(self) -> None:
+        self._abort_path.write_bytes(b"")
+        fsync_directory(self.config.store_dir)
+
+    async def _stop(self, flush: bool) -> None:
+        try:
+            if flush and self.flush is not None and self.reput.failure is None:
+                self.reput.dispatch_available()
+                await self.flush.flush_queues_and_checkpoint()
+                self._abort_path.unlink(missing_ok=True)
+                await trio.to_thread.run_sync(fsync_directory, self.config.store_dir)
+                log.info(
+                    "message store stopped cleanly at commitlog offset %d",
+                    self.commitlog.max_offset,
+                )
+        except Exception:
+            log.exception("message store could not stop cleanly; the next start recovers")
+        finally:
+            self.commitlog.close()
+            self.queues.close()
+            self.index.close()
+            self._lock.release()
+
+    def _schedule_service(self) -> ScheduleService:
+        return ScheduleService(
+            queues=self.queues,
+            delay_levels_ms=self._delay_levels_ms,
+            offsets_path=self.config.config_dir / "delayOffset.json",
+            clock=self._clock,
+            read_message=self.look_message_by_offset,
+            deliver=self._deliver_delayed,
+            persist_interval_s=self.config.delay_offset_persist_interval_s,
+        )
+
+    # ------------------------------------------------------------------ writing
+    def put_message_nowait(self, message: MessageToStore) -> PutMessageResult:
+        """Append without waiting for a flush (what ``put_message`` does first)."""
+        result = self._append(message)
+        if result.stored:
+            self._puts += 1
+        else:
+            self._put_failures += 1
+        return result
+
+    async def put_message(self, message: MessageToStore) -> PutMessageResult:
+        """Append; with SYNC_FLUSH wait for the covering fsync (FLUSH_DISK_TIMEOUT)."""
+        result = self.put_message_nowait(message)
+        if (
+            result.append is not None
+            and self.flush is not None
+            and self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+            and message.wait_store_ok
+        ):
+            flushed = await self.flush.wait_flushed(
+                result.append.end_offset, self.config.sync_flush_timeout_s
+            )
+            if not flushed:
+                return attrs.evolve(
+                    result,
+                    status=PutMessageStatus.FLUSH_DISK_TIMEOUT,
+                    remark=f"not on disk within {self.config.sync_flush_timeout_s:g}s; stored",
+                )
+        return result
+
+    def _refuse(self, status: PutMessageStatus, remark: str) -> PutMessageResult:
+        return PutMessageResult(status, None, remark)
+
+    def _append(self, message: MessageToStore) -> PutMessageResult:
+        if not self._running:
+            return self._refuse(PutMessageStatus.SERVICE_NOT_AVAILABLE, "the store is not running")
+        if not self.config.role.is_master:
+            return self._refuse(
+                PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                "this broker is a slave; send to its master",
+            )
+        if len(message.body) > self.config.max_message_bytes:
+            return self._refuse(
+                PutMessageStatus.MESSAGE_ILLEGAL,
+                f"body of {len(message.body)} bytes is over max_message_bytes "
+                f"{self.config.max_message_bytes}",
+            )
+        topic, queue_id = message.topic, message.queue_id
+        properties = dict(message.properties)
+        transaction = message.sys_flag & SYSFLAG_TRANSACTION_MASK
+        delay = properties.get(PROPERTY_DELAY)
+        if delay and transaction in (SYSFLAG_TRANSACTION_NOT_TYPE, SYSFLAG_TRANSACTION_COMMIT):
+            if not delay.strip().lstrip("-").isdigit():
+                return self._refuse(
+                    PutMessageStatus.MESSAGE_ILLEGAL, f"DELAY property {delay!r} is not a level"
+                )
+            level = min(int(delay), len(self._delay_levels_ms))
+            if level > 0:
+                properties[PROPERTY_DELAY] = str(level)
+                properties[PROPERTY_REAL_TOPIC] = topic
+                properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+                topic, queue_id = SCHEDULE_TOPIC, level - 1
+        try:
+            template = make_record_template(
+                topic=topic,
+                queue_id=queue_id,
+                body=message.body,
+                flag=message.flag,
+                properties=encode_properties(properties),
+                sys_flag=message.sys_flag,
+                born_timestamp=message.born_timestamp,
+                born_host=pack_host(*message.born_host),
+                store_host=pack_host(*message.store_host),
+                reconsume_times=message.reconsume_times,
+                prepared_transaction_offset=message.prepared_transaction_offset,
+            )
+        except MessageFormatError as exc:
+            status = (
+                PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
+                if "properties of" in str(exc)
+                else PutMessageStatus.MESSAGE_ILLEGAL
+            )
+            return self._refuse(status, str(exc))
+        try:
+            appended = self.commitlog.append(topic, template)
+        except (StoreError, OSError) as exc:
+            log.error("append to the commitlog failed: %s", exc)
+            return self._refuse(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
+        self.reput.wake()
+        return PutMessageResult(PutMessageStatus.PUT_OK, appended)
+
+    async def _deliver_delayed(
+        self, message: StoredMessage, topic: str, queue_id: int, properties: dict[str, str]
+    ) -> bool:
+        result = self.put_message_nowait(
+            MessageToStore(
+                topic=topic,
+                queue_id=queue_id,
+                body=message.body,
+                flag=message.flag,
+                properties=properties,
+                sys_flag=message.sys_flag,
+                born_timestamp=message.born_timestamp,
+                born_host=_split_host(message.born_host),
+                store_host=_split_host(message.store_host),
+                reconsume_times=message.reconsume_times,
+                prepared_transaction_offset=message.prepared_transaction_offset,
+            )
+        )
+        if not result.stored:
+            log.warning(
+                "delayed message for %s/%d not delivered: %s", topic, queue_id, result.remark
+            )
+        return result.stored
+
+    # ------------------------------------------------------------------ replication (HA)
+    def get_data(self, offset: int, max_bytes: int) -> memoryview:
+        """Raw CommitLog bytes from ``offset`` (within one segment) for a replica."""
+        return self.commitlog.get_data(offset, max_bytes)
+
+    def append_raw(self, offset: int, data: bytes | memoryview) -> None:
+        """Append replicated bytes at ``offset``; StoreError for a gap or an overlap."""
+        self.commitlog.append_raw(offset, data)
+        self.reput.wake()
+
+    async def truncate(self, offset: int) -> tuple[int, int] | None:
+        """Drop every record at and after ``offset`` in the CommitLog, consume queues and
+        index alike (an HA slave that diverged); the dropped range is logged."""
+        dropped = self.commitlog.truncate(offset)
+        if dropped is None:
+            return None
+        for queue in self.queues.queues.values():
+            queue.truncate_dirty(offset)
+        self.index.truncate(offset)
+        self.reput.offset = min(self.reput.offset, offset)
+        self.commitlog.queue_offsets = {k: q.max_offset for k, q in self.queues.queues.items()}
+        if self.flush is not None:
+            self.flush.reset(offset)
+            await self.flush.flush_queues_and_checkpoint()
+        return dropped
+
+    # ------------------------------------------------------------------ reading
+    def get_message(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        *,
+        tag_codes: Collection[int] | None = None,
+        max_bytes: int | None = None,
+    ) -> GetMessageResult:
+        """Up to ``max_count`` messages of a queue from ``offset``; ``tag_codes`` keeps
+        only messages whose tags hash is in it (None: all)."""
+        self._gets += 1
+        queue = self.queues.get(topic, queue_id)
+        if queue is None:
+            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        low, high = queue.min_offset, queue.max_offset
+
+        def result(status: GetMessageStatus, next_offset: int) -> GetMessageResult:
+            return GetMessageResult(status, next_offset, low, high)
+
+        if high == 0:
+            return result(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0)
+        if offset < low:
+            return result(GetMessageStatus.OFFSET_TOO_SMALL, low)
+        if offset == high:
+            return result(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset)
+        if offset > high:
+            return result(GetMessageStatus.OFFSET_OVERFLOW_BADLY, high)
+        max_count = max(1, min(max_count, self.config.max_transfer_count))
+        byte_budget = max_bytes or self.config.max_transfer_bytes
+        commitlog_min = self.commitlog.min_offset
+        found: list[memoryview] = []
+        total = 0
+        next_offset = offset
+        removed = filtered = 0
+        while next_offset < high and len(found) < max_count:
+            if next_offset - offset >= MAX_FILTERED_SCAN:
+                break
+            batch = queue.entries(next_offset, max(max_count - len(found), 32))
+            if not batch:
+                break
+            for physical_offset, size, tags in batch:
+                if physical_offset < commitlog_min:
+                    removed += 1
+                elif tag_codes is not None and tags not in tag_codes:
+                    filtered += 1
+                else:
+                    if found and total + size > byte_budget:
+                        return self._found(found, next_offset, low, high)
+                    found.append(self.commitlog.read(physical_offset, size))
+                    total += size
+                next_offset += 1
+                if len(found) >= max_count:
+                    break
+        if found:
+            return self._found(found, next_offset, low, high)
+        if filtered:
+            return result(GetMessageStatus.NO_MATCHED_MESSAGE, next_offset)
+        if removed:
+            return result(GetMessageStatus.MESSAGE_WAS_REMOVING, next_offset)
+        return result(GetMessageStatus.OFFSET_FOUND_NULL, next_offset)
+
+    @staticmethod
+    def _found(found: list[memoryview], next_offset: int, low: int, high: int) -> GetMessageResult:
+        return GetMessageResult(GetMessageStatus.FOUND, next_offset, low, high, tuple(found))
+
+    def max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        queue = self.queues.get(topic, queue_id)
+        return queue.max_offset if queue else 0
+
+    def min_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        queue = self.queues.get(topic, queue_id)
+        return queue.min_offset if queue else 0
+
+    def store_time_at(self, physical_offset: int, size: int) -> int:
+        """STORETIMESTAMP of the record at ``physical_offset``."""
+        record = self.commitlog.read(physical_offset, size)
+        sys_flag = int.from_bytes(record[36:40], "big")
+        at = 48 + (20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8)
+        return int.from_bytes(record[at : at + 8], "big", signed=True)
+
+    def offset_by_time(
+        self, topic: str, queue_id: int, timestamp_ms: int, *, upper: bool = False
+    ) -> int:
+        """SEARCH_OFFSET_BY_TIMESTAMP: the first offset stored at or after ``timestamp_ms``
+        (``upper``: the last stored at or before it)."""
+        queue = self.queues.get(topic, queue_id)
+        if queue is None:
+            return 0
+        return queue.offset_by_time(timestamp_ms, self.store_time_at, upper=upper)
+
+    def message_store_time(self, topic: str, queue_id: int, offset: int) -> int:
+        """Store time of the message at ``offset`` of a queue, -1 if there is none."""
+        queue = self.queues.get(topic, queue_id)
+        entry = queue.entry(offset) if queue else None
+        if entry is None or entry[0] < self.commitlog.min_offset:
+            return -1
+        return self.store_time_at(entry[0], entry[1])
+
+    def earliest_message_time(self, topic: str, queue_id: int) -> int:
+        return self.message_store_time(topic, queue_id, self.min_offset_in_queue(topic, queue_id))
+
+    def look_message_by_offset(
+        self, physical_offset: int, size: int | None = None
+    ) -> StoredMessage:
+        """The message at a CommitLog offset (VIEW_MESSAGE_BY_ID); StoreError if none."""
+        if size is None:
+            size = int.from_bytes(self.commitlog.read(physical_offset, 4), "big", signed=True)
+        try:
+            return decode_message(self.commitlog.read(physical_offset, size), check_crc=False)
+        except MessageFormatError as exc:
+            raise StoreError(f"no message at commitlog offset {physical_offset}: {exc}") from None
+
+    def query_message(
+        self, topic: str, key: str, max_num: int, begin_ms: int = 0, end_ms: int = 2**62
+    ) -> list[StoredMessage]:
+        """Messages of ``topic`` whose KEYS hold ``key`` or whose UNIQ_KEY is ``key``,
+        stored in [begin_ms, end_ms], newest first."""
+        messages: list[StoredMessage] = []
+        for physical_offset in self.index.query(topic, key, max_num * 4, begin_ms, end_ms):
+            if physical_offset < self.commitlog.min_offset or len(messages) >= max_num:
+                continue
+            try:
+                message = self.look_message_by_offset(physical_offset)
+            except StoreError:
+                continue  # an entry left by a truncation
+            keys = message.properties.get(PROPERTY_KEYS, "").split(" ")
+            if (
+                message.topic == topic
+                and (key in keys or message.properties.get(PROPERTY_UNIQ_KEY) == key)
+                and begin_ms <= message.store_timestamp <= end_ms
+            ):
+                messages.append(message)
+        return messages
+
+    async def wait_dispatched(self, offset: int | None = None) -> None:
+        """Wait until consume queues and index cover the CommitLog up to ``offset``
+        (default: everything stored so far)."""
+        await self.reput.wait_dispatched(self.commitlog.max_offset if offset is None else offset)
+
+    @property
+    def commitlog_min_offset(self) -> int:
+        return self.commitlog.min_offset
+
+    @property
+    def commitlog_max_offset(self) -> int:
+        return self.commitlog.max_offset
+
+    def delay_offsets(self) -> dict[int, int]:
+        return dict(self.schedule.offsets) if self.schedule else {}
+
+    def statistics(self) -> StoreStatistics:
+        return StoreStatistics(
+            running=self._running,
+            role=self.config.role.value,
+            commitlog_min_offset=self.commitlog.min_offset,
+            commitlog_max_offset=self.commitlog.max_offset,
+            flushed_offset=self.flush.flushed_offset if self.flush else 0,
+            dispatched_offset=self.reput.offset,
+            consume_queues=len(self.queues.queues),
+            messages_put=self._puts,
+            put_failures=self._put_failures,
+            messages_got=self._gets,
+            flush_rounds=self.flush.rounds if self.flush else 0,
+            delayed_delivered=self.schedule.delivered if self.schedule else 0,
+            segments_deleted=self.retention.segments_deleted if self.retention else 0,
+            dispatch_failure=self.reput.failure,
+        )
+
+
+def _split_host(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)

@@ -1,0 +1,254 @@
+"""The stored-message codec, field by field against shared/PROTOCOL.md §6."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hamq.protocol.message import (
+    BLANK_MAGIC,
+    MAGIC_V1,
+    MAGIC_V2,
+    SYSFLAG_BORNHOST_V6,
+    SYSFLAG_STOREHOST_V6,
+    BatchEntry,
+    MessageFormatError,
+    MessageIdGenerator,
+    decode_batch,
+    decode_message,
+    decode_messages,
+    decode_properties,
+    encode_batch,
+    encode_properties,
+    is_blank,
+    java_string_hash,
+    make_record_template,
+    offset_msg_id,
+    pack_host,
+    parse_offset_msg_id,
+    read_record,
+    tags_code,
+)
+from tests.strategies import TEXT
+
+UNIQ = "0100007F0000EC70000037513A6F0100"
+PROPERTIES = (
+    f"KEYS\x01key0\x02TAGS\x01tagA\x02UNIQ_KEY\x01{UNIQ}\x02WAIT\x01true\x02"
+    "CLUSTER\x01DefaultCluster\x02"
+)
+
+
+def example_record() -> bytes:
+    """The annotated example of PROTOCOL.md §6.2."""
+    template = make_record_template(
+        topic="TopicTest",
+        queue_id=0,
+        body=b"hello-0",
+        properties=PROPERTIES,
+        born_timestamp=0x18BCFE56800,
+        born_host=pack_host("127.0.0.1", 54321),
+        store_host=pack_host("127.0.0.1", 10911),
+    )
+    return template.encode(queue_offset=0, physical_offset=0, store_timestamp=0x18BCFE56801)
+
+
+def test_record_matches_the_annotated_example_byte_by_byte() -> None:
+    record = example_record()
+    expected = (
+        bytes.fromhex("000000ca")  # 0 TOTALSIZE 202
+        + bytes.fromhex("daa320a7")  # 4 MAGICCODE V1
+        + bytes.fromhex("154677bc")  # 8 BODYCRC crc32("hello-0") & 0x7fffffff
+        + bytes.fromhex("00000000")  # 12 QUEUEID
+        + bytes.fromhex("00000000")  # 16 FLAG
+        + bytes.fromhex("0000000000000000")  # 20 QUEUEOFFSET
+        + bytes.fromhex("0000000000000000")  # 28 PHYSICALOFFSET
+        + bytes.fromhex("00000000")  # 36 SYSFLAG
+        + bytes.fromhex("0000018bcfe56800")  # 40 BORNTIMESTAMP
+        + bytes.fromhex("7f000001 0000d431")  # 48 BORNHOST 127.0.0.1:54321
+        + bytes.fromhex("0000018bcfe56801")  # 56 STORETIMESTAMP
+        + bytes.fromhex("7f000001 00002a9f")  # 64 STOREHOST 127.0.0.1:10911
+        + bytes.fromhex("00000000")  # 72 RECONSUMETIMES
+        + bytes.fromhex("0000000000000000")  # 76 PREPARED TRANSACTION OFFSET
+        + bytes.fromhex("00000007")
+        + b"hello-0"  # 84 BODY
+        + bytes.fromhex("09")
+        + b"TopicTest"  # 95 TOPIC
+        + bytes.fromhex("005f")
+        + PROPERTIES.encode()  # 105 PROPERTIES
+    )
+    assert record == expected
+    assert len(record) == 91 + 7 + 9 + 95 == 202
+    assert zlib.crc32(b"hello-0") & 0x7FFFFFFF == 0x154677BC
+
+
+def test_record_decodes_to_what_a_consumer_needs() -> None:
+    message = decode_message(example_record())
+    assert message.topic == "TopicTest"
+    assert message.body == b"hello-0"
+    assert message.tags == "tagA"
+    assert message.keys == ["key0"]
+    assert message.msg_id == UNIQ  # UNIQ_KEY is the id users see
+    assert message.offset_msg_id == "7F00000100002A9F0000000000000000"
+    assert message.born_host == "127.0.0.1:54321"
+    assert message.store_host == "127.0.0.1:10911"
+    assert message.store_timestamp == 0x18BCFE56801
+    assert message.properties["CLUSTER"] == "DefaultCluster"
+
+
+def test_ipv6_hosts_set_their_sysflag_bits_and_widen_the_record() -> None:
+    template = make_record_template(
+        topic="T",
+        queue_id=1,
+        body=b"b",
+        born_host=pack_host("::1", 1),
+        store_host=pack_host("::1", 10911),
+    )
+    record = template.encode(queue_offset=3, physical_offset=99, store_timestamp=5)
+    info = read_record(record)
+    assert info.sys_flag & SYSFLAG_BORNHOST_V6 and info.sys_flag & SYSFLAG_STOREHOST_V6
+    assert len(record) == 91 + 24 + 1 + 1
+    message = decode_message(record)
+    assert message.store_host == "[::1]:10911"
+    assert message.offset_msg_id == offset_msg_id(pack_host("::1", 10911), 99)
+    assert len(message.offset_msg_id) == 56
+    assert parse_offset_msg_id(message.offset_msg_id) == ("[::1]:10911", 99)
+
+
+def test_topics_over_127_bytes_use_magic_v2_with_a_two_byte_length() -> None:
+    topic = "t" * 200
+    record = make_record_template(topic=topic, queue_id=0, body=b"").encode(
+        queue_offset=0, physical_offset=0, store_timestamp=0
+    )
+    assert struct.unpack_from(">i", record, 4)[0] == MAGIC_V2
+    assert decode_message(record).topic == topic
+    short = make_record_template(topic="t" * 127, queue_id=0, body=b"")
+    assert short.magic == MAGIC_V1
+
+
+@given(
+    topic=st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=200),
+    body=st.binary(max_size=500),
+    properties=st.dictionaries(
+        TEXT.filter(lambda t: "\x01" not in t and "\x02" not in t),
+        TEXT.filter(lambda t: "\x01" not in t and "\x02" not in t),
+        max_size=5,
+    ),
+    offsets=st.tuples(
+        st.integers(0, 2**62),
+        st.integers(0, 2**62),
+        st.integers(0, 2**62),
+        st.integers(-5, 2**31 - 1),
+    ),
+)
+def test_any_record_round_trips(
+    topic: str, body: bytes, properties: dict[str, str], offsets: tuple[int, int, int, int]
+) -> None:
+    queue_offset, physical_offset, timestamp, queue_id = offsets
+    template = make_record_template(
+        topic=topic, queue_id=queue_id, body=body, properties=encode_properties(properties)
+    )
+    record = template.encode(
+        queue_offset=queue_offset, physical_offset=physical_offset, store_timestamp=timestamp
+    )
+    assert len(record) == template.size
+    message = decode_message(record)
+    assert (message.topic, message.body, message.queue_id) == (topic, body, queue_id)
+    assert (message.queue_offset, message.physical_offset) == (queue_offset, physical_offset)
+    assert message.store_timestamp == timestamp
+    assert message.properties == properties
+
+
+def test_damaged_records_are_named() -> None:
+    bad_body = bytearray(example_record())
+    bad_body[90] ^= 0x01  # inside "hello-0"
+    with pytest.raises(MessageFormatError, match="body CRC"):
+        read_record(bytes(bad_body))
+    assert read_record(bytes(bad_body), check_crc=False).topic == "TopicTest"
+    bad_magic = bytearray(example_record())
+    bad_magic[4:8] = b"\x00\x00\x00\x00"
+    with pytest.raises(MessageFormatError, match="magic code 0x00000000"):
+        read_record(bytes(bad_magic))
+    with pytest.raises(MessageFormatError, match="runs past"):
+        read_record(example_record()[:150])
+    with pytest.raises(MessageFormatError, match="a record header needs 48"):
+        read_record(b"\x00" * 10)
+    bad_size = bytearray(example_record())
+    bad_size[0:4] = struct.pack(">i", 190)
+    with pytest.raises(MessageFormatError):
+        read_record(bytes(bad_size))
+
+
+@given(st.binary(max_size=300))
+def test_random_bytes_raise_only_message_format_error(data: bytes) -> None:
+    try:
+        read_record(data)
+    except MessageFormatError:
+        pass
+
+
+def test_pull_body_of_several_records_decodes() -> None:
+    records = b"".join(
+        make_record_template(topic="T", queue_id=0, body=str(i).encode()).encode(
+            queue_offset=i, physical_offset=i * 100, store_timestamp=0
+        )
+        for i in range(3)
+    )
+    assert [m.body for m in decode_messages(records)] == [b"0", b"1", b"2"]
+
+
+def test_blank_marker() -> None:
+    blank = struct.pack(">ii", 100, BLANK_MAGIC)
+    assert is_blank(blank, 0)
+    assert not is_blank(example_record(), 0)
+
+
+def test_properties_encode_as_rocketmq_writes_them() -> None:
+    assert encode_properties({"TAGS": "a", "KEYS": "k1 k2"}) == "TAGS\x01a\x02KEYS\x01k1 k2\x02"
+    assert decode_properties(PROPERTIES)["UNIQ_KEY"] == UNIQ
+    assert decode_properties("") == {}
+    assert decode_properties("a\x01b\x02junk\x02c\x01\x02") == {"a": "b", "c": ""}
+    with pytest.raises(MessageFormatError, match="may not contain"):
+        encode_properties({"k": "v\x02w"})
+
+
+def test_java_string_hash_matches_java() -> None:
+    assert java_string_hash("") == 0
+    assert java_string_hash("tagA") == 3552231
+    # values printed by Java 17's String.hashCode()
+    assert java_string_hash("TopicTest#key0") == -1655984461
+    assert java_string_hash("héllo") == 103094734
+    assert java_string_hash("\U0001f600") == 1772899  # a surrogate pair: two code units
+    assert tags_code(None) == 0
+    assert tags_code("tagA") == 3552231
+
+
+def test_offset_message_id() -> None:
+    assert offset_msg_id(pack_host("127.0.0.1", 10911), 212) == "7F00000100002A9F00000000000000D4"
+    assert parse_offset_msg_id("7F00000100002A9F00000000000000D4") == ("127.0.0.1:10911", 212)
+    with pytest.raises(MessageFormatError, match="not hex"):
+        parse_offset_msg_id("xyz")
+
+
+def test_unique_ids_are_32_hex_digits_and_distinct() -> None:
+    generator = MessageIdGenerator("10.0.0.7")
+    ids = [generator.next_id(1_700_000_000_000) for _ in range(1000)]
+    assert len(set(ids)) == 1000
+    assert all(len(i) == 32 and i == i.upper() for i in ids)
+    assert ids[0].startswith("0A000007")  # the IP comes first, as in Java
+
+
+def test_batch_body_round_trips_and_names_a_bad_entry() -> None:
+    entries = [
+        BatchEntry(b"one", flag=1, properties="UNIQ_KEY\x01A\x02"),
+        BatchEntry(b"", properties=""),
+        BatchEntry(b"three" * 100, flag=7, properties="TAGS\x01t\x02"),
+    ]
+    body = encode_batch(entries)
+    assert struct.unpack_from(">i", body)[0] == 20 + 3 + 2 + len("UNIQ_KEY\x01A\x02")
+    assert decode_batch(body) == entries
+    with pytest.raises(MessageFormatError, match="batch entry 2"):
+        decode_batch(body[:-3])

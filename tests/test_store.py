@@ -1,0 +1,351 @@
+"""MessageStore: puts and gets, restart and recovery, flush, delay levels, retention."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from hamq.protocol.message import decode_messages, tags_code
+from hamq.store import (
+    SCHEDULE_TOPIC,
+    BrokerRole,
+    FlushDiskType,
+    GetMessageStatus,
+    MessageStore,
+    PutMessageStatus,
+)
+from hamq.store.segment import Segment
+from tests.store_support import SEGMENT, message, open_store, small_config, virtual_clock
+
+
+async def put_many(store: MessageStore, count: int, **kwargs: object) -> list[int]:
+    offsets = []
+    for i in range(count):
+        result = await store.put_message(
+            message(
+                queue_id=i % 4,
+                body=f"message-{i}".encode() + b"." * 2000,
+                KEYS=f"key-{i}",
+                TAGS="odd" if i % 2 else "even",
+                UNIQ_KEY=f"UNIQ{i:06d}",
+            )
+        )
+        assert result.status is PutMessageStatus.PUT_OK, result
+        assert result.append is not None
+        offsets.append(result.append.physical_offset)
+    return offsets
+
+
+async def settle(store: MessageStore) -> None:
+    """Let the dispatch task catch up with the CommitLog."""
+    with trio.fail_after(10):
+        await store.wait_dispatched()
+
+
+def bodies(store: MessageStore, queue_id: int, offset: int = 0, count: int = 32) -> list[bytes]:
+    result = store.get_message("g", "T", queue_id, offset, count)
+    return [m.body.split(b".")[0] for m in decode_messages(result.body)]
+
+
+async def test_put_and_get_with_every_status(tmp_path: Path) -> None:
+    async with open_store(small_config(tmp_path)) as store:
+        await put_many(store, 40)
+        await settle(store)
+        found = store.get_message("g", "T", 1, 0, 3)
+        assert found.status is GetMessageStatus.FOUND
+        assert (found.next_begin_offset, found.min_offset, found.max_offset) == (3, 0, 10)
+        records = decode_messages(found.body)
+        assert [m.queue_offset for m in records] == [0, 1, 2]
+        assert [m.body.split(b".")[0] for m in records] == [
+            b"message-1",
+            b"message-5",
+            b"message-9",
+        ]
+        assert store.get_message("g", "T", 1, 10, 3).status is GetMessageStatus.OFFSET_OVERFLOW_ONE
+        badly = store.get_message("g", "T", 1, 99, 3)
+        assert (badly.status, badly.next_begin_offset) == (
+            GetMessageStatus.OFFSET_OVERFLOW_BADLY,
+            10,
+        )
+        none = store.get_message("g", "T", 9, 0, 3)
+        assert none.status is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
+        # tag filter by hash: queue 0 holds only "even" messages
+        odd = store.get_message("g", "T", 0, 0, 32, tag_codes={tags_code("odd")})
+        assert (odd.status, odd.next_begin_offset) == (GetMessageStatus.NO_MATCHED_MESSAGE, 10)
+        even = store.get_message("g", "T", 0, 0, 32, tag_codes={tags_code("even")})
+        assert even.message_count == 10
+        # byte budget: at least one message, then whole messages only
+        small = store.get_message("g", "T", 0, 0, 32, max_bytes=5000)
+        assert small.message_count == 2
+        assert small.next_begin_offset == 2
+
+
+async def test_messages_and_offsets_survive_a_restart(tmp_path: Path) -> None:
+    config = small_config(tmp_path)
+    async with open_store(config) as store:
+        await put_many(store, 200)
+        end = store.commitlog_max_offset
+    assert not (tmp_path / "abort").exists()  # a clean stop removes the marker
+    async with open_store(config) as store:
+        assert store.recovery is not None and store.recovery.clean
+        assert store.commitlog_max_offset == end
+        assert bodies(store, 2, 45, 2) == [b"message-182", b"message-186"]
+        result = await store.put_message(message(queue_id=2, body=b"after-restart"))
+        assert result.append is not None and result.append.queue_offset == 50
+        [by_key] = store.query_message("T", "key-123", 5)
+        assert by_key.body.startswith(b"message-123")
+        [by_id] = store.query_message("T", "UNIQ000077", 5)
+        assert by_id.queue_offset == 19
+
+
+async def test_consume_queues_are_rebuilt_after_their_files_are_deleted(tmp_path: Path) -> None:
+    config = small_config(tmp_path)
+    async with open_store(config) as store:
+        await put_many(store, 300)
+    shutil.rmtree(tmp_path / "consumequeue")
+    async with open_store(config) as store:
+        assert store.recovery is not None
+        assert store.recovery.records_dispatched == 300
+        assert store.max_offset_in_queue("T", 3) == 75
+        assert bodies(store, 3, 70, 2) == [b"message-283", b"message-287"]
+
+
+async def test_a_corrupted_byte_in_the_last_segment_is_found_by_crc_and_cut_there(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = small_config(tmp_path)
+    async with open_store(config) as store:
+        offsets = await put_many(store, 300)
+    last_segment = max((tmp_path / "commitlog").iterdir())
+    start = int(last_segment.name)
+    in_last = [o for o in offsets if o >= start]
+    victim = in_last[len(in_last) // 2]  # a record in the middle of the last segment
+    victim_index = offsets.index(victim)
+    data = bytearray(last_segment.read_bytes())
+    data[victim - start + 100] ^= 0x40  # a byte of its body
+    last_segment.write_bytes(bytes(data))
+    (tmp_path / "abort").write_bytes(b"")  # as after a crash
+    with caplog.at_level(logging.ERROR):
+        async with open_store(config) as store:
+            report = store.recovery
+            assert report is not None and not report.clean
+            assert report.commitlog_end == victim
+            assert report.bad_record is not None and "body CRC" in report.bad_record
+            assert report.truncated is not None and report.truncated[0] == victim
+            assert store.commitlog_max_offset == victim
+            # every record before the bad one is still there, none after it
+            queue = victim_index % 4
+            kept = store.max_offset_in_queue("T", queue)
+            assert kept == victim_index // 4
+            assert bodies(store, queue, kept - 1, 5) == [f"message-{victim_index - 4}".encode()]
+    assert f"commitlog cut at {victim}" in caplog.text
+    [copy] = report.torn_copy
+    assert copy.parent == tmp_path / "torn"
+    assert copy.read_bytes()[:4] == data[victim - start : victim - start + 4]  # the bad record
+
+
+async def test_a_torn_tail_is_copied_aside_and_cut(tmp_path: Path) -> None:
+    config = small_config(tmp_path)
+    async with open_store(config) as store:
+        await put_many(store, 10)
+        end = store.commitlog_max_offset
+    segment = tmp_path / "commitlog" / f"{0:020d}"
+    data = bytearray(segment.read_bytes())
+    torn = bytes(range(1, 60))  # half a record: a size and then garbage
+    data[end : end + len(torn)] = torn
+    segment.write_bytes(bytes(data))
+    (tmp_path / "abort").write_bytes(b"")
+    async with open_store(config) as store:
+        assert store.commitlog_max_offset == end
+        assert store.recovery is not None and store.recovery.truncated == (end, end + len(torn))
+        assert sum(store.max_offset_in_queue("T", q) for q in range(4)) == 10
+        result = await store.put_message(message(body=b"next"))
+        assert result.append is not None and result.append.physical_offset == end
+    assert (tmp_path / "torn" / f"{end:020d}.tail").read_bytes() == torn
+
+
+async def test_sync_flush_group_commit(tmp_path: Path) -> None:
+    config = small_config(tmp_path, flush_disk_type=FlushDiskType.SYNC_FLUSH)
+    async with open_store(config) as store:
+        assert store.flush is not None
+        results = []
+
+        async def put(i: int) -> None:
+            results.append(await store.put_message(message(queue_id=i % 4, body=b"x" * 100)))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(64):
+                nursery.start_soon(put, i)
+        assert all(r.status is PutMessageStatus.PUT_OK for r in results)
+        assert store.flush.flushed_offset >= max(r.append.end_offset for r in results if r.append)
+        assert store.flush.rounds < 64  # puts shared their fsyncs
+
+
+async def test_a_slow_fsync_gives_flush_disk_timeout_and_keeps_the_data(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = small_config(
+        tmp_path, flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout_s=5
+    )
+    release = threading.Event()
+    original = Segment.sync_data
+
+    def stuck_sync(self: Segment) -> None:
+        release.wait(30)
+        original(self)
+
+    async with open_store(config) as store:
+        monkeypatch.setattr(Segment, "sync_data", stuck_sync)
+        start = trio.current_time()
+        result = await store.put_message(message(body=b"slow disk"))
+        assert result.status is PutMessageStatus.FLUSH_DISK_TIMEOUT
+        assert trio.current_time() - start == pytest.approx(5, abs=0.6)
+        assert result.append is not None  # stored nonetheless
+        await settle(store)
+        assert bodies(store, 0) == [b"slow disk"]
+        release.set()
+
+
+async def test_a_delayed_message_is_delivered_after_its_level(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    config = small_config(tmp_path, message_delay_level="1s 5s 10s")
+    async with open_store(config, clock=virtual_clock()) as store:
+        sent = await store.put_message(
+            message(queue_id=2, body=b"later", DELAY="3", UNIQ_KEY="ID-1", TAGS="t")
+        )
+        assert sent.append is not None
+        start = trio.current_time()
+        await settle(store)
+        assert store.max_offset_in_queue(SCHEDULE_TOPIC, 2) == 1  # waiting in level 3
+        await trio.sleep(9.9)
+        assert store.max_offset_in_queue("T", 2) == 0  # not yet
+        await trio.sleep(0.3)
+        assert store.max_offset_in_queue("T", 2) == 1
+        [delivered] = decode_messages(store.get_message("g", "T", 2, 0, 1).body)
+        assert delivered.body == b"later"
+        assert delivered.msg_id == "ID-1"  # the same id the producer saw
+        assert "DELAY" not in delivered.properties
+        assert delivered.properties["REAL_TOPIC"] == "T"
+        assert delivered.store_timestamp - sent.append.store_timestamp == pytest.approx(
+            10_000, abs=200
+        )
+        assert trio.current_time() - start < 10.3
+        assert store.delay_offsets() == {3: 1}
+        # a level past the last one is capped at the last
+        await store.put_message(message(queue_id=0, body=b"capped", DELAY="99"))
+        await settle(store)
+        assert store.max_offset_in_queue(SCHEDULE_TOPIC, 2) == 2
+    offsets = (tmp_path / "config" / "delayOffset.json").read_text()
+    assert '"3":1' in offsets
+
+
+async def test_retention_deletes_old_segments_once_nobody_needs_them(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    needed = [0]
+    config = small_config(tmp_path, file_reserved_time_h=1, clean_interval_s=10)
+    clock = virtual_clock(base_ms=int(__import__("time").time() * 1000))
+    async with open_store(config, clock=clock, retention_floor=lambda: needed[0]) as store:
+        await put_many(store, 400)  # several segments
+        segments = len(store.commitlog.segments.segments)
+        assert segments >= 4
+        assert store.flush is not None
+        await store.flush.flush_queues_and_checkpoint()
+        await trio.sleep(2 * 3600)  # old enough now, but a consumer still needs everything
+        assert store.commitlog_min_offset == 0
+        needed[0] = 2 * SEGMENT  # consumers are past the first two segments
+        await trio.sleep(20)
+        assert store.commitlog_min_offset == 2 * SEGMENT
+        low = store.min_offset_in_queue("T", 1)
+        assert low > 0
+        too_small = store.get_message("g", "T", 1, 0, 5)
+        assert too_small.status is GetMessageStatus.OFFSET_TOO_SMALL
+        assert too_small.next_begin_offset == low
+        assert store.get_message("g", "T", 1, low, 1).status is GetMessageStatus.FOUND
+        needed[0] = 10**12
+        await trio.sleep(20)
+        assert len(store.commitlog.segments.segments) == 1  # never the one being written
+
+
+async def test_bad_puts_are_refused_with_a_named_status(tmp_path: Path) -> None:
+    async with open_store(small_config(tmp_path)) as store:
+        too_big = await store.put_message(message(body=b"x" * (64 * 1024 + 1)))
+        assert too_big.status is PutMessageStatus.MESSAGE_ILLEGAL
+        assert "over max_message_bytes 65536" in too_big.remark
+        huge_properties = await store.put_message(message(big="p" * 40_000))
+        assert huge_properties.status is PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
+        bad_delay = await store.put_message(message(DELAY="soon"))
+        assert bad_delay.status is PutMessageStatus.MESSAGE_ILLEGAL
+        assert not (too_big.stored or huge_properties.stored or bad_delay.stored)
+        assert store.commitlog_max_offset == 0
+    async with open_store(small_config(tmp_path, role=BrokerRole.SLAVE)) as slave:
+        refused = await slave.put_message(message())
+        assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+
+
+async def test_one_store_directory_one_process(tmp_path: Path) -> None:
+    async with open_store(small_config(tmp_path)):
+        with pytest.raises(ExceptionGroup) as refused:
+            async with open_store(small_config(tmp_path)):
+                pass
+        assert refused.group_contains(RuntimeError, match="is in use by another process")
+
+
+async def test_a_slave_rebuilds_queues_from_replicated_bytes(tmp_path: Path) -> None:
+    async with (
+        open_store(small_config(tmp_path / "master")) as master,
+        open_store(small_config(tmp_path / "slave", role=BrokerRole.SLAVE)) as slave,
+    ):
+        await put_many(master, 120)
+        offset = 0
+        while offset < master.commitlog_max_offset:
+            chunk = bytes(master.get_data(offset, 7000))
+            slave.append_raw(offset, chunk)
+            offset += len(chunk)
+        await settle(slave)
+        assert [slave.max_offset_in_queue("T", q) for q in range(4)] == [30] * 4
+        assert bodies(slave, 1, 29, 1) == [b"message-117"]
+        assert [m.queue_offset for m in slave.query_message("T", "key-5", 3)] == [1]
+
+
+async def test_truncate_drops_records_everywhere_and_appends_continue(tmp_path: Path) -> None:
+    async with open_store(small_config(tmp_path)) as store:
+        offsets = await put_many(store, 100)
+        await settle(store)
+        await store.truncate(offsets[60])
+        assert store.commitlog_max_offset == offsets[60]
+        assert [store.max_offset_in_queue("T", q) for q in range(4)] == [15, 15, 15, 15]
+        assert store.query_message("T", "key-70", 3) == []
+        result = await store.put_message(message(queue_id=0, body=b"new", KEYS="key-70"))
+        assert result.append is not None
+        assert (result.append.physical_offset, result.append.queue_offset) == (offsets[60], 15)
+        await settle(store)
+        [found] = store.query_message("T", "key-70", 3)
+        assert found.body == b"new"
+
+
+async def test_offset_by_time_and_store_times(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    clock = virtual_clock()
+    async with open_store(small_config(tmp_path), clock=clock) as store:
+        stamps = []
+        for _ in range(10):
+            result = await store.put_message(message(queue_id=0))
+            assert result.append is not None
+            stamps.append(result.append.store_timestamp)
+            await trio.sleep(1)
+        await settle(store)
+        assert store.offset_by_time("T", 0, stamps[4]) == 4
+        assert store.offset_by_time("T", 0, stamps[4] + 500) == 5
+        assert store.offset_by_time("T", 0, stamps[4] + 500, upper=True) == 4
+        assert store.earliest_message_time("T", 0) == stamps[0]
+        assert store.message_store_time("T", 0, 7) == stamps[7]
+        assert store.message_store_time("T", 0, 70) == -1
