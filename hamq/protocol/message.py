@@ -24,10 +24,12 @@ bytes in, values out. ``MessageFormatError`` names what is wrong with a record.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import mmap
 import os
 import random
+import re
 import struct
 import time
 import zlib
@@ -91,6 +93,22 @@ class MessageFormatError(ValueError):
     """Bytes that are not a valid stored message (or batch); the text says why."""
 
 
+#: RocketMQ's TopicValidator: letters, digits, ``%``, ``|``, ``_`` and ``-``, at most 127
+TOPIC_MAX_LENGTH = 127
+_TOPIC = re.compile(r"[%|a-zA-Z0-9_-]+")
+
+
+def topic_error(topic: str) -> str | None:
+    """Why ``topic`` is not a valid topic name, or None if it is."""
+    if not topic:
+        return "the topic is empty"
+    if len(topic) > TOPIC_MAX_LENGTH:
+        return f"topic {topic[:40]!r}... is {len(topic)} characters, over {TOPIC_MAX_LENGTH}"
+    if not _TOPIC.fullmatch(topic):
+        return f"topic {topic!r} may only contain letters, digits, '%', '|', '_' and '-'"
+    return None
+
+
 # ---------------------------------------------------------------- small codecs
 
 
@@ -102,30 +120,46 @@ def body_crc(body: bytes | memoryview) -> int:
 def java_string_hash(text: str) -> int:
     """Java's ``String.hashCode()``: 31-polynomial over UTF-16 code units, signed int32."""
     h = 0
-    data = text.encode("utf-16-be")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    if text.isascii():  # one code unit per byte; reduce modulo 2**32 once at the end
+        for unit in text.encode():
+            h = 31 * h + unit
+    else:
+        data = text.encode("utf-16-be")
+        for i in range(0, len(data), 2):
+            h = 31 * h + ((data[i] << 8) | data[i + 1])
+    h &= 0xFFFFFFFF
     return h - 2**32 if h & 0x80000000 else h
 
 
+@functools.lru_cache(maxsize=4096)
 def tags_code(tags: str | None) -> int:
-    """The consume-queue tag code of a TAGS value: its Java hash, 0 without tags."""
+    """The consume-queue tag code of a TAGS value: its Java hash, 0 without tags.
+
+    Java clients send these codes in their subscriptions, so it must be Java's hash.
+    Memoized: a topic uses few distinct tags."""
     return java_string_hash(tags) if tags else 0
 
 
 def encode_properties(properties: Mapping[str, str]) -> str:
     """``key 0x01 value 0x02`` for each pair; keys or values holding 0x01/0x02 are refused."""
-    parts = []
-    for key, value in properties.items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise MessageFormatError(f"property {key!r}: keys and values must be strings")
-        for text in (key, value):
-            if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
+    try:
+        text = "".join([f"{k}\x01{v}\x02" for k, v in properties.items()])
+    except TypeError:
+        text = ""
+    pairs = len(properties)
+    if (
+        text.count(NAME_VALUE_SEPARATOR) != pairs
+        or text.count(PROPERTY_SEPARATOR) != pairs
+        or (not all(type(k) is str and type(v) is str for k, v in properties.items()))
+    ):
+        for key, value in properties.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise MessageFormatError(f"property {key!r}: keys and values must be strings")
+            if any(c in key or c in value for c in (NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR)):
                 raise MessageFormatError(
                     f"property {key!r}: keys and values may not contain \\x01 or \\x02"
                 )
-        parts.append(f"{key}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}")
-    return "".join(parts)
+    return text
 
 
 def decode_properties(text: str) -> dict[str, str]:
@@ -138,8 +172,10 @@ def decode_properties(text: str) -> dict[str, str]:
     return properties
 
 
+@functools.lru_cache(maxsize=4096)
 def pack_host(host: str, port: int) -> bytes:
-    """BORNHOST / STOREHOST bytes: 4- or 16-byte address + int32 port."""
+    """BORNHOST / STOREHOST bytes: 4- or 16-byte address + int32 port (memoized: a
+    broker sees few distinct hosts, and parsing one costs microseconds)."""
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
@@ -225,12 +261,19 @@ def _host_size(v6: bool) -> int:
     return 20 if v6 else 8
 
 
-@attrs.frozen(slots=True)
+@functools.lru_cache(maxsize=4)
+def _prefix(born_host_size: int, store_host_size: int) -> struct.Struct:
+    """Everything of a record before BODY, hosts as fixed-width fields: one pack_into."""
+    return struct.Struct(f">iiiiiqqiq{born_host_size}sq{store_host_size}siq")
+
+
+@attrs.define(slots=True)
 class RecordTemplate:
     """A message encoded once, before its place in the log is known.
 
     ``pack_into`` writes the whole record at a position, filling in QUEUEOFFSET,
-    PHYSICALOFFSET and STORETIMESTAMP, which only the CommitLog knows.
+    PHYSICALOFFSET and STORETIMESTAMP, which only the CommitLog knows. (Not frozen:
+    one is made per message on the hot path, and nobody changes it.)
     """
 
     size: int
@@ -256,7 +299,8 @@ class RecordTemplate:
         physical_offset: int,
         store_timestamp: int,
     ) -> None:
-        _HEAD.pack_into(
+        prefix = _prefix(len(self.born_host), len(self.store_host))
+        prefix.pack_into(
             buffer,
             pos,
             self.size,
@@ -268,17 +312,13 @@ class RecordTemplate:
             physical_offset,
             self.sys_flag,
             self.born_timestamp,
+            self.born_host,
+            store_timestamp,
+            self.store_host,
+            self.reconsume_times,
+            self.prepared_transaction_offset,
         )
-        at = pos + HEAD_SIZE
-        end = at + len(self.born_host)
-        buffer[at:end] = self.born_host
-        _Q.pack_into(buffer, end, store_timestamp)
-        at = end + 8
-        end = at + len(self.store_host)
-        buffer[at:end] = self.store_host
-        _I32.pack_into(buffer, end, self.reconsume_times)
-        _Q.pack_into(buffer, end + 4, self.prepared_transaction_offset)
-        at = end + 12
+        at = pos + prefix.size
         buffer[at : at + len(self.tail)] = self.tail
 
     def encode(self, *, queue_offset: int, physical_offset: int, store_timestamp: int) -> bytes:
@@ -459,6 +499,39 @@ def read_record(buffer: ReadableBuffer, pos: int = 0, *, check_crc: bool = True)
         topic=topic,
         properties=properties,
     )
+
+
+def read_summary(buffer: ReadableBuffer, pos: int) -> tuple[int, int, int, int, int, str, str]:
+    """What dispatching needs of the record at ``pos``, read fast and without a CRC
+    check: (size, queue id, queue offset, sys flag, store timestamp, topic, properties).
+    The record must be complete in ``buffer``; MessageFormatError if it is not sane."""
+    size, magic, _crc, queue_id, _flag, queue_offset, _phy, sys_flag, _born = _HEAD.unpack_from(
+        buffer, pos
+    )
+    if magic != MAGIC_V1 and magic != MAGIC_V2:
+        raise MessageFormatError(f"magic code {magic & 0xFFFFFFFF:#010x} is not a message's")
+    at = pos + HEAD_SIZE + (20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8)
+    (store_timestamp,) = _Q.unpack_from(buffer, at)
+    at += 8 + (20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8) + 12
+    (body_len,) = _I32.unpack_from(buffer, at)
+    at += 4 + body_len
+    end = pos + size
+    if magic == MAGIC_V1:
+        topic_len = buffer[at]
+        at += 1
+    else:
+        (topic_len,) = _I16.unpack_from(buffer, at)
+        at += 2
+    if body_len < 0 or topic_len <= 0 or at + topic_len + 2 > end:
+        raise MessageFormatError(f"record lengths do not add up to its total size {size}")
+    try:
+        topic = str(buffer[at : at + topic_len], "utf-8")
+        at += topic_len
+        (properties_len,) = _I16.unpack_from(buffer, at)
+        properties = str(buffer[at + 2 : at + 2 + properties_len], "utf-8")
+    except UnicodeDecodeError as exc:
+        raise MessageFormatError(f"topic or properties are not UTF-8: {exc}") from None
+    return size, queue_id, queue_offset, sys_flag, store_timestamp, topic, properties
 
 
 def is_blank(buffer: ReadableBuffer, pos: int) -> bool:

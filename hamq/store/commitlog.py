@@ -37,8 +37,10 @@ log = logging.getLogger(__name__)
 _BLANK = struct.Struct(">ii")
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class AppendResult:
+    """Where a record went (not frozen: one per message on the hot path; not changed)."""
+
     physical_offset: int
     size: int
     queue_offset: int
@@ -159,10 +161,7 @@ class CommitLog:
         self.segments.remove_after(offset + 1)  # keeps the segment holding offset
         segment = self.segments.find(offset)
         if segment is not None:
-            cut = offset - segment.start
-            segment.zero(cut, segment.wrote)
-            segment.wrote = cut
-            segment.flushed = min(segment.flushed, cut)
+            segment.cut(offset - segment.start)
         log.warning(
             "commitlog truncated to %d: dropped [%d, %d), %d bytes",
             offset,

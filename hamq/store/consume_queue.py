@@ -74,6 +74,15 @@ class ConsumeQueue:
             existing = self._raw(queue_offset)
             if existing[:2] == (physical_offset, size):
                 return False
+            if existing[1] == 0:  # a hole left by a crash: fill it
+                position = queue_offset * ENTRY_SIZE
+                segment = self.segments.find(position)
+                assert segment is not None
+                ENTRY.pack_into(
+                    segment.buffer, position - segment.start, physical_offset, size, tags_code
+                )
+                segment.needs_sync = True
+                return True
             raise StoreCorruptionError(
                 f"consume queue {self.topic}/{self.queue_id} entry {queue_offset} points at "
                 f"{existing[0]} (+{existing[1]}), but the commitlog has it at "
@@ -102,9 +111,15 @@ class ConsumeQueue:
         Commit-log offsets grow along a queue, so the cut is found by binary search.
         """
         offsets = range(self.min_offset, self.max_offset)
-        keep = offsets.start + bisect.bisect_left(
-            offsets, physical_offset, key=lambda offset: self._raw(offset)[0]
-        )
+
+        def dirty(offset: int) -> bool:
+            # an empty entry (a hole a crash left among unflushed entries) counts as
+            # dirty; before the first dirty entry everything was flushed, so the
+            # predicate is false, then true: a binary search applies
+            entry_offset, size, _tags = self._raw(offset)
+            return size == 0 or entry_offset >= physical_offset
+
+        keep = offsets.start + bisect.bisect_left(offsets, True, key=dirty)
         dropped = self.max_offset - keep
         if not dropped:
             return 0
@@ -116,10 +131,7 @@ class ConsumeQueue:
         self.segments.remove_after(position)
         segment = self.segments.last
         assert segment is not None  # it holds entry keep - 1
-        cut = position - segment.start
-        segment.zero(cut, segment.wrote)
-        segment.wrote = cut
-        segment.flushed = min(segment.flushed, cut)
+        segment.cut(position - segment.start)
         self.max_offset = keep
         return dropped
 

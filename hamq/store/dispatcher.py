@@ -16,6 +16,7 @@ and for each one adds a consume-queue entry and index keys, then tells the liste
 from __future__ import annotations
 
 import logging
+import mmap
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ import attrs
 import trio
 
 from hamq.protocol.message import (
+    BLANK_MAGIC,
     PROPERTY_DELAY,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
@@ -33,23 +35,29 @@ from hamq.protocol.message import (
     SYSFLAG_TRANSACTION_ROLLBACK,
     MessageFormatError,
     decode_properties,
-    is_blank,
-    read_record,
+    read_summary,
     tags_code,
+    topic_error,
 )
 from hamq.store.commitlog import CommitLog
 from hamq.store.consume_queue import ConsumeQueue
 from hamq.store.index import IndexService
+from hamq.store.segment import StoreCorruptionError
 
 log = logging.getLogger(__name__)
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+#: how long the reput task waits before trying again after a disk error
+RETRY_AFTER_FAILURE_S = 1.0
 
-_I32 = struct.Struct(">i")
+_SIZE_MAGIC = struct.Struct(">ii")
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class DispatchRequest:
+    """One record as the dispatcher hands it to queues, index and listeners (not
+    frozen: one is made per message on the hot path; nobody changes it)."""
+
     topic: str
     queue_id: int
     physical_offset: int
@@ -86,6 +94,11 @@ class ConsumeQueueTable:
         key = (topic, queue_id)
         queue = self.queues.get(key)
         if queue is None:
+            problem = topic_error(topic)
+            if problem is not None or queue_id < 0:
+                raise StoreCorruptionError(
+                    f"no consume queue for {topic!r}/{queue_id}: {problem or 'negative queue id'}"
+                )
             queue = ConsumeQueue(self.root, topic, queue_id, self.entries_per_file)
             self.queues[key] = queue
         return queue
@@ -114,6 +127,7 @@ class ReputService:
         self.last_store_timestamp = 0
         self.listeners: list[Callable[[DispatchRequest], None]] = []
         self.failure: str | None = None
+        self.failure_is_transient = False
         self._wakeup = trio.Event()
         self._progress = trio.Event()
 
@@ -124,6 +138,10 @@ class ReputService:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
+            if self.failure is not None and self.failure_is_transient:
+                await trio.sleep(RETRY_AFTER_FAILURE_S)
+                log.info("reput retrying after: %s", self.failure)
+                self.failure = None
             # a fresh event before each pass: appends after it wake the next pass,
             # appends before it are in the CommitLog this pass reads
             self._wakeup = trio.Event()
@@ -139,56 +157,75 @@ class ReputService:
 
     def dispatch_available(self, limit: int | None = None) -> int:
         """Dispatch the records that are complete in the CommitLog; returns how many."""
+        budget = -1 if limit is None else limit
         done = 0
-        while (limit is None or done < limit) and self.failure is None:
-            request = self._next()
-            if request is None:
+        segments = self.commitlog.segments
+        if self.offset < segments.min_offset:
+            self.offset = segments.min_offset  # a slave whose log starts mid-way
+        while budget and self.failure is None:
+            segment = segments.find(self.offset)
+            if segment is None:
                 break
-            self._dispatch(request)
-            done += 1
+            buffer, start, wrote = segment.buffer, segment.start, segment.wrote
+            pos = self.offset - start
+            # the records of this segment, one after another
+            while budget and wrote - pos >= 8:
+                size, magic = _SIZE_MAGIC.unpack_from(buffer, pos)
+                if magic == BLANK_MAGIC:
+                    break
+                if size > wrote - pos:
+                    break  # not complete yet (replicated bytes can stop mid-record)
+                request = self._request(buffer, pos, start + pos)
+                if request is None:
+                    break
+                try:
+                    self._dispatch(request)
+                except Exception as exc:
+                    self._fail(start + pos, exc)
+                    break
+                pos += size
+                done += 1
+                budget -= 1
+            self.offset = start + pos
+            if not (wrote - pos >= 8 and magic == BLANK_MAGIC and wrote == segment.size):
+                break
+            self.offset = segment.end  # a full segment ends with its blank tail: go on
         if done:
             progress, self._progress = self._progress, trio.Event()
             progress.set()
         return done
 
-    def _next(self) -> DispatchRequest | None:
-        while True:
-            segment = self.commitlog.segments.find(self.offset)
-            if segment is None:
-                return None
-            pos = self.offset - segment.start
-            if pos >= segment.wrote:
-                return None
-            buffer = segment.buffer
-            if is_blank(buffer, pos):
-                if segment.wrote < segment.size:
-                    return None  # the rest of the blank tail has not arrived yet
-                self.offset = segment.end
-                continue
-            if segment.wrote - pos < 4 or _I32.unpack_from(buffer, pos)[0] > segment.wrote - pos:
-                return None  # the record is not complete yet
-            try:
-                info = read_record(segment.view(0, segment.wrote), pos, check_crc=False)
-            except MessageFormatError as exc:
-                self.failure = f"record at commitlog offset {self.offset} is damaged: {exc}"
-                log.error("reput stopped: %s", self.failure)
-                return None
-            properties = decode_properties(info.properties)
-            if info.topic == SCHEDULE_TOPIC:
-                code = info.store_timestamp + self._delay_ms(properties)
-            else:
-                code = tags_code(properties.get(PROPERTY_TAGS))
-            return DispatchRequest(
-                topic=info.topic,
-                queue_id=info.queue_id,
-                physical_offset=self.offset,
-                size=info.size,
-                tags_code=code,
-                store_timestamp=info.store_timestamp,
-                queue_offset=info.queue_offset,
-                sys_flag=info.sys_flag,
-                properties=properties,
+    def _request(self, buffer: mmap.mmap, pos: int, offset: int) -> DispatchRequest | None:
+        """The dispatch request for the record at ``pos`` of a segment (log ``offset``)."""
+        try:
+            size, queue_id, queue_offset, sys_flag, store_timestamp, topic, text = read_summary(
+                buffer, pos
             )
+        except (MessageFormatError, struct.error, IndexError) as exc:
+            self._fail(offset, MessageFormatError(f"the record is damaged: {exc}"))
+            return None
+        properties = decode_properties(text)
+        if topic == SCHEDULE_TOPIC:
+            code = store_timestamp + self._delay_ms(properties)
+        else:
+            code = tags_code(properties.get(PROPERTY_TAGS))
+        return DispatchRequest(
+            topic,
+            queue_id,
+            offset,
+            size,
+            code,
+            store_timestamp,
+            queue_offset,
+            sys_flag,
+            properties,
+        )
+
+    def _fail(self, offset: int, exc: Exception) -> None:
+        """Stop dispatching at ``offset``; an OSError (a full disk) is tried again later."""
+        self.failure = f"dispatching the record at commitlog offset {offset} failed: {exc}"
+        self.failure_is_transient = isinstance(exc, OSError)
+        log.error("reput stopped: %s", self.failure)
 
     def _delay_ms(self, properties: dict[str, str]) -> int:
         try:
@@ -211,7 +248,7 @@ class ReputService:
             if uniq_key:
                 keys.append(uniq_key)
             self.index.add(request.topic, keys, request.physical_offset, request.store_timestamp)
-        self.offset = request.physical_offset + request.size
+        self.offset = request.physical_offset + request.size  # listeners see it moved
         self.last_store_timestamp = request.store_timestamp
         for listener in self.listeners:
             try:

@@ -15,8 +15,10 @@ Every fsync runs in a worker thread; ``flushed_offset`` only grows (except throu
 
 from __future__ import annotations
 
+import contextlib
+import heapq
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import trio
 
@@ -24,15 +26,51 @@ from hamq.store.checkpoint import Checkpoint, save_checkpoint
 from hamq.store.commitlog import CommitLog
 from hamq.store.config import FlushDiskType, StoreConfig
 from hamq.store.dispatcher import ConsumeQueueTable, ReputService
-from hamq.store.index import IndexService
+from hamq.store.index import IndexFile, IndexService
 from hamq.store.segment import Segment
 
 log = logging.getLogger(__name__)
 
 
-def _sync_segments(segments: list[tuple[Segment, int]]) -> None:
-    for segment, _target in segments:
-        segment.sync_data()
+class _Waiter:
+    __slots__ = ("done", "end_offset", "timed_out")
+
+    def __init__(self, end_offset: int) -> None:
+        self.end_offset = end_offset
+        self.done = trio.Event()
+        self.timed_out = False
+
+
+def _dirty(segments: list[Segment]) -> list[tuple[Segment, int]]:
+    """(segment, bytes written) of each segment with changes not yet on disk; the
+    ``needs_sync`` flag is taken here, so changes made during the sync set it again."""
+    dirty = []
+    for segment in segments:
+        if segment.dirty:
+            dirty.append((segment, segment.wrote))
+            segment.needs_sync = False
+    return dirty
+
+
+async def _sync(segments: list[tuple[Segment, int]], index_files: Sequence[IndexFile] = ()) -> None:
+    """fsync the segments (and index files) in a worker thread, then record that what
+    they held when taken is on disk — never more than they hold now, should a
+    truncation have cut one meanwhile. A failed sync marks them for the next round."""
+
+    def sync() -> None:
+        for segment, _wrote in segments:
+            segment.sync_data()
+        for index_file in index_files:
+            index_file.sync_data()
+
+    try:
+        await trio.to_thread.run_sync(sync)
+    except BaseException:
+        for segment, _wrote in segments:
+            segment.needs_sync = True
+        raise
+    for segment, wrote in segments:
+        segment.flushed = min(max(segment.flushed, wrote), segment.wrote)
 
 
 class FlushService:
@@ -57,7 +95,11 @@ class FlushService:
         self.flushed_offset = commitlog.max_offset
         self.flushed_timestamp = checkpoint.physic_msg_timestamp
         self._flush_requested = trio.Event()
-        self._round_done = trio.Event()
+        self._waiters: list[_Waiter] = []
+        self._deadlines: list[tuple[float, int, _Waiter]] = []
+        self._deadline_added = trio.Event()
+        self._sequence = 0
+        self._truncations = 0
         self._commitlog_lock = trio.Lock()
         self._checkpoint_lock = trio.Lock()
         self.rounds = 0
@@ -68,32 +110,75 @@ class FlushService:
         async with self._commitlog_lock:
             target = self.commitlog.max_offset
             timestamp = self.reput.last_store_timestamp
-            dirty = [(s, s.wrote) for s in self.commitlog.segments.segments if s.flushed < s.wrote]
+            truncations = self._truncations
+            dirty = _dirty(self.commitlog.segments.segments)
             if dirty:
-                await trio.to_thread.run_sync(_sync_segments, dirty)
-                for segment, wrote in dirty:
-                    segment.flushed = max(segment.flushed, wrote)
-            if target > self.flushed_offset:
+                await _sync(dirty)
+            # a truncation during the sync moved the end back: this round proves nothing
+            if target > self.flushed_offset and truncations == self._truncations:
                 self.flushed_offset = target
                 self.flushed_timestamp = max(self.flushed_timestamp, timestamp)
             self.rounds += 1
             return self.flushed_offset
 
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """No flush runs while the block does (for cutting or deleting files)."""
+        async with self._checkpoint_lock, self._commitlog_lock:
+            yield
+
     async def wait_flushed(self, end_offset: int, timeout_s: float) -> bool:
         """Wait until the CommitLog is on disk up to ``end_offset`` (SYNC_FLUSH puts);
-        False when ``timeout_s`` passes first. The data stays either way."""
+        False when ``timeout_s`` passes first. The data stays either way.
+
+        No cancel scope per call (they are costly at thousands of puts a second): each
+        waiter has its own event, set by the round that covers it or by the timer task.
+        """
         if self.flushed_offset >= end_offset:
             return True
-        with trio.move_on_after(timeout_s):
-            while self.flushed_offset < end_offset:
-                done = self._round_done
-                self._flush_requested.set()
-                await done.wait()
-            return True
-        return False
+        waiter = _Waiter(end_offset)
+        self._waiters.append(waiter)
+        self._sequence += 1
+        heapq.heappush(self._deadlines, (trio.current_time() + timeout_s, self._sequence, waiter))
+        if len(self._deadlines) == 1:
+            self._deadline_added.set()
+        self._flush_requested.set()
+        await waiter.done.wait()
+        return not waiter.timed_out
+
+    def _release_flushed(self) -> None:
+        """Wake every waiter the flushed offset now covers."""
+        flushed = self.flushed_offset
+        waiting: list[_Waiter] = []
+        for waiter in self._waiters:
+            if waiter.end_offset <= flushed:
+                waiter.done.set()
+            elif not waiter.done.is_set():
+                waiting.append(waiter)
+        self._waiters = waiting
+        if waiting:
+            self._flush_requested.set()
+
+    async def _timeout_loop(self) -> None:
+        """Release waiters whose deadline passed (FLUSH_DISK_TIMEOUT)."""
+        while True:
+            while self._deadlines and self._deadlines[0][2].done.is_set():
+                heapq.heappop(self._deadlines)  # already flushed
+            if not self._deadlines:
+                self._deadline_added = trio.Event()
+                await self._deadline_added.wait()
+                continue
+            deadline, _, waiter = self._deadlines[0]
+            if trio.current_time() < deadline:
+                await trio.sleep_until(deadline)
+                continue
+            heapq.heappop(self._deadlines)
+            waiter.timed_out = True
+            waiter.done.set()
 
     def reset(self, offset: int) -> None:
         """After a truncation: nothing past ``offset`` is flushed."""
+        self._truncations += 1
         self.flushed_offset = min(self.flushed_offset, offset)
 
     async def _commitlog_loop(self) -> None:
@@ -110,9 +195,7 @@ class FlushService:
                 await self.flush_commitlog()
             except OSError:
                 log.exception("commitlog flush failed; retrying")
-            finally:
-                done, self._round_done = self._round_done, trio.Event()
-                done.set()
+            self._release_flushed()
 
     # ------------------------------------------------------------------ the rest
     async def flush_queues_and_checkpoint(self) -> Checkpoint:
@@ -124,24 +207,23 @@ class FlushService:
         dispatched = self.reput.offset
         logics_timestamp = self.reput.last_store_timestamp
         await self.flush_commitlog()
-        dirty = [
-            (segment, segment.wrote)
-            for queue in self.queues.queues.values()
-            for segment in queue.segments.segments
-            if segment.flushed < segment.wrote
-        ]
+        dirty = _dirty(
+            [
+                segment
+                for queue in self.queues.queues.values()
+                for segment in queue.segments.segments
+            ]
+        )
         index_files = self.index.dirty_files()
         for index_file in index_files:
             index_file.dirty = False
 
-        def sync() -> None:
-            _sync_segments(dirty)
+        try:
+            await _sync(dirty, index_files)
+        except BaseException:
             for index_file in index_files:
-                index_file.sync_data()
-
-        await trio.to_thread.run_sync(sync)
-        for segment, wrote in dirty:
-            segment.flushed = max(segment.flushed, wrote)
+                index_file.dirty = True  # not synced: the next round tries again
+            raise
         checkpoint = Checkpoint(
             commitlog_flushed_offset=self.flushed_offset,
             dispatched_offset=min(dispatched, self.flushed_offset),
@@ -167,5 +249,6 @@ class FlushService:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._commitlog_loop)
+            nursery.start_soon(self._timeout_loop)
             nursery.start_soon(self._queue_loop)
             task_status.started()

@@ -9,10 +9,15 @@ RocketMQ's index file format, so the files read the same way::
     entries:           ``max_entries`` x (key hash int32, commit-log offset int64,
                        seconds since begin timestamp int32, previous entry int32)
 
-The key of a message is ``topic#key`` for each of its KEYS and for its UNIQ_KEY; the
-hash is Java's ``String.hashCode`` made non-negative, as in RocketMQ. A file is one
+The key of a message is ``topic#key`` for each of its KEYS and for its UNIQ_KEY. One
+deliberate difference from RocketMQ: the key hash is CRC32 of the UTF-8 key (masked
+to 31 bits) instead of Java's ``String.hashCode``. Layout and lookups are the same, but
+Java's hash costs about 3 us a key in Python and CRC32 about 0.1 us; every message
+has at least two keys, and nothing outside hamq reads these files. A file is one
 time slice: when it is full a new one starts, named by the creation time
-(``yyyyMMddHHmmssSSS``). Entries chain newest to oldest within a slot.
+(``yyyyMMddHHmmssSSS``). Entries chain newest to oldest within a slot. The header is
+rewritten with every entry, so after a killed process (the page cache intact) it
+always agrees with the slots.
 
 Invariants and choices:
 - ``indexed_offset`` (the header's end offset of the newest file) says which records
@@ -27,10 +32,10 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import zlib
 from datetime import UTC, datetime
 from pathlib import Path
 
-from hamq.protocol.message import java_string_hash
 from hamq.store.files import fsync_directory
 from hamq.store.segment import close_mapped_file, map_existing_file, map_new_file
 
@@ -47,9 +52,8 @@ def index_key(topic: str, key: str) -> str:
 
 
 def key_hash(key: str) -> int:
-    """RocketMQ's ``indexKeyHashMethod``: abs of Java's hash, 0 for Integer.MIN_VALUE."""
-    h = java_string_hash(key)
-    return 0 if h == -(2**31) else abs(h)
+    """CRC32 of the UTF-8 key, non-negative int32 (see the module notes)."""
+    return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
 
 class IndexFile:
@@ -66,6 +70,7 @@ class IndexFile:
         self.end_offset: int = header[3]
         self.used_slots: int = header[4]
         self.count: int = max(header[5], 1)
+        self._entries_at = HEADER_SIZE + hash_slots * _SLOT.size
         self.dirty = create
 
     def __repr__(self) -> str:
@@ -77,25 +82,31 @@ class IndexFile:
 
     def put(self, key: str, physical_offset: int, store_timestamp: int) -> bool:
         """Index ``key`` for the record at ``physical_offset``; False when the file is full."""
-        if self.full:
+        count = self.count
+        if count >= self.max_entries:
             return False
-        h = key_hash(key)
-        slot_at = HEADER_SIZE + (h % self.hash_slots) * _SLOT.size
-        (previous,) = _SLOT.unpack_from(self._mm, slot_at)
-        if previous <= 0 or previous >= self.count:
+        mm = self._mm
+        h = zlib.crc32(key.encode()) & 0x7FFFFFFF
+        slot_at = HEADER_SIZE + (h % self.hash_slots) * 4
+        (previous,) = _SLOT.unpack_from(mm, slot_at)
+        if previous <= 0 or previous >= count:
             previous = 0
-        if self.count == 1:
+            self.used_slots += 1
+        if count == 1:
             self.begin_timestamp = store_timestamp
             self.begin_offset = physical_offset
-        seconds = min(max((store_timestamp - self.begin_timestamp) // 1000, 0), 2**31 - 1)
-        entry_at = HEADER_SIZE + self.hash_slots * _SLOT.size + self.count * _ENTRY.size
-        _ENTRY.pack_into(self._mm, entry_at, h, physical_offset, seconds, previous)
-        _SLOT.pack_into(self._mm, slot_at, self.count)
-        if previous == 0:
-            self.used_slots += 1
-        self.count += 1
-        self.end_timestamp = max(self.end_timestamp, store_timestamp)
-        self.end_offset = max(self.end_offset, physical_offset)
+        seconds = (store_timestamp - self.begin_timestamp) // 1000
+        if seconds < 0:
+            seconds = 0
+        elif seconds > 0x7FFFFFFF:
+            seconds = 0x7FFFFFFF
+        _ENTRY.pack_into(mm, self._entries_at + count * 20, h, physical_offset, seconds, previous)
+        _SLOT.pack_into(mm, slot_at, count)
+        self.count = count + 1
+        if store_timestamp > self.end_timestamp:
+            self.end_timestamp = store_timestamp
+        if physical_offset > self.end_offset:
+            self.end_offset = physical_offset
         self._write_header()
         self.dirty = True
         return True
@@ -172,17 +183,20 @@ class IndexService:
     @property
     def indexed_offset(self) -> int:
         """Records at commit-log offsets up to this one are indexed (-1: none)."""
+        if self.files and self.files[-1].count > 1:
+            return self.files[-1].end_offset  # the newest file holds the newest entries
         return max((f.end_offset for f in self.files if f.count > 1), default=-1)
 
     def add(self, topic: str, keys: list[str], physical_offset: int, store_timestamp: int) -> None:
         """Index one record's keys (KEYS and UNIQ_KEY); records already indexed are skipped."""
-        if physical_offset <= self.indexed_offset or not keys:
+        if not keys or physical_offset <= self.indexed_offset:
             return
+        current = self._writable(store_timestamp)
         for key in keys:
-            full_key = index_key(topic, key)
-            current = self._writable(store_timestamp)
+            full_key = f"{topic}#{key}"
             if not current.put(full_key, physical_offset, store_timestamp):
-                self._new_file(store_timestamp).put(full_key, physical_offset, store_timestamp)
+                current = self._new_file(store_timestamp)
+                current.put(full_key, physical_offset, store_timestamp)
 
     def _writable(self, now_ms: int) -> IndexFile:
         if not self.files or self.files[-1].full:
@@ -191,10 +205,13 @@ class IndexService:
 
     def _new_file(self, now_ms: int) -> IndexFile:
         stamp = now_ms
+        if self.files:  # names must keep growing, even if the clock went back
+            newest = datetime.strptime(self.files[-1].path.name, "%Y%m%d%H%M%S%f")
+            stamp = max(stamp, int(newest.replace(tzinfo=UTC).timestamp() * 1000) + 1)
         while True:
             name = datetime.fromtimestamp(stamp / 1000, UTC).strftime("%Y%m%d%H%M%S%f")[:-3]
             path = self.directory / name
-            if not path.exists() and (not self.files or name > self.files[-1].path.name):
+            if not path.exists():
                 break
             stamp += 1
         index_file = IndexFile(path, self.hash_slots, self.max_entries, create=True)

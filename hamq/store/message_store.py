@@ -40,6 +40,7 @@ from hamq.protocol.message import (
     encode_properties,
     make_record_template,
     pack_host,
+    topic_error,
 )
 from hamq.store.checkpoint import Checkpoint, load_checkpoint
 from hamq.store.commitlog import AppendResult, CommitLog
@@ -86,9 +87,10 @@ class GetMessageStatus(enum.Enum):
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
 
 
-@attrs.frozen
+@attrs.define(slots=True)
 class MessageToStore:
-    """A message as a producer's request gives it; the store adds place and time."""
+    """A message as a producer's request gives it; the store adds place and time.
+    (Not frozen: one is made per send on the hot path; the store does not change it.)"""
 
     topic: str
     queue_id: int
@@ -108,7 +110,7 @@ class MessageToStore:
         return self.properties.get(PROPERTY_WAIT, "true") != "false"
 
 
-@attrs.frozen
+@attrs.define(slots=True)
 class PutMessageResult:
     status: PutMessageStatus
     append: AppendResult | None = None
@@ -236,16 +238,17 @@ class MessageStore:
                 floor=self._retention_floor,
                 reserved_ms=int(config.file_reserved_time_h * 3_600_000),
                 interval_s=config.clean_interval_s,
+                exclusive=self.flush.exclusive,
             )
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.reput.run)
                 await nursery.start(self.flush.run)
                 await nursery.start(self.retention.run)
+                self._running = True
                 if config.role.is_master:
                     self.schedule = self._schedule_service()
                     self.reput.listeners.append(self.schedule.on_dispatch)
                     await nursery.start(self.schedule.run)
-                self._running = True
                 log.info("message store running in %s as %s", config.store_dir, config.role.value)
                 task_status.started()
                 await trio.sleep_forever()
@@ -263,6 +266,8 @@ class MessageStore:
             if flush and self.flush is not None and self.reput.failure is None:
                 self.reput.dispatch_available()
                 await self.flush.flush_queues_and_checkpoint()
+                if self.schedule is not None:
+                    await self.schedule.persist()  # now that the delivered copies are flushed
                 self._abort_path.unlink(missing_ok=True)
                 await trio.to_thread.run_sync(fsync_directory, self.config.store_dir)
                 log.info(
@@ -286,6 +291,7 @@ class MessageStore:
             read_message=self.look_message_by_offset,
             deliver=self._deliver_delayed,
             persist_interval_s=self.config.delay_offset_persist_interval_s,
+            flushed_offset=lambda: self.flush.flushed_offset if self.flush else 0,
         )
 
     # ------------------------------------------------------------------ writing
@@ -311,11 +317,8 @@ class MessageStore:
                 result.append.end_offset, self.config.sync_flush_timeout_s
             )
             if not flushed:
-                return attrs.evolve(
-                    result,
-                    status=PutMessageStatus.FLUSH_DISK_TIMEOUT,
-                    remark=f"not on disk within {self.config.sync_flush_timeout_s:g}s; stored",
-                )
+                result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
+                result.remark = f"not on disk within {self.config.sync_flush_timeout_s:g}s; stored"
         return result
 
     def _refuse(self, status: PutMessageStatus, remark: str) -> PutMessageResult:
@@ -329,6 +332,15 @@ class MessageStore:
                 PutMessageStatus.SERVICE_NOT_AVAILABLE,
                 "this broker is a slave; send to its master",
             )
+        if self.reput.failure is not None:
+            return self._refuse(PutMessageStatus.SERVICE_NOT_AVAILABLE, self.reput.failure)
+        problem = topic_error(message.topic)
+        if problem is not None:
+            return self._refuse(PutMessageStatus.MESSAGE_ILLEGAL, problem)
+        if not 0 <= message.queue_id < 2**31:
+            return self._refuse(
+                PutMessageStatus.MESSAGE_ILLEGAL, f"queue id {message.queue_id} is not valid"
+            )
         if len(message.body) > self.config.max_message_bytes:
             return self._refuse(
                 PutMessageStatus.MESSAGE_ILLEGAL,
@@ -336,7 +348,7 @@ class MessageStore:
                 f"{self.config.max_message_bytes}",
             )
         topic, queue_id = message.topic, message.queue_id
-        properties = dict(message.properties)
+        properties = message.properties
         transaction = message.sys_flag & SYSFLAG_TRANSACTION_MASK
         delay = properties.get(PROPERTY_DELAY)
         if delay and transaction in (SYSFLAG_TRANSACTION_NOT_TYPE, SYSFLAG_TRANSACTION_COMMIT):
@@ -346,9 +358,12 @@ class MessageStore:
                 )
             level = min(int(delay), len(self._delay_levels_ms))
             if level > 0:
-                properties[PROPERTY_DELAY] = str(level)
-                properties[PROPERTY_REAL_TOPIC] = topic
-                properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+                properties = {
+                    **properties,
+                    PROPERTY_DELAY: str(level),
+                    PROPERTY_REAL_TOPIC: topic,
+                    PROPERTY_REAL_QUEUE_ID: str(queue_id),
+                }
                 topic, queue_id = SCHEDULE_TOPIC, level - 1
         try:
             template = make_record_template(
@@ -381,7 +396,9 @@ class MessageStore:
 
     async def _deliver_delayed(
         self, message: StoredMessage, topic: str, queue_id: int, properties: dict[str, str]
-    ) -> bool:
+    ) -> int | None:
+        """Store a due delayed message under its real topic: the copy's end offset, -1 if
+        it can never be stored, None if the store refused it for now."""
         result = self.put_message_nowait(
             MessageToStore(
                 topic=topic,
@@ -397,11 +414,20 @@ class MessageStore:
                 prepared_transaction_offset=message.prepared_transaction_offset,
             )
         )
-        if not result.stored:
-            log.warning(
-                "delayed message for %s/%d not delivered: %s", topic, queue_id, result.remark
-            )
-        return result.stored
+        if result.append is not None:
+            return result.append.end_offset
+        permanent = result.status in (
+            PutMessageStatus.MESSAGE_ILLEGAL,
+            PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
+        )
+        log.warning(
+            "delayed message for %s/%d %s: %s",
+            topic,
+            queue_id,
+            "dropped, it can never be stored" if permanent else "not delivered yet",
+            result.remark,
+        )
+        return -1 if permanent else None
 
     # ------------------------------------------------------------------ replication (HA)
     def get_data(self, offset: int, max_bytes: int) -> memoryview:
@@ -415,18 +441,23 @@ class MessageStore:
 
     async def truncate(self, offset: int) -> tuple[int, int] | None:
         """Drop every record at and after ``offset`` in the CommitLog, consume queues and
-        index alike (an HA slave that diverged); the dropped range is logged."""
-        dropped = self.commitlog.truncate(offset)
-        if dropped is None:
-            return None
-        for queue in self.queues.queues.values():
-            queue.truncate_dirty(offset)
-        self.index.truncate(offset)
-        self.reput.offset = min(self.reput.offset, offset)
-        self.commitlog.queue_offsets = {k: q.max_offset for k, q in self.queues.queues.items()}
-        if self.flush is not None:
+        index alike (an HA slave that diverged); the dropped range is logged, and the
+        cut is on disk (zeroed tails synced, checkpoint written) when this returns."""
+        if self.flush is None:
+            raise StoreError("the store is not running")
+        async with self.flush.exclusive():
+            dropped = self.commitlog.truncate(offset)
+            if dropped is None:
+                return None
+            for queue in self.queues.queues.values():
+                queue.truncate_dirty(offset)
+            self.index.truncate(offset)
+            self.reput.offset = min(self.reput.offset, offset)
+            self.commitlog.queue_offsets = {k: q.max_offset for k, q in self.queues.queues.items()}
             self.flush.reset(offset)
-            await self.flush.flush_queues_and_checkpoint()
+            if self.schedule is not None:
+                self.schedule.correct_offsets()
+        await self.flush.flush_queues_and_checkpoint()
         return dropped
 
     # ------------------------------------------------------------------ reading
@@ -458,8 +489,8 @@ class MessageStore:
             return result(GetMessageStatus.OFFSET_TOO_SMALL, low)
         if offset == high:
             return result(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset)
-        if offset > high:
-            return result(GetMessageStatus.OFFSET_OVERFLOW_BADLY, high)
+        if offset > high:  # RocketMQ: back to the start when the queue starts at 0
+            return result(GetMessageStatus.OFFSET_OVERFLOW_BADLY, low if low == 0 else high)
         max_count = max(1, min(max_count, self.config.max_transfer_count))
         byte_budget = max_bytes or self.config.max_transfer_bytes
         commitlog_min = self.commitlog.min_offset

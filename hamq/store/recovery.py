@@ -67,7 +67,12 @@ def scan_commitlog(commitlog: CommitLog, from_offset: int) -> tuple[int, str | N
     segments = commitlog.segments.segments
     if not segments:
         return 0, None
-    first = commitlog.segments.find(from_offset) or segments[0]
+    first = commitlog.segments.find(from_offset)
+    if first is None:
+        # the checkpoint sits at the end of a full last segment: nothing after it to scan
+        first = segments[-1] if from_offset >= segments[-1].end else segments[0]
+        if from_offset >= first.end:
+            return from_offset, None
     offset = first.start
     for segment in segments[segments.index(first) :]:
         if segment.start != offset:
@@ -116,6 +121,16 @@ def written_past(commitlog: CommitLog, end: int) -> bool:
     return holder is not None and _last_nonzero(holder, end - holder.start) > end - holder.start
 
 
+def _unused(path: Path) -> Path:
+    """``path``, or ``path.1``, ``path.2``... whichever does not exist: copies of torn
+    data from different crashes never overwrite each other."""
+    candidate, n = path, 0
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
+
+
 def cut_commitlog(commitlog: CommitLog, end: int, torn_dir: Path) -> tuple[Path, ...]:
     """Copy whatever lies after ``end`` to ``torn_dir``, then end the log there.
 
@@ -130,14 +145,15 @@ def cut_commitlog(commitlog: CommitLog, end: int, torn_dir: Path) -> tuple[Path,
         pos = end - holder.start
         stop = _last_nonzero(holder, pos)
         if stop > pos:
-            target = torn_dir / f"{end:020d}.tail"
+            target = _unused(torn_dir / f"{end:020d}.tail")
             write_atomically(target, bytes(holder.view(pos, stop - pos)))
             copies.append(target)
             holder.zero(pos, stop)
-    for segment in later:
+            holder.sync_data()  # the cut is on disk before anything relies on it
+    for segment in reversed(later):  # newest first: a crash part way leaves no gap
         if _last_nonzero(segment, 0) > 0:
             segment.close()
-            target = torn_dir / f"{segment.path.name}.segment"
+            target = _unused(torn_dir / f"{segment.path.name}.segment")
             shutil.move(segment.path, target)
             copies.append(target)
         else:
@@ -207,6 +223,11 @@ def recover(
             )
         else:
             segments.set_end(end)
+        # what survived a killed process may still be only in the page cache: make it
+        # durable before the flush service counts it as flushed
+        for segment in segments.segments:
+            if segment.end > start:
+                segment.sync_data()
     # consume queues and index: drop what points past the end, dispatch from where they
     # are known to be complete (the checkpoint, or their real end if files were removed)
     dispatched = checkpoint.dispatched_offset if checkpoint else segments.min_offset
@@ -228,6 +249,8 @@ def recover(
     records = reput.dispatch_available()
     if reput.failure is not None:
         raise StoreCorruptionError(f"rebuilding the consume queues failed: {reput.failure}")
+    for queue in queues.queues.values():
+        queue.delete_expired(segments.min_offset)  # minimums follow the log's start
     commitlog.queue_offsets = {key: q.max_offset for key, q in queues.queues.items()}
     log.info(
         "store recovered after a %s stop: commitlog [%d, %d), %d records dispatched from %d",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 
 import trio
 
@@ -39,6 +40,7 @@ class RetentionService:
         floor: Callable[[], int],
         reserved_ms: int,
         interval_s: float,
+        exclusive: Callable[[], AbstractAsyncContextManager[None]],
     ) -> None:
         self.commitlog = commitlog
         self.queues = queues
@@ -48,6 +50,7 @@ class RetentionService:
         self._floor = floor
         self.reserved_ms = reserved_ms
         self.interval_s = interval_s
+        self._exclusive = exclusive
         self.segments_deleted = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -55,12 +58,19 @@ class RetentionService:
         while True:
             await trio.sleep(self.interval_s)
             try:
-                self.delete_expired()
+                await self.delete_expired()
             except OSError:
                 log.exception("retention pass failed; retrying")
 
-    def delete_expired(self) -> int:
-        """One retention pass; returns how many CommitLog segments it deleted."""
+    async def delete_expired(self) -> int:
+        """One retention pass; returns how many CommitLog segments it deleted.
+
+        Runs with flushing held off, so no file is closed while a worker thread syncs it.
+        """
+        async with self._exclusive():
+            return self._delete_expired()
+
+    def _delete_expired(self) -> int:
         segments = self.commitlog.segments
         now = self._clock()
         floor = self._floor()
@@ -70,7 +80,7 @@ class RetentionService:
             age_ms = now - oldest.mtime() * 1000
             if age_ms <= self.reserved_ms:
                 break
-            if oldest.flushed < oldest.wrote or self.reput.offset < oldest.end:
+            if oldest.dirty or self.reput.offset < oldest.end:
                 break
             if floor < oldest.end:
                 log.info(

@@ -6,9 +6,11 @@ the dispatcher gives its consume-queue entry the delivery time (store time + the
 level's delay) as tags code. This service — run on a master only — keeps, per level,
 the offset of the next entry to deliver; when an entry is due it stores a copy of the
 message under its real topic and queue (DELAY removed, everything else kept, the
-UNIQ_KEY included) and moves the offset on.
+UNIQ_KEY included) and moves the offset on. A refusal that cannot pass (the message
+is illegal) is logged and skipped; a passing one (the store is busy) is retried.
 
-Delay offsets are persisted every ``delay_offset_persist_interval_s`` and at stop as
+Delay offsets are persisted — only as far as the delivered copies are flushed — every
+``delay_offset_persist_interval_s`` and at stop as
 ``config/delayOffset.json`` in RocketMQ's shape (``{"offsetTable": {"1": 5, ...}}``), which
 is also the body of GET_ALL_DELAY_OFFSET for slaves. Times come from the store's clock
 (ms), so tests drive them with Trio's MockClock.
@@ -16,6 +18,7 @@ is also the body of GET_ALL_DELAY_OFFSET for slaves. Times come from the store's
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -73,8 +76,9 @@ class ScheduleService:
         offsets_path: Path,
         clock: Callable[[], int],
         read_message: Callable[[int, int], StoredMessage],
-        deliver: Callable[[StoredMessage, str, int, dict[str, str]], Awaitable[bool]],
+        deliver: Callable[[StoredMessage, str, int, dict[str, str]], Awaitable[int | None]],
         persist_interval_s: float,
+        flushed_offset: Callable[[], int],
     ) -> None:
         self.queues = queues
         self.delay_levels_ms = delay_levels_ms
@@ -86,6 +90,11 @@ class ScheduleService:
         self.offsets: dict[int, int] = load_delay_offsets(offsets_path)
         self._arrived = {level: trio.Event() for level in self.levels}
         self._persisted: dict[int, int] = dict(self.offsets)
+        self._flushed_offset = flushed_offset
+        #: per level, (offset after a delivered entry, end of its copy) not yet flushed
+        self._unflushed: dict[int, collections.deque[tuple[int, int]]] = {
+            level: collections.deque() for level in self.levels
+        }
         self.delivered = 0
 
     @property
@@ -99,7 +108,27 @@ class ScheduleService:
             if event is not None:
                 event.set()
 
+    def correct_offsets(self) -> None:
+        """Move offsets that are past their queue's end back to it (offsets copied from
+        another broker, or a log cut after they were saved), as RocketMQ's
+        ``correctDelayOffset`` does. Call it before new delayed messages arrive: at start
+        and right after a truncation."""
+        for level in self.levels:
+            queue = self.queues.get(SCHEDULE_TOPIC, level - 1)
+            end = queue.max_offset if queue is not None else 0
+            offset = self.offsets.get(level, 0)
+            if offset > end:
+                log.warning(
+                    "delay level %d: offset %d is past the queue's end %d; continuing there",
+                    level,
+                    offset,
+                    end,
+                )
+                self.offsets[level] = end
+                self._unflushed[level].clear()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.correct_offsets()
         try:
             async with trio.open_nursery() as nursery:
                 for level in self.levels:
@@ -110,9 +139,21 @@ class ScheduleService:
             with trio.CancelScope(shield=True):
                 await self.persist()
 
+    def durable_offsets(self) -> dict[int, int]:
+        """Offsets as far as the delivered copies are on disk: after a power loss the
+        copies past ``flushed_offset`` may be gone, and must be delivered again."""
+        flushed = self._flushed_offset()
+        durable = dict(self.offsets)
+        for level, pending in self._unflushed.items():
+            while pending and pending[0][1] <= flushed:
+                pending.popleft()
+            if pending:
+                durable[level] = pending[0][0] - 1
+        return durable
+
     async def persist(self) -> None:
-        if self.offsets != self._persisted:
-            snapshot = dict(self.offsets)
+        snapshot = self.durable_offsets()
+        if snapshot != self._persisted:
             await trio.to_thread.run_sync(
                 write_atomically, self.offsets_path, encode_delay_offsets(snapshot)
             )
@@ -153,18 +194,24 @@ class ScheduleService:
             if deliver_at > now:
                 await trio.sleep((deliver_at - now) / 1000)
                 continue
-            if await self._deliver_one(level, physical_offset, size):
-                self.offsets[level] = offset + 1
+            outcome = await self._deliver_one(level, physical_offset, size)
+            if outcome is None:
+                await trio.sleep(RETRY_DELIVERY_S)  # a passing refusal: try again
+                continue
+            self.offsets[level] = offset + 1
+            if outcome >= 0:
                 self.delivered += 1
-            else:
-                await trio.sleep(RETRY_DELIVERY_S)
+                self._unflushed[level].append((offset + 1, outcome))
 
-    async def _deliver_one(self, level: int, physical_offset: int, size: int) -> bool:
+    async def _deliver_one(self, level: int, physical_offset: int, size: int) -> int | None:
+        """Store the message due at ``physical_offset`` under its real topic. Returns the
+        end offset of the copy, -1 if it can never be delivered (skipped, logged), or
+        None if it should be tried again."""
         try:
             message = self._read_message(physical_offset, size)
         except Exception:
             log.exception("delay level %d: cannot read the message at %d", level, physical_offset)
-            return False
+            return None
         properties = dict(message.properties)
         topic = properties.get(PROPERTY_REAL_TOPIC)
         queue_text = properties.get(PROPERTY_REAL_QUEUE_ID, "")
@@ -174,6 +221,6 @@ class ScheduleService:
                 level,
                 physical_offset,
             )
-            return True
+            return -1
         properties.pop(PROPERTY_DELAY, None)
         return await self._deliver(message, topic, int(queue_text), properties)

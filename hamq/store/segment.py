@@ -45,22 +45,30 @@ def segment_name(start: int) -> str:
 
 
 def map_new_file(path: Path, size: int) -> tuple[int, mmap.mmap]:
-    """Create ``path`` with ``size`` reserved zero bytes, atomically, and map it."""
+    """Create ``path`` with ``size`` reserved zero bytes, atomically, and map it.
+
+    On any failure nothing is left behind under ``path`` (a retry can create it again).
+    """
     if path.exists():
         raise StoreCorruptionError(f"{path} exists already")
     temporary = path.with_name(f".{path.name}.creating")
     fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    renamed = False
     try:
         try:
             os.posix_fallocate(fd, 0, size)
+            os.fsync(fd)  # the size is on disk before the name is
         except OSError as exc:
             raise StoreError(f"cannot reserve {size} bytes for {path}: {exc}") from exc
         os.rename(temporary, path)
+        renamed = True
         fsync_directory(path.parent)
         mm = mmap.mmap(fd, size)
     except BaseException:
         os.close(fd)
         temporary.unlink(missing_ok=True)
+        if renamed:
+            path.unlink(missing_ok=True)
         raise
     return fd, mm
 
@@ -90,7 +98,7 @@ def close_mapped_file(fd: int, mm: mmap.mmap, path: Path) -> None:
 
 
 class Segment:
-    __slots__ = ("_fd", "_mm", "_view", "flushed", "path", "size", "start", "wrote")
+    __slots__ = ("_fd", "_mm", "_view", "flushed", "needs_sync", "path", "size", "start", "wrote")
 
     def __init__(self, path: Path, start: int, size: int, fd: int, mm: mmap.mmap) -> None:
         self.path = path
@@ -101,6 +109,8 @@ class Segment:
         self._view = memoryview(mm)
         self.wrote = 0
         self.flushed = 0
+        #: bytes below ``flushed`` changed (zeroed by a cut) and must be synced again
+        self.needs_sync = False
 
     @classmethod
     def create(cls, directory: Path, start: int, size: int) -> Segment:
@@ -126,6 +136,11 @@ class Segment:
         return self.size - self.wrote
 
     @property
+    def dirty(self) -> bool:
+        """True if the file has changes that are not known to be on disk."""
+        return self.flushed < self.wrote or self.needs_sync
+
+    @property
     def buffer(self) -> mmap.mmap:
         """The mapped bytes, for ``struct.pack_into`` and slice assignment."""
         return self._mm
@@ -147,6 +162,14 @@ class Segment:
     def view(self, pos: int, length: int) -> memoryview:
         """Zero-copy view of ``length`` bytes at ``pos`` (within what was written)."""
         return self._view[pos : pos + length]
+
+    def cut(self, pos: int) -> None:
+        """End the data at ``pos``: zero what follows and mark it for the next sync."""
+        if pos < self.wrote:
+            self.zero(pos, self.wrote)
+            self.needs_sync = True
+        self.wrote = pos
+        self.flushed = min(self.flushed, pos)
 
     def zero(self, start: int, stop: int) -> None:
         """Overwrite [start, stop) with zeros."""
@@ -263,12 +286,15 @@ class SegmentQueue:
                 raise StoreError(f"{segment!r} lies past the end offset {offset}")
 
     def remove_after(self, offset: int) -> list[Segment]:
-        """Delete the segments that start at or after ``offset``; returns them (closed)."""
+        """Delete the segments that start at or after ``offset``; returns them (closed).
+
+        Newest first, so a crash part way leaves the log contiguous, only shorter.
+        """
         keep = [s for s in self.segments if s.start < offset]
         dropped = self.segments[len(keep) :]
-        for segment in dropped:
+        for segment in reversed(dropped):
             segment.destroy()
-        self.segments = keep
+            self.segments.pop()
         if dropped:
             fsync_directory(self.directory)
         return dropped
