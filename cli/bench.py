@@ -34,3 +34,12 @@ def remoting(
     """Round trips per second of hamq's remoting layer against plain Trio."""
     args = ["--quick"] if quick else ["--duration", str(duration), "--rounds", str(rounds)]
     _run("remoting", args)
+
+
+@app.command()
+def store(
+    quick: Annotated[bool, typer.Option(help="Fewer messages, one round.")] = False,
+    rounds: Annotated[int, typer.Option(min=1, help="Measurements per figure (median).")] = 3,
+) -> None:
+    """Message store appends, group commit and reads against plain files."""
+    _run("store", ["--quick"] if quick else ["--rounds", str(rounds)])

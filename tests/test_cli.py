@@ -28,6 +28,7 @@ def test_bench_lists_the_remoting_benchmark() -> None:
     result = runner.invoke(app, ["bench", "--help"])
     assert result.exit_code == 0
     assert "remoting" in result.output
+    assert "store" in result.output
 
 
 def test_console_script_runs() -> None:

@@ -10,21 +10,36 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_python(code: str) -> str:
+def run_python(code: str, cwd: Path | None = None) -> str:
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=cwd,
     )
     return result.stdout
 
 
-def test_readme_remoting_snippet_runs() -> None:
+def readme_snippet(marker: str) -> str:
     readme = (ROOT / "README.md").read_text()
     [snippet] = [
         block
         for block in re.findall(r"```python\n(.*?)```", readme, flags=re.S)
-        if "RemotingServer" in block
+        if marker in block
     ]
-    assert run_python(snippet).strip() == "17 no route for demo"
+    return snippet
+
+
+def test_readme_remoting_snippet_runs() -> None:
+    assert run_python(readme_snippet("RemotingServer")).strip() == "17 no route for demo"
+
+
+def test_readme_store_snippet_runs(tmp_path: Path) -> None:
+    assert run_python(readme_snippet("MessageStore"), cwd=tmp_path).strip() == "PUT_OK FOUND 1"
+    assert (tmp_path / "data" / "store" / "checkpoint").exists()
+    assert not (tmp_path / "data" / "store" / "abort").exists()  # stopped cleanly
 
 
 def test_remoting_echo_example_runs() -> None:

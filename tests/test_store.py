@@ -21,7 +21,7 @@ from hamq.store import (
     MessageStore,
     PutMessageStatus,
 )
-from hamq.store.segment import Segment
+from hamq.store.segment import Segment, StoreError
 from tests.store_support import SEGMENT, message, open_store, small_config, virtual_clock
 
 
@@ -338,6 +338,15 @@ async def test_truncate_drops_records_everywhere_and_appends_continue(tmp_path: 
         await settle(store)
         await store.truncate(offsets[60])
         assert store.commitlog_max_offset == offsets[60]
+        other = await store.put_message(message(topic="Other", queue_id=0))
+        assert other.append is not None
+        await store.wait_dispatched()
+        with pytest.raises(StoreError, match="no record starts there"):
+            await store.truncate(other.append.physical_offset + 1)
+        await store.truncate(other.append.physical_offset)  # "Other" loses its only message
+        empty = store.get_message("g", "Other", 0, 0, 1)
+        assert (empty.status, empty.next_begin_offset) == (GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0)
+        await store.truncate(offsets[60])
         assert [store.max_offset_in_queue("T", q) for q in range(4)] == [15, 15, 15, 15]
         assert store.query_message("T", "key-70", 3) == []
         result = await store.put_message(message(queue_id=0, body=b"new", KEYS="key-70"))

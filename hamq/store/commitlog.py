@@ -24,6 +24,8 @@ import attrs
 from hamq.protocol.message import (
     BLANK_MAGIC,
     END_FILE_MIN_BLANK_LENGTH,
+    MAGIC_V1,
+    MAGIC_V2,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
@@ -34,7 +36,7 @@ from hamq.store.segment import Segment, SegmentQueue, StoreError
 
 log = logging.getLogger(__name__)
 
-_BLANK = struct.Struct(">ii")
+_BLANK = struct.Struct(">ii")  # int32 size (or bytes remaining), int32 magic
 
 
 @attrs.define(slots=True)
@@ -158,6 +160,11 @@ class CommitLog:
             return None
         if offset < self.min_offset:
             raise StoreError(f"cannot truncate to {offset}: the log starts at {self.min_offset}")
+        holder = self.segments.find(offset)
+        if holder is not None and offset > holder.start:
+            magic = _BLANK.unpack_from(holder.buffer, offset - holder.start)[1]
+            if magic not in (MAGIC_V1, MAGIC_V2, BLANK_MAGIC):
+                raise StoreError(f"cannot truncate to {offset}: no record starts there")
         self.segments.remove_after(offset + 1)  # keeps the segment holding offset
         segment = self.segments.find(offset)
         if segment is not None:
