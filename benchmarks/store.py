@@ -71,9 +71,7 @@ def _record_bytes(body: bytes) -> bytes:
 # ---------------------------------------------------------------- store side
 
 
-async def store_appends(
-    directory: Path, count: int, body_size: int
-) -> tuple[float, float, int]:
+async def store_appends(directory: Path, count: int, body_size: int) -> tuple[float, float, int]:
     """(seconds for the appends, seconds until also dispatched and flushed, bytes).
 
     The appends run back to back (put_message_nowait, as the broker's inline send

@@ -25,9 +25,7 @@ def run_python(code: str, cwd: Path | None = None) -> str:
 def readme_snippet(marker: str) -> str:
     readme = (ROOT / "README.md").read_text()
     [snippet] = [
-        block
-        for block in re.findall(r"```python\n(.*?)```", readme, flags=re.S)
-        if marker in block
+        block for block in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if marker in block
     ]
     return snippet
 

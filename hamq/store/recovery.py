@@ -205,11 +205,9 @@ def recover(
             )
         segments.set_end(end)
     else:
-        start = checkpoint.commitlog_flushed_offset if checkpoint else segments.min_offset
-        end, reason = scan_commitlog(commitlog, start)
+        scan_from = checkpoint.commitlog_flushed_offset if checkpoint else segments.min_offset
+        end, reason = scan_commitlog(commitlog, scan_from)
         if written_past(commitlog, end):
-            last = segments.last
-            assert last is not None
             data_end = max(s.start + _last_nonzero(s, 0) for s in segments.segments)
             copies = cut_commitlog(commitlog, end, store_dir / "torn")
             truncated = (end, data_end)
@@ -226,7 +224,7 @@ def recover(
         # what survived a killed process may still be only in the page cache: make it
         # durable before the flush service counts it as flushed
         for segment in segments.segments:
-            if segment.end > start:
+            if segment.end > scan_from:
                 segment.sync_data()
     # consume queues and index: drop what points past the end, dispatch from where they
     # are known to be complete (the checkpoint, or their real end if files were removed)
