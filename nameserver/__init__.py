@@ -3,4 +3,13 @@
 Several nameservers run side by side and never talk to each other; every broker
 registers with each one. Importable alone, and embedded by ``hamq broker`` when no
 nameserver address is given (shared/DESIGN.md §1, §6).
+
+- route_table.py  pure state: topics, brokers, clusters, live brokers
+- processors.py   REGISTER_BROKER, GET_ROUTEINFO_BY_TOPIC, ... (PROTOCOL.md §4)
+- service.py      NameServer: the server, housekeeping, configuration
 """
+
+from nameserver.route_table import RouteTable
+from nameserver.service import DEFAULT_PORT, NameServer, NameServerConfig
+
+__all__ = ["DEFAULT_PORT", "NameServer", "NameServerConfig", "RouteTable"]

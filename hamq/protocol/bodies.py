@@ -1,0 +1,429 @@
+"""JSON bodies of remoting commands: routes, registrations, heartbeats, offsets, locks.
+
+The shapes are RocketMQ's (shared/PROTOCOL.md §4-5): camelCase keys, as Java's
+fastjson writes them and as the C++ and Java clients read them. One private cattrs
+converter does the mapping. Decoding is lenient where clients differ:
+- unknown keys are ignored (Java 5.x adds fields the C++ client never sends);
+- enums arrive as names (Java: ``"CONSUME_PASSIVELY"``) or ordinals (C++: ``1``);
+- map keys that are numbers in Java (``brokerAddrs``: broker id -> address) arrive
+  quoted (``{"0": ...}``) or, from old nameservers, unquoted; hamq always writes them
+  quoted (PROTOCOL.md §4.1);
+- ``topicSysFlag`` is also accepted under its 4.4-era misspelling ``topicSynFlag``.
+A body that is not JSON, or misses a required field, raises ``BodyError`` naming it.
+
+``encode_body(obj)`` gives compact UTF-8 JSON bytes; ``decode_body(cls, data)`` the
+object. Enums are written by name, as Java writes them.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import attrs
+import cattrs
+from cattrs.errors import ClassValidationError
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+
+from hamq.protocol.codes import ResponseCode
+from hamq.protocol.errors import RequestError
+
+T = TypeVar("T")
+
+MASTER_ID = 0
+
+# topic permissions (PROTOCOL.md §4.1)
+PERM_PRIORITY = 8
+PERM_READ = 4
+PERM_WRITE = 2
+PERM_INHERIT = 1
+
+
+class BodyError(RequestError):
+    """A body that is not the JSON its command needs; the text names what is wrong."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ResponseCode.INVALID_PARAMETER, message)
+
+
+# ====================================================================== enums
+
+
+class ConsumeType(enum.Enum):
+    CONSUME_ACTIVELY = 0  # pull
+    CONSUME_PASSIVELY = 1  # push
+    CONSUME_POP = 2
+
+
+class MessageModel(enum.Enum):
+    BROADCASTING = 0
+    CLUSTERING = 1
+
+
+class ConsumeFromWhere(enum.Enum):
+    CONSUME_FROM_LAST_OFFSET = 0
+    CONSUME_FROM_LAST_OFFSET_AND_FROM_MIN_WHEN_BOOT_FIRST = 1
+    CONSUME_FROM_MIN_OFFSET = 2
+    CONSUME_FROM_MAX_OFFSET = 3
+    CONSUME_FROM_FIRST_OFFSET = 4
+    CONSUME_FROM_TIMESTAMP = 5
+
+
+# ====================================================================== nameserver
+
+
+def _wire(key: str) -> dict[str, str]:
+    return {"wire": key}
+
+
+@attrs.define
+class DataVersion:
+    """A broker's topic-table version; it changes whenever a topic does."""
+
+    state_version: int = 0
+    timestamp: int = 0
+    counter: int = 0
+
+    def next(self, now_ms: int) -> DataVersion:
+        return DataVersion(self.state_version, now_ms, self.counter + 1)
+
+
+@attrs.define
+class TopicConfig:
+    topic_name: str
+    read_queue_nums: int = 16
+    write_queue_nums: int = 16
+    perm: int = PERM_READ | PERM_WRITE
+    topic_filter_type: str = "SINGLE_TAG"
+    topic_sys_flag: int = 0
+    order: bool = False
+    attributes: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.define
+class TopicConfigSerializeWrapper:
+    topic_config_table: dict[str, TopicConfig] = attrs.field(factory=dict)
+    data_version: DataVersion = attrs.field(factory=DataVersion)
+
+
+@attrs.define
+class RegisterBrokerBody:
+    """REGISTER_BROKER's body: every topic the broker serves."""
+
+    topic_config_serialize_wrapper: TopicConfigSerializeWrapper = attrs.field(
+        factory=TopicConfigSerializeWrapper
+    )
+    filter_server_list: list[str] = attrs.field(factory=list)
+
+
+@attrs.define
+class QueueData:
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    topic_sys_flag: int = 0
+
+
+@attrs.define
+class BrokerData:
+    cluster: str
+    broker_name: str
+    #: broker id -> "ip:port"; id 0 is the master
+    broker_addrs: dict[int, str] = attrs.field(factory=dict)
+
+    def master_addr(self) -> str | None:
+        return self.broker_addrs.get(MASTER_ID)
+
+
+@attrs.define
+class TopicRouteData:
+    queue_datas: list[QueueData] = attrs.field(factory=list)
+    broker_datas: list[BrokerData] = attrs.field(factory=list)
+    filter_server_table: dict[str, list[str]] = attrs.field(factory=dict)
+    order_topic_conf: str | None = None
+
+
+@attrs.define
+class ClusterInfo:
+    broker_addr_table: dict[str, BrokerData] = attrs.field(factory=dict)
+    cluster_addr_table: dict[str, list[str]] = attrs.field(factory=dict)
+
+
+@attrs.define
+class TopicList:
+    topic_list: list[str] = attrs.field(factory=list)
+    broker_addr: str | None = None
+
+
+# ====================================================================== clients
+
+
+@attrs.define
+class SubscriptionData:
+    topic: str
+    sub_string: str = "*"
+    tags_set: list[str] = attrs.field(factory=list)
+    code_set: list[int] = attrs.field(factory=list)
+    sub_version: int = 0
+    expression_type: str = "TAG"
+    class_filter_mode: bool = False
+
+
+@attrs.define
+class ConsumerData:
+    group_name: str
+    consume_type: ConsumeType = ConsumeType.CONSUME_PASSIVELY
+    message_model: MessageModel = MessageModel.CLUSTERING
+    consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
+    subscription_data_set: list[SubscriptionData] = attrs.field(factory=list)
+    unit_mode: bool = False
+
+
+@attrs.define
+class ProducerData:
+    group_name: str
+
+
+@attrs.define
+class HeartbeatData:
+    """HEART_BEAT's body (PROTOCOL.md §5.5)."""
+
+    client_id: str = attrs.field(metadata=_wire("clientID"))
+    producer_data_set: list[ProducerData] = attrs.field(factory=list)
+    consumer_data_set: list[ConsumerData] = attrs.field(factory=list)
+
+
+@attrs.define
+class ConsumerListBody:
+    consumer_id_list: list[str] = attrs.field(factory=list)
+
+
+@attrs.frozen
+class MessageQueue:
+    topic: str
+    broker_name: str
+    queue_id: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}@{self.broker_name}:{self.queue_id}"
+
+
+@attrs.define
+class LockBatchRequestBody:
+    consumer_group: str
+    client_id: str
+    mq_set: list[MessageQueue] = attrs.field(factory=list)
+    only_this_broker: bool = False
+
+
+@attrs.define
+class LockBatchResponseBody:
+    lock_ok_mq_set: list[MessageQueue] = attrs.field(factory=list, metadata=_wire("lockOKMQSet"))
+
+
+@attrs.define
+class UnlockBatchRequestBody:
+    consumer_group: str
+    client_id: str
+    mq_set: list[MessageQueue] = attrs.field(factory=list)
+    only_this_broker: bool = False
+
+
+# ====================================================================== slave sync
+
+
+@attrs.define
+class ConsumerOffsetSerializeWrapper:
+    """GET_ALL_CONSUMER_OFFSET's body: ``topic@group`` -> queue id -> offset."""
+
+    offset_table: dict[str, dict[int, int]] = attrs.field(factory=dict)
+    data_version: DataVersion = attrs.field(factory=DataVersion)
+
+
+@attrs.define
+class SubscriptionGroupConfig:
+    group_name: str
+    consume_enable: bool = True
+    consume_from_min_enable: bool = True
+    consume_broadcast_enable: bool = True
+    consume_message_orderly: bool = False
+    retry_queue_nums: int = 1
+    retry_max_times: int = 16
+    broker_id: int = MASTER_ID
+    which_broker_when_consume_slowly: int = 1
+    notify_consumer_ids_changed_enable: bool = True
+    group_sys_flag: int = 0
+    consume_timeout_minute: int = 15
+    attributes: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.define
+class SubscriptionGroupWrapper:
+    subscription_group_table: dict[str, SubscriptionGroupConfig] = attrs.field(factory=dict)
+    data_version: DataVersion = attrs.field(factory=DataVersion)
+
+
+# ====================================================================== the converter
+
+_ALIASES: dict[str, str] = {"topicSysFlag": "topicSynFlag"}
+
+
+def _wire_name(field: attrs.Attribute[Any]) -> str:
+    explicit = field.metadata.get("wire")
+    if explicit is not None:
+        return str(explicit)
+    head, *rest = field.name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _renames(cls: type) -> dict[str, Any]:
+    return {a.name: override(rename=_wire_name(a)) for a in attrs.fields(cls)}
+
+
+def _structure_enum(value: Any, cls: type[enum.Enum]) -> enum.Enum:
+    if isinstance(value, str):
+        try:
+            return cls[value]
+        except KeyError:
+            pass
+    elif isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return cls(value)
+        except ValueError:
+            pass
+    names = ", ".join(member.name for member in cls)
+    raise ValueError(f"{value!r} is not a {cls.__name__} ({names}, or their ordinals)")
+
+
+def _structure_int(value: Any, _type: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return int(value)
+    raise ValueError(f"{value!r} is not an integer")
+
+
+def _structure_str(value: Any, _type: object) -> str:
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"{value!r} is not a string")
+
+
+def _structure_bool(value: Any, _type: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if value in ("true", "false"):
+        return bool(value == "true")
+    raise ValueError(f"{value!r} is not a boolean")
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = cattrs.Converter(detailed_validation=True, forbid_extra_keys=False)
+    conv.register_structure_hook(int, _structure_int)
+    conv.register_structure_hook(str, _structure_str)
+    conv.register_structure_hook(bool, _structure_bool)
+    conv.register_structure_hook_func(
+        lambda t: isinstance(t, type) and issubclass(t, enum.Enum), _structure_enum
+    )
+    conv.register_unstructure_hook_func(
+        lambda t: isinstance(t, type) and issubclass(t, enum.Enum), lambda member: member.name
+    )
+
+    def structure_factory(cls: type) -> Callable[[Any, Any], Any]:
+        attrs.resolve_types(cls)
+        inner: Callable[[Any, Any], Any] = make_dict_structure_fn(cls, conv, **_renames(cls))
+
+        def structure(data: Any, target: Any) -> Any:
+            if not isinstance(data, dict):
+                raise ValueError(f"{cls.__name__} must be a JSON object, not {type(data).__name__}")
+            for key, alias in _ALIASES.items():
+                if key not in data and alias in data:
+                    data = {**data, key: data[alias]}
+            return inner(data, target)
+
+        return structure
+
+    def unstructure_factory(cls: type) -> Callable[[Any], Any]:
+        attrs.resolve_types(cls)
+        return make_dict_unstructure_fn(cls, conv, **_renames(cls))
+
+    conv.register_structure_hook_factory(attrs.has, structure_factory)
+    conv.register_unstructure_hook_factory(attrs.has, unstructure_factory)
+    return conv
+
+
+_CONVERTER = _make_converter()
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def encode_body(obj: object) -> bytes:
+    """Compact JSON of a body object (enums by name, numeric map keys quoted, nulls out)."""
+    data = _without_nulls(_CONVERTER.unstructure(obj))
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _fix_unquoted_keys(text: str) -> str:
+    """fastjson writes ``{0:"ip:port"}`` for Long-keyed maps; make the keys strings."""
+    out, in_string, escaped = [], False, False
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if in_string:
+            out.append(c)
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+            out.append(c)
+        elif c in "{," and i + 1 < len(text):
+            out.append(c)
+            j = i + 1
+            while j < len(text) and text[j] in " \n\t":
+                j += 1
+            k = j
+            while k < len(text) and (text[k].isdigit() or text[k] == "-"):
+                k += 1
+            if k > j and k < len(text) and text[k] == ":":
+                out.append(f'"{text[j:k]}"')
+                i = k
+                continue
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def decode_body(cls: type[T], data: bytes | bytearray | memoryview | str) -> T:
+    """The body as ``cls``; BodyError names what is wrong."""
+    try:
+        text = data if isinstance(data, str) else bytes(data).decode()
+    except UnicodeDecodeError as exc:
+        raise BodyError(f"{cls.__name__} body is not UTF-8: {exc}") from None
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        try:
+            raw = json.loads(_fix_unquoted_keys(text))
+        except ValueError as exc:
+            raise BodyError(f"{cls.__name__} body is not JSON: {exc}") from None
+    try:
+        return _CONVERTER.structure(raw, cls)
+    except ClassValidationError as exc:
+        problems = "; ".join(cattrs.transform_error(exc, path=cls.__name__))
+        raise BodyError(problems) from None
+    except (ValueError, TypeError) as exc:
+        raise BodyError(f"{cls.__name__} body: {exc}") from None

@@ -1,0 +1,95 @@
+"""NameServer: the route table behind a RemotingServer, plus housekeeping.
+
+Stateless in the sense that matters: nothing is persisted and several nameservers
+never talk to each other; each learns the cluster from the brokers that register
+with it. Housekeeping drops a broker ``broker_timeout_ms`` (120 s) after it was last
+heard, scanning every ``scan_interval_s`` (10 s), and at once when the connection it
+registered over closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import attrs
+import trio
+from attrs import validators as v
+
+from hamq.remoting import Connection, Dispatcher, RemotingConfig, RemotingServer
+from nameserver.processors import NameServerProcessors
+from nameserver.route_table import DEFAULT_BROKER_TIMEOUT_MS, RouteTable
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9876
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@attrs.frozen
+class NameServerConfig:
+    host: str = "127.0.0.1"
+    port: int = attrs.field(default=DEFAULT_PORT, validator=[v.ge(0), v.le(65535)])
+    scan_interval_s: float = attrs.field(default=10.0, validator=v.gt(0.0))
+    broker_timeout_ms: int = attrs.field(default=DEFAULT_BROKER_TIMEOUT_MS, validator=v.gt(0))
+    remoting: RemotingConfig = attrs.field(factory=RemotingConfig)
+
+
+@attrs.frozen
+class NameServerStatistics:
+    address: str
+    brokers: int
+    topics: int
+    clusters: int
+    brokers_expired: int
+
+
+class NameServer:
+    def __init__(
+        self, config: NameServerConfig | None = None, *, clock: Callable[[], int] = wall_clock_ms
+    ) -> None:
+        self.config = config or NameServerConfig()
+        self.table = RouteTable()
+        self._clock = clock
+        dispatcher = Dispatcher()
+        NameServerProcessors(self.table, clock, self.config.broker_timeout_ms).install(dispatcher)
+        self.server = RemotingServer(
+            dispatcher, host=self.config.host, port=self.config.port, config=self.config.remoting
+        )
+        self.server.on_close(self._connection_closed)
+        self._expired = 0
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(self.server.run)
+            nursery.start_soon(self._housekeeping)
+            log.info("nameserver serving on %s", self.server.address)
+            task_status.started(port)
+
+    def shutdown(self, grace_s: float = 5.0) -> None:
+        self.server.shutdown(grace_s)
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await trio.sleep(self.config.scan_interval_s)
+            self._expired += len(self.table.scan_inactive(self._clock()))
+
+    def _connection_closed(self, conn: Connection) -> None:
+        self.table.connection_closed(conn)
+
+    def statistics(self) -> NameServerStatistics:
+        return NameServerStatistics(
+            address=self.server.address,
+            brokers=len(self.table.live),
+            topics=len(self.table.topics),
+            clusters=len(self.table.clusters),
+            brokers_expired=self._expired,
+        )
