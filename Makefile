@@ -19,8 +19,13 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 run: $(STAMP)
-	@$(BIN)/hamq --help
-	@echo "(the broker arrives with the next issues; make run will start it here)"
+	@echo "Starting a broker with its own nameserver on 127.0.0.1:9876; data in ./data."
+	@echo "In a second terminal:"
+	@echo "    . .venv/bin/activate"
+	@echo "    hamq produce --topic demo --count 1000"
+	@echo "    hamq consume --topic demo --group g"
+	@echo "Ctrl-C stops the broker (cleanly)."
+	@$(BIN)/hamq broker -c conf/broker.toml
 
 test: lint typecheck pytest
 

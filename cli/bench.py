@@ -43,3 +43,16 @@ def store(
 ) -> None:
     """Message store appends, group commit and reads against plain files."""
     _run("store", ["--quick"] if quick else ["--rounds", str(rounds)])
+
+
+@app.command("produce-consume")
+def produce_consume(
+    quick: Annotated[bool, typer.Option(help="Fewer messages, one round.")] = False,
+    rounds: Annotated[int, typer.Option(min=1, help="Measurements per figure (median).")] = 3,
+    pin: Annotated[
+        bool, typer.Option(help="Pin the broker to CPU 1, the clients to CPU 0.")
+    ] = False,
+) -> None:
+    """Producer and consumer throughput and latency against a broker in its own process."""
+    args = ["--quick"] if quick else ["--rounds", str(rounds)]
+    _run("produce_consume", [*args, "--pin"] if pin else args)

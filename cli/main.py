@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from cli import bench
+from cli import bench, clients, servers, topic
 
 app = typer.Typer(
     name="hamq",
@@ -19,6 +19,12 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+app.command()(servers.broker)
+app.command()(servers.nameserver)
+app.command()(clients.produce)
+app.command()(clients.consume)
+app.add_typer(topic.app, name="topic")
+app.add_typer(topic.admin_app, name="admin")
 app.add_typer(bench.app, name="bench")
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")

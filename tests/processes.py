@@ -37,3 +37,49 @@ async def running(code: str, *, ready_timeout_s: float = 30) -> AsyncIterator[tu
                 await proc.wait()
             if proc.stdout is not None:
                 await proc.stdout.aclose()
+
+
+HAMQ = [sys.executable, "-m", "cli.main", "--log-level", "warning"]
+
+
+@asynccontextmanager
+async def hamq_server(
+    *args: str, ready_timeout_s: float = 30
+) -> AsyncIterator[tuple[trio.Process, str]]:
+    """Run ``hamq <args>`` (a broker or nameserver) until its ``hamq ... ready:`` line;
+    yields (process, that line). The process is killed by PID at the end."""
+    proc = await trio.lowlevel.open_process([*HAMQ, *args], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        line = b""
+        with trio.fail_after(ready_timeout_s):
+            while b" ready: " not in line or not line.endswith(b"\n"):
+                chunk = await proc.stdout.receive_some(1)
+                if not chunk:
+                    raise RuntimeError(f"hamq {' '.join(args)} exited before it was ready")
+                line = b"" if line.endswith(b"\n") else line
+                line += chunk
+        yield proc, line.decode().strip()
+    finally:
+        with trio.CancelScope(shield=True):
+            if proc.returncode is None:
+                os.kill(proc.pid, signal.SIGKILL)
+            with trio.move_on_after(10):
+                await proc.wait()
+            if proc.stdout is not None:
+                await proc.stdout.aclose()
+
+
+async def hamq_command(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[bytes]:
+    """Run ``hamq <args>`` to the end (bounded); its output captured."""
+    with trio.fail_after(timeout_s):
+        return await trio.run_process(
+            [*HAMQ, *args], capture_stdout=True, capture_stderr=True, check=False
+        )
+
+
+async def stop(proc: trio.Process, sig: int = signal.SIGTERM, timeout_s: float = 20) -> int:
+    """Signal ``proc`` and wait (bounded) for it to exit; its return code."""
+    os.kill(proc.pid, sig)
+    with trio.fail_after(timeout_s):
+        return await proc.wait()

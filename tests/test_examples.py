@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+
+from tests.broker_support import small_store_toml
+from tests.processes import HAMQ
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,3 +51,71 @@ def test_remoting_echo_example_runs() -> None:
     out = run_python((ROOT / "examples" / "remoting_echo.py").read_text())
     assert "code 1 MSGPACK: response code 0 body b'hello hamq'" in out
     assert "code 2 JSON   : response code 0 body b'HELLO HAMQ'" in out
+
+
+@pytest.fixture(scope="module")
+def broker_namesrv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A ``hamq broker`` process (embedded nameserver on a free port) for the examples."""
+    store = tmp_path_factory.mktemp("examples-store")
+    config = small_store_toml(store)
+    args = ["broker", "-c", str(config), "--port", "0", "--namesrv-port", "0"]
+    proc = subprocess.Popen(
+        [*HAMQ, *args, "--store-dir", str(store / "store")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the ready line (the process exits if it cannot start)
+        match = re.search(r"nameserver (\S+) ", line)
+        assert match, f"no ready line from the broker: {line!r}"
+        yield match.group(1)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def run_example(name: str, namesrv: str) -> str:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, "HAMQ_NAMESRV": namesrv, "IDLE_EXIT_S": "2"},
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.slow
+def test_producer_consumer_and_blocking_examples_run(broker_namesrv: str) -> None:
+    sent = run_example("producer.py", broker_namesrv)
+    assert sent.count(": SEND_OK to example-topic@broker-a:") == 10
+    blocking = run_example("blocking_producer.py", broker_namesrv)
+    assert blocking.count("SEND_OK") == 6
+    consumed = run_example("consumer.py", broker_namesrv)
+    assert consumed.count("got 'hello #") == 10
+    assert consumed.count("got 'from plain code #") == 5
+    assert "consumed 15 message(s)" in consumed  # 'even || odd': the untagged batch is skipped
+    again = run_example("consumer.py", broker_namesrv)
+    assert "consumed 0 message(s)" in again  # offsets were committed
+
+
+@pytest.mark.slow
+def test_ordered_example_keeps_each_order_in_order(broker_namesrv: str) -> None:
+    out = run_example("ordered.py", broker_namesrv)
+    assert out.count("(in order)") == 4 and "OUT OF ORDER" not in out
+
+
+@pytest.mark.slow
+def test_delayed_example_delivers_after_its_level(broker_namesrv: str) -> None:
+    out = run_example("delayed.py", broker_namesrv)
+    match = re.search(r"delivered at \S+, ([\d.]+)s after sending", out)
+    assert match, out
+    assert float(match.group(1)) >= 4.5
+
+
+@pytest.mark.slow
+def test_readme_client_snippet_runs(broker_namesrv: str) -> None:
+    code = readme_snippet("PushConsumer").replace("127.0.0.1:9876", broker_namesrv)
+    assert run_python(code).split("\n")[:2] == ["SEND_OK True", "[b'created']"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from collections.abc import Iterator
 from types import TracebackType
 
 import trio
@@ -46,6 +47,7 @@ class RemotingClient:
         self._connecting: dict[str, _Attempt] = {}
         self._nursery: trio.Nursery | None = None
         self._stack: contextlib.AsyncExitStack | None = None
+        self._task_scopes: set[trio.CancelScope] = set()
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> RemotingClient:
@@ -63,6 +65,8 @@ class RemotingClient:
         assert self._nursery is not None and self._stack is not None
         for conn in list(self._connections.values()):
             conn.close("client closed")
+        for scope in list(self._task_scopes):
+            scope.cancel()
         self._nursery.cancel_scope.cancel()
         stack, self._stack, self._nursery = self._stack, None, None
         # The block's own exception is not handed to the nursery, so it propagates
@@ -130,7 +134,8 @@ class RemotingClient:
     async def _connect(self, addr: str, attempt: _Attempt) -> None:
         assert self._nursery is not None
         try:
-            attempt.connection = await self._open(addr)
+            with self._shielded():
+                attempt.connection = await self._open(addr)
             self._connections[addr] = attempt.connection
         except RemotingConnectError as exc:
             attempt.error = str(exc).removeprefix(f"{addr}: ")
@@ -154,9 +159,26 @@ class RemotingClient:
             raise RemotingConnectError(addr, f"cannot connect: {exc}") from None
         conn = Connection(stream, peer=addr, dispatcher=self.dispatcher, config=self._config)
         conn.add_close_listener(self._forget)
-        await self._nursery.start(conn.run)
+        await self._nursery.start(self._run_connection, conn)
         log.debug("connected to %s", addr)
         return conn
+
+    @contextlib.contextmanager
+    def _shielded(self) -> Iterator[None]:
+        """Shield a connection's task from its owner's cancellation: only the client's
+        closing ends it (see the module's comment)."""
+        with trio.CancelScope(shield=True) as scope:
+            self._task_scopes.add(scope)
+            try:
+                yield
+            finally:
+                self._task_scopes.discard(scope)
+
+    async def _run_connection(
+        self, conn: Connection, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        with self._shielded():
+            await conn.run(task_status=task_status)
 
     def _forget(self, conn: Connection) -> None:
         if self._connections.get(conn.peer) is conn:

@@ -94,7 +94,11 @@ class RemotingServer:
         self._shutdown.set()
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        try:
+            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise OSError(exc.errno, f"cannot listen on {self.address}: {reason}") from None
         try:
             self.port = listeners[0].socket.getsockname()[1]
             async with trio.open_nursery() as nursery:

@@ -594,18 +594,20 @@ class MessageStore:
         except MessageFormatError as exc:
             raise StoreError(f"no message at commitlog offset {physical_offset}: {exc}") from None
 
-    def query_message(
+    def query_records(
         self, topic: str, key: str, max_num: int, begin_ms: int = 0, end_ms: int = 2**62
-    ) -> list[StoredMessage]:
-        """Messages of ``topic`` whose KEYS hold ``key`` or whose UNIQ_KEY is ``key``,
-        stored in [begin_ms, end_ms], newest first."""
-        messages: list[StoredMessage] = []
+    ) -> list[memoryview]:
+        """Records of ``topic`` whose KEYS hold ``key`` or whose UNIQ_KEY is ``key``,
+        stored in [begin_ms, end_ms], newest first (zero-copy views; QUERY_MESSAGE)."""
+        found: list[memoryview] = []
         for physical_offset in self.index.query(topic, key, max_num * 4, begin_ms, end_ms):
-            if physical_offset < self.commitlog.min_offset or len(messages) >= max_num:
+            if physical_offset < self.commitlog.min_offset or len(found) >= max_num:
                 continue
             try:
-                message = self.look_message_by_offset(physical_offset)
-            except StoreError:
+                size = int.from_bytes(self.commitlog.read(physical_offset, 4), "big", signed=True)
+                record = self.commitlog.read(physical_offset, size)
+                message = decode_message(record, check_crc=False)
+            except (StoreError, MessageFormatError):
                 continue  # an entry left by a truncation
             keys = message.properties.get(PROPERTY_KEYS, "").split(" ")
             if (
@@ -613,8 +615,17 @@ class MessageStore:
                 and (key in keys or message.properties.get(PROPERTY_UNIQ_KEY) == key)
                 and begin_ms <= message.store_timestamp <= end_ms
             ):
-                messages.append(message)
-        return messages
+                found.append(record)
+        return found
+
+    def query_message(
+        self, topic: str, key: str, max_num: int, begin_ms: int = 0, end_ms: int = 2**62
+    ) -> list[StoredMessage]:
+        """Like ``query_records``, decoded."""
+        return [
+            decode_message(record, check_crc=False)
+            for record in self.query_records(topic, key, max_num, begin_ms, end_ms)
+        ]
 
     async def wait_dispatched(self, offset: int | None = None) -> None:
         """Wait until consume queues and index cover the CommitLog up to ``offset``

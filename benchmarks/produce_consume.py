@@ -1,0 +1,429 @@
+"""Produce and consume throughput of hamq's client against a broker in its own process.
+
+The broker is started as ``python -m cli.main broker`` (embedded nameserver, ASYNC_FLUSH,
+a fresh temporary store) on loopback; the clients run in this process, in Trio. Neither
+is pinned to a CPU unless ``--pin`` asks (broker on CPU 1, client on CPU 0): a pinned
+pair ping-ponging on a virtual machine waits for idle vCPUs to wake up, which made the
+1-in-flight figures slow and erratic (milliseconds-long stalls) where unpinned ones were
+steady. Bodies are 1 KiB. Scenarios, in this order, each round on a fresh topic of 8
+queues:
+
+  send, 1 in flight    one task awaiting Producer.send in a loop
+  send, 64 in flight   64 tasks awaiting Producer.send, sharing one counter
+  send_batch of 32     one task awaiting Producer.send_batch of 32 messages
+                       (messages/s counts messages; latencies are per batch)
+  push consume         a PushConsumer of a fresh group, FIRST_OFFSET, consuming every
+                       message the round stored (timed from its start to the last one)
+  pull consume         a PullConsumer, one task per queue pulling 32 at a time
+
+Latency is from the call to its result. Besides the rates, CPU microseconds per message
+of the broker process and of this (client) process show which side is the bottleneck.
+Each figure is the median of ``--rounds`` rounds.
+
+    python benchmarks/produce_consume.py            # full run (1-3 minutes on 2 cores)
+    python benchmarks/produce_consume.py --quick    # fewer messages, one round
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import selectors
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import attrs
+import trio
+
+from hamq.client import (
+    AdminClient,
+    ConsumeFrom,
+    Message,
+    MessageExt,
+    MessageQueue,
+    Producer,
+    PullConsumer,
+    PushConsumer,
+    SendStatus,
+)
+from hamq.client.errors import NoRouteError
+
+MIB = 1024 * 1024
+BODY_SIZE = 1024
+BATCH = 32
+IN_FLIGHT = 64
+QUEUES = 8
+PULL_BATCH = 32
+READY_PREFIX = "hamq broker ready:"
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+REPO = Path(__file__).resolve().parent.parent
+
+SEQUENTIAL = "send, 1 in flight"
+CONCURRENT = f"send, {IN_FLIGHT} in flight"
+BATCHED = f"send_batch of {BATCH}"
+PUSH = "push consume"
+PULL = "pull consume"
+SCENARIOS = (SEQUENTIAL, CONCURRENT, BATCHED, PUSH, PULL)
+
+
+@attrs.frozen
+class Sizes:
+    sequential: int  # messages sent one at a time
+    concurrent: int  # messages sent with 64 in flight
+    batches: int  # batches of 32 messages
+
+
+@attrs.frozen
+class Figure:
+    """One scenario of one round."""
+
+    messages: int
+    seconds: float
+    #: per call (per batch for send_batch); empty for the consumers
+    latencies: list[float]
+    broker_cpu: float
+    client_cpu: float
+
+
+# =========================================================================== the broker
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and its threads (Linux /proc), else NaN."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _can_pin() -> bool:
+    return hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2
+
+
+def start_broker(
+    store_dir: Path, stderr_path: Path, *, pin: bool
+) -> tuple[subprocess.Popen[str], str]:
+    """The broker process and its (embedded) nameserver's address, once it serves."""
+    command = [
+        sys.executable,
+        "-m",
+        "cli.main",
+        "--log-level",
+        "warning",
+        "broker",
+        "--port",
+        "0",
+        "--namesrv-port",
+        "0",
+        "--store-dir",
+        str(store_dir),
+    ]
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen(
+            command,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            # every thread the broker starts inherits the pinning
+            preexec_fn=(lambda: os.sched_setaffinity(0, {1})) if pin else None,
+        )
+    try:
+        return proc, _wait_ready(proc)
+    except BaseException:
+        stop_broker(proc)
+        raise
+
+
+def _wait_ready(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0:
+            if not selector.select(left):
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the broker exited (code {proc.wait()}) before serving")
+            if line.startswith(READY_PREFIX):
+                # "... at 127.0.0.1:PORT, nameserver 127.0.0.1:NSPORT (embedded), store ..."
+                return line.split(", nameserver ", 1)[1].split()[0].rstrip(",")
+    raise RuntimeError(f"the broker did not serve within {READY_TIMEOUT_S:g} s")
+
+
+def stop_broker(proc: subprocess.Popen[str]) -> int:
+    """SIGTERM, then SIGKILL if it has not stopped within STOP_TIMEOUT_S; its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            print(f"the broker did not stop within {STOP_TIMEOUT_S:g} s: killed", file=sys.stderr)
+            proc.kill()
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+    return proc.returncode
+
+
+# =========================================================================== scenarios
+
+
+def _messages(topic: str, count: int) -> list[Message]:
+    body = os.urandom(BODY_SIZE)
+    return [Message(topic, body) for _ in range(count)]
+
+
+def _check(status: SendStatus) -> None:
+    if status is not SendStatus.SEND_OK:
+        raise RuntimeError(f"a send ended {status.value}")
+
+
+# Each scenario returns when it ended (time.perf_counter) and its latencies.
+Outcome = tuple[float, list[float]]
+
+
+async def send_sequential(producer: Producer, topic: str, count: int) -> Outcome:
+    latencies = []
+    for message in _messages(topic, count):
+        start = time.perf_counter()
+        result = await producer.send(message)
+        latencies.append(time.perf_counter() - start)
+        _check(result.status)
+    return time.perf_counter(), latencies
+
+
+async def send_concurrent(producer: Producer, topic: str, count: int) -> Outcome:
+    messages = _messages(topic, count)
+    latencies: list[float] = []
+    next_index = 0
+
+    async def sender() -> None:
+        nonlocal next_index
+        while next_index < count:
+            message = messages[next_index]
+            next_index += 1
+            start = time.perf_counter()
+            result = await producer.send(message)
+            latencies.append(time.perf_counter() - start)
+            _check(result.status)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(IN_FLIGHT):
+            nursery.start_soon(sender)
+    return time.perf_counter(), latencies
+
+
+async def send_batches(producer: Producer, topic: str, batches: int) -> Outcome:
+    messages = _messages(topic, BATCH)
+    latencies = []
+    for _ in range(batches):
+        start = time.perf_counter()
+        result = await producer.send_batch(messages)
+        latencies.append(time.perf_counter() - start)
+        _check(result.status)
+    return time.perf_counter(), latencies
+
+
+async def push_consume(namesrv: str, topic: str, group: str, count: int) -> Outcome:
+    """Until a PushConsumer of a new group has consumed ``count`` messages of ``topic``
+    (the end is the last message handled, not the consumer's shutdown after it)."""
+    consumer = PushConsumer(group, namesrv, consume_from=ConsumeFrom.FIRST_OFFSET)
+    consumer.subscribe(topic)
+    done = trio.Event()
+    consumed = 0
+
+    def handle(messages: list[MessageExt]) -> None:
+        nonlocal consumed
+        consumed += len(messages)
+        if consumed >= count:
+            done.set()
+
+    async with consumer.consuming(handle):
+        await done.wait()
+        end = time.perf_counter()
+    return end, []
+
+
+async def pull_consume(namesrv: str, topic: str, count: int) -> Outcome:
+    """Every message of ``topic`` pulled, one task per queue, PULL_BATCH at a time."""
+    async with PullConsumer(f"{topic}-pull", namesrv) as consumer:
+        queues = await consumer.queues(topic)
+        pulled = 0
+
+        async def drain(queue: MessageQueue) -> None:
+            nonlocal pulled
+            end = await consumer.max_offset(queue)
+            offset = await consumer.min_offset(queue)
+            while offset < end:
+                result = await consumer.pull(queue, offset, max_nums=PULL_BATCH)
+                pulled += len(result.messages)
+                offset = result.next_begin_offset
+
+        async with trio.open_nursery() as nursery:
+            for queue in queues:
+                nursery.start_soon(drain, queue)
+        end = time.perf_counter()
+    if pulled != count:
+        raise RuntimeError(f"pulled {pulled} messages of {topic}, expected {count}")
+    return end, []
+
+
+async def _create_topic(namesrv: str, topic: str) -> None:
+    async with AdminClient(namesrv) as admin:
+        await admin.create_topic(topic, QUEUES)
+        with trio.fail_after(10):
+            while True:  # until the nameserver knows the route
+                try:
+                    await admin.topic_route(topic)
+                    return
+                except NoRouteError:
+                    await trio.sleep(0.05)
+
+
+async def run_round(
+    namesrv: str, broker_pid: int, round_no: int, sizes: Sizes
+) -> dict[str, Figure]:
+    topic = f"BenchProduceConsume{round_no}"
+    await _create_topic(namesrv, topic)
+    figures: dict[str, Figure] = {}
+
+    async def timed(scenario: str, messages: int, work: Callable[[], Awaitable[Outcome]]) -> None:
+        broker_before, client_before = _cpu_seconds(broker_pid), time.process_time()
+        start = time.perf_counter()
+        end, latencies = await work()
+        figures[scenario] = Figure(
+            messages,
+            end - start,
+            latencies,
+            _cpu_seconds(broker_pid) - broker_before,
+            time.process_time() - client_before,
+        )
+
+    async with Producer(f"{topic}-producer", namesrv) as producer:
+        # warm up: the route, the connection, the broker's first writes to the topic
+        warm_up = 2 * IN_FLIGHT
+        await send_concurrent(producer, topic, warm_up)
+        await timed(
+            SEQUENTIAL,
+            sizes.sequential,
+            lambda: send_sequential(producer, topic, sizes.sequential),
+        )
+        await timed(
+            CONCURRENT,
+            sizes.concurrent,
+            lambda: send_concurrent(producer, topic, sizes.concurrent),
+        )
+        await timed(
+            BATCHED, BATCH * sizes.batches, lambda: send_batches(producer, topic, sizes.batches)
+        )
+    stored = warm_up + sizes.sequential + sizes.concurrent + BATCH * sizes.batches
+    await timed(PUSH, stored, lambda: push_consume(namesrv, topic, f"{topic}-push", stored))
+    await timed(PULL, stored, lambda: pull_consume(namesrv, topic, stored))
+    return figures
+
+
+# =========================================================================== driver
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (median of each figure)")
+    parser.add_argument("--quick", action="store_true", help="fewer messages, one round")
+    parser.add_argument("--dir", type=Path, default=None, help="where the store goes")
+    parser.add_argument(
+        "--pin", action="store_true", help="pin the broker to CPU 1 and this process to CPU 0"
+    )
+    args = parser.parse_args()
+    pin = args.pin and _can_pin()
+    rounds = 1 if args.quick else args.rounds
+    sizes = Sizes(2_000, 10_000, 300) if args.quick else Sizes(10_000, 60_000, 2_000)
+    print(
+        f"Python {platform.python_version()}, Trio {trio.__version__}, "
+        f"{os.cpu_count()} core(s); broker and client "
+        f"{'pinned to CPU 1 and CPU 0' if pin else 'not pinned'}",
+        flush=True,
+    )
+
+    base = Path(tempfile.mkdtemp(prefix="hamq-bench-", dir=args.dir))
+    stderr_path = base / "broker.stderr"
+    figures: dict[str, list[Figure]] = {}
+    exit_code: int | None = None
+    try:
+        proc, namesrv = start_broker(base / "store", stderr_path, pin=pin)
+        try:
+            if pin:
+                os.sched_setaffinity(0, {0})
+            for round_no in range(rounds):
+                result = trio.run(run_round, namesrv, proc.pid, round_no, sizes)
+                for scenario, figure in result.items():
+                    figures.setdefault(scenario, []).append(figure)
+                    print(
+                        f"round {round_no + 1}: {scenario:20} {figure.messages:>8,} messages"
+                        f" {figure.messages / figure.seconds:>10,.0f} msgs/s",
+                        file=sys.stderr,
+                    )
+        finally:
+            exit_code = stop_broker(proc)
+        broker_stderr = stderr_path.read_text().strip()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+    print(
+        f"\nProduce and consume, {BODY_SIZE} B bodies, broker in its own process (ASYNC_FLUSH),"
+        f" median of {rounds} round(s)\n"
+    )
+    header = (
+        f"{'scenario':20}{'messages':>10}{'msgs/s':>10}{'MB/s':>8}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'broker CPU':>12}{'client CPU':>12}"
+    )
+    print(header)
+    print(f"{'':57}{'us/msg':>12}{'us/msg':>12}")
+    print("-" * len(header))
+    rates: dict[str, float] = {}
+    for scenario in SCENARIOS:
+        runs = figures[scenario]
+        rate = statistics.median(f.messages / f.seconds for f in runs)
+        rates[scenario] = rate
+        if runs[0].latencies:
+            p50 = f"{statistics.median(_percentile(f.latencies, 0.5) for f in runs) * 1e3:9.2f}"
+            p99 = f"{statistics.median(_percentile(f.latencies, 0.99) for f in runs) * 1e3:9.2f}"
+        else:
+            p50 = p99 = f"{'-':>9}"
+        broker_us = statistics.median(1e6 * f.broker_cpu / f.messages for f in runs)
+        client_us = statistics.median(1e6 * f.client_cpu / f.messages for f in runs)
+        print(
+            f"{scenario:20}{runs[0].messages:>10,}{rate:>10,.0f}{rate * BODY_SIZE / MIB:>8.1f}"
+            f"{p50}{p99}{broker_us:>12.1f}{client_us:>12.1f}"
+        )
+    print(f"\n(send_batch latencies are per batch of {BATCH}; MB/s counts bodies only)")
+    print(
+        f"{IN_FLIGHT} in flight: {rates[CONCURRENT] / rates[SEQUENTIAL]:.1f}x the sends/s of 1 in"
+        f" flight; batches of {BATCH}: {rates[BATCHED] / rates[CONCURRENT]:.1f}x the msgs/s of"
+        f" {IN_FLIGHT} in flight; push consumer at {rates[PUSH] / rates[PULL]:.0%} of plain pulls."
+    )
+    if exit_code not in (0, None) or broker_stderr:
+        print(f"\nThe broker exited with code {exit_code}; its stderr:\n{broker_stderr}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Broker configuration: one frozen object, from a TOML file plus overrides.
+
+A file looks like conf/broker.toml::
+
+    broker_name = "broker-a"
+    cluster_name = "DefaultCluster"
+    listen_port = 10911
+    namesrv_addrs = ["127.0.0.1:9876"]      # none: the broker embeds a nameserver
+
+    [store]
+    store_dir = "./data/store"
+    flush_disk_type = "ASYNC_FLUSH"
+
+Every key is checked: an unknown key, a value of the wrong type or out of range is
+reported with its name (all of them at once), and nothing starts. Names follow
+RocketMQ's BrokerConfig in snake_case.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+from attrs import validators as v
+from cattrs.errors import ClassValidationError
+from cattrs.v import format_exception
+
+from hamq.protocol.message import TOPIC_MAX_LENGTH
+from hamq.remoting import RemotingConfig, parse_address
+from hamq.store import BrokerRole, FlushDiskType, StoreConfig
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the text names every bad field."""
+
+
+def _addresses(_instance: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    for addr in value:
+        parse_address(addr)  # ValueError names the bad one
+
+
+def _name(_instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if (
+        not value
+        or len(value) > TOPIC_MAX_LENGTH
+        or not all(c.isalnum() or c in "_-" for c in value)
+    ):
+        raise ValueError(
+            f"{attribute.name} {value!r} must be 1-{TOPIC_MAX_LENGTH} letters, digits, _ or -"
+        )
+
+
+@attrs.frozen
+class BrokerConfig:
+    store: StoreConfig
+    broker_name: str = attrs.field(default="broker-a", validator=_name)
+    cluster_name: str = attrs.field(default="DefaultCluster", validator=_name)
+    #: 0 is the master of its broker group, 1, 2, ... are slaves
+    broker_id: int = attrs.field(default=0, validator=v.ge(0))
+    listen_host: str = "127.0.0.1"
+    listen_port: int = attrs.field(default=10911, validator=[v.ge(0), v.le(65535)])
+    #: the address clients and other brokers use (STOREHOST); default: listen_host
+    broker_ip: str | None = None
+    #: nameservers to register with; none: start one in this process on embedded_namesrv_port
+    namesrv_addrs: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_addresses)
+    embedded_namesrv_port: int = attrs.field(default=9876, validator=[v.ge(0), v.le(65535)])
+    register_interval_s: float = attrs.field(default=30.0, validator=v.gt(0.0))
+    register_timeout_s: float = attrs.field(default=6.0, validator=v.gt(0.0))
+    #: topics unknown to the broker are created from TBW102 on first send
+    auto_create_topic_enable: bool = True
+    auto_create_subscription_group: bool = True
+    #: queues of TBW102, the template of auto-created topics
+    default_topic_queue_nums: int = attrs.field(default=8, validator=[v.ge(1), v.le(1024)])
+    #: a consumer not heard from for this long is dropped from its group
+    client_channel_expired_s: float = attrs.field(default=120.0, validator=v.gt(0.0))
+    #: how long a long-polling pull may wait at most, whatever the client asks
+    long_polling_max_s: float = attrs.field(default=30.0, validator=v.gt(0.0))
+    consumer_offset_persist_interval_s: float = attrs.field(default=5.0, validator=v.gt(0.0))
+    #: queue locks of orderly consumers last this long unless renewed (RocketMQ: 60 s)
+    rebalance_lock_max_live_s: float = attrs.field(default=60.0, validator=v.gt(0.0))
+    remoting: RemotingConfig = attrs.field(factory=RemotingConfig)
+
+    @property
+    def advertised_host(self) -> str:
+        return self.broker_ip or self.listen_host
+
+    @property
+    def role(self) -> BrokerRole:
+        return self.store.role
+
+    @property
+    def is_master(self) -> bool:
+        return self.broker_id == 0 and self.store.role.is_master
+
+
+def _converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+    conv.register_structure_hook(Path, lambda value, _: Path(value))
+    conv.register_structure_hook(BrokerRole, lambda value, _: BrokerRole(value))
+    conv.register_structure_hook(FlushDiskType, lambda value, _: FlushDiskType(value))
+    return conv
+
+
+_CONVERTER = _converter()
+
+
+def _describe(exc: BaseException, type_: type | None) -> str:
+    """A validator's own message when it has one (it names the value and the rule)."""
+    if isinstance(exc, ValueError) and str(exc):
+        return str(exc)
+    return format_exception(exc, type_)
+
+
+def build_config(values: Mapping[str, Any]) -> BrokerConfig:
+    """A BrokerConfig from plain values (a parsed TOML document with overrides)."""
+    data = dict(values)
+    data.setdefault("store", {})
+    data["store"] = {"store_dir": "./data/store", **data["store"]}
+    try:
+        return _CONVERTER.structure(data, BrokerConfig)
+    except ClassValidationError as exc:
+        problems = cattrs.transform_error(exc, path="broker", format_exception=_describe)
+        raise ConfigError("; ".join(problems)) from None
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def load_config(path: Path | None, overrides: Mapping[str, Any] | None = None) -> BrokerConfig:
+    """Read ``path`` (TOML) if given, apply ``overrides`` (``store.x`` keys go into [store])."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key.startswith("store."):
+            data.setdefault("store", {})[key.removeprefix("store.")] = value
+        else:
+            data[key] = value
+    return build_config(data)

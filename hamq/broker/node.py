@@ -1,0 +1,225 @@
+"""BrokerNode: one broker as one Trio nursery.
+
+Start-up, in order: the message store (recovery first), the managers' JSON state, the
+processors, the remoting server (reporting its port), an embedded nameserver when no
+nameserver address is configured, registration with every nameserver, and the
+background services (long polling, notifications, client housekeeping, persisting
+state). ``await nursery.start(node.run)`` returns once all of them serve.
+
+Shutdown (``run`` cancelled): everything but the store stops first; then the state is
+written, the broker unregisters from its nameservers, and only then the store stops
+(flush, checkpoint). The store runs in a shielded scope of its own for that reason:
+no request can reach it after it closed its files.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import trio
+
+from hamq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
+from hamq.broker.config import BrokerConfig
+from hamq.broker.context import BrokerContext
+from hamq.broker.long_polling import PullHoldService
+from hamq.broker.offsets import ConsumerOffsetManager
+from hamq.broker.processors.admin import AdminProcessor
+from hamq.broker.processors.clients import ClientProcessor
+from hamq.broker.processors.pull import PullProcessor
+from hamq.broker.processors.send import SendProcessor
+from hamq.broker.registration import Notifier, Registrar
+from hamq.broker.subscriptions import SubscriptionGroupManager
+from hamq.broker.topics import TopicConfigManager
+from hamq.protocol.message import MessageIdGenerator
+from hamq.remoting import Connection, Dispatcher, RemotingClient, RemotingServer
+from hamq.store import MessageStore
+from hamq.store.message_store import wall_clock_ms
+from nameserver import NameServer, NameServerConfig
+
+log = logging.getLogger(__name__)
+
+#: how often silent clients are looked for
+CLIENT_SCAN_INTERVAL_S = 10.0
+
+
+@attrs.frozen
+class BrokerStatistics:
+    address: str
+    role: str
+    namesrv_addrs: tuple[str, ...]
+    topics: int
+    consumer_groups: int
+    producer_groups: int
+    held_pulls: int
+    registrations: int
+    notifications_sent: int
+
+
+class BrokerNode:
+    def __init__(self, config: BrokerConfig, *, clock: Callable[[], int] = wall_clock_ms) -> None:
+        self.config = config
+        self._clock = clock
+        store_dir = Path(config.store.store_dir)
+        self.store = MessageStore(
+            config.store, clock=self._clock, retention_floor=self._retention_floor
+        )
+        consumers = ConsumerManager()
+        self.notifier = Notifier(consumers)
+        self.ctx = BrokerContext(
+            config=config,
+            store=self.store,
+            topics=TopicConfigManager(
+                store_dir / "config" / "topics.json",
+                self._clock,
+                default_queue_nums=config.default_topic_queue_nums,
+                auto_create=config.auto_create_topic_enable,
+                delay_levels=len(config.store.delay_levels_ms),
+            ),
+            offsets=ConsumerOffsetManager(store_dir / "config" / "consumerOffset.json"),
+            subscriptions=SubscriptionGroupManager(
+                store_dir / "config" / "subscriptionGroup.json",
+                auto_create=config.auto_create_subscription_group,
+            ),
+            consumers=consumers,
+            producers=ProducerManager(),
+            locks=RebalanceLockManager(int(config.rebalance_lock_max_live_s * 1000)),
+            clock=self._clock,
+            ids=MessageIdGenerator(config.advertised_host),
+        )
+        self.dispatcher = Dispatcher()
+        self.pull = PullProcessor(self.ctx)
+        for processor in (
+            SendProcessor(self.ctx),
+            self.pull,
+            ClientProcessor(self.ctx),
+            AdminProcessor(self.ctx),
+        ):
+            processor.install(self.dispatcher)
+        self.ctx.pull_holds = PullHoldService(self.pull.execute_held)
+        self.server = RemotingServer(
+            self.dispatcher,
+            host=config.listen_host,
+            port=config.listen_port,
+            config=config.remoting,
+        )
+        self.server.on_close(self._connection_closed)
+        self.nameserver: NameServer | None = None
+        self.registrar: Registrar | None = None
+        #: the nameservers this broker registers with (the embedded one's address once up)
+        self.namesrv_addrs: list[str] = list(config.namesrv_addrs)
+        self._store_scope = trio.CancelScope(shield=True)
+        self._state_changed = trio.Event()
+
+    @property
+    def address(self) -> str:
+        return self.ctx.address
+
+    def _retention_floor(self) -> int:
+        return self.ctx.offsets.lowest_needed_commitlog_offset(self.store)
+
+    def _connection_closed(self, conn: Connection) -> None:
+        self.ctx.consumers.connection_closed(conn)
+        self.ctx.producers.connection_closed(conn)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as outer:
+            await outer.start(self._run_store)
+            try:
+                await self._serve(task_status)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._persist_state()
+                self._store_scope.cancel()  # now the store may stop
+
+    async def _run_store(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        with self._store_scope:
+            await self.store.run(task_status=task_status)
+
+    async def _serve(self, task_status: trio.TaskStatus[int]) -> None:
+        ctx = self.ctx
+        for state in (ctx.topics, ctx.offsets, ctx.subscriptions):
+            await state.load()
+        ctx.topics.on_change.append(self._topics_changed)
+        assert ctx.pull_holds is not None
+        self.store.reput.listeners.append(ctx.pull_holds.on_dispatch)
+        async with trio.open_nursery() as nursery:
+            namesrv_addrs = list(self.config.namesrv_addrs)
+            if not namesrv_addrs:
+                self.nameserver = NameServer(
+                    NameServerConfig(
+                        host=self.config.listen_host, port=self.config.embedded_namesrv_port
+                    )
+                )
+                port = await nursery.start(self.nameserver.run)
+                namesrv_addrs = [f"{self.config.listen_host}:{port}"]
+                self.namesrv_addrs = namesrv_addrs
+            ctx.port = await nursery.start(self.server.run)
+            await nursery.start(ctx.pull_holds.run)
+            await nursery.start(self.notifier.run)
+            async with RemotingClient(config=self.config.remoting) as client:
+                self.registrar = Registrar(ctx, client, namesrv_addrs)
+                try:
+                    await nursery.start(self.registrar.run)
+                    nursery.start_soon(self._housekeeping)
+                    nursery.start_soon(self._persist_loop)
+                    log.info(
+                        "broker %s (%s, cluster %s) serving on %s, nameservers %s",
+                        self.config.broker_name,
+                        self.config.role.value,
+                        self.config.cluster_name,
+                        ctx.address,
+                        ", ".join(namesrv_addrs),
+                    )
+                    task_status.started(ctx.port)
+                    await trio.sleep_forever()
+                finally:
+                    if self.nameserver is None:  # an embedded one stops with us anyway
+                        with trio.CancelScope(shield=True):
+                            await self.registrar.unregister_all()
+
+    def _topics_changed(self) -> None:
+        if self.registrar is not None:
+            self.registrar.topics_changed()
+        self._state_changed.set()
+
+    async def _persist_state(self) -> None:
+        for state in (self.ctx.topics, self.ctx.offsets, self.ctx.subscriptions):
+            try:
+                await state.persist()
+            except OSError:
+                log.exception("writing %s failed; trying again later", state.path)
+
+    async def _persist_loop(self) -> None:
+        while True:
+            with trio.move_on_after(self.config.consumer_offset_persist_interval_s):
+                await self._state_changed.wait()
+            self._state_changed = trio.Event()
+            await self._persist_state()
+
+    async def _housekeeping(self) -> None:
+        timeout_ms = int(self.config.client_channel_expired_s * 1000)
+        while True:
+            await trio.sleep(CLIENT_SCAN_INTERVAL_S)
+            now = self._clock()
+            self.ctx.consumers.scan_expired(now, timeout_ms)
+            self.ctx.producers.scan_expired(now, timeout_ms)
+
+    def statistics(self) -> BrokerStatistics:
+        holds = self.ctx.pull_holds
+        return BrokerStatistics(
+            address=self.ctx.address,
+            role=self.config.role.value,
+            namesrv_addrs=tuple(self.registrar.namesrv_addrs) if self.registrar else (),
+            topics=len(self.ctx.topics.table),
+            consumer_groups=len(self.ctx.consumers.groups),
+            producer_groups=len(self.ctx.producers.groups),
+            held_pulls=holds.held if holds is not None else 0,
+            registrations=self.registrar.registrations if self.registrar else 0,
+            notifications_sent=self.notifier.sent,
+        )

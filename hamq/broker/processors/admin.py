@@ -1,0 +1,146 @@
+"""Administration and lookups: topics, the tables a slave copies, messages by key or id.
+
+UPDATE_AND_CREATE_TOPIC (17), DELETE_TOPIC_IN_BROKER (215), GET_ALL_TOPIC_CONFIG (21),
+GET_ALL_CONSUMER_OFFSET (43), GET_ALL_DELAY_OFFSET (45),
+GET_ALL_SUBSCRIPTIONGROUP_CONFIG (201), UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (200),
+QUERY_MESSAGE (12), VIEW_MESSAGE_BY_ID (33), GET_BROKER_RUNTIME_INFO (28).
+Topic changes re-register the broker with its nameservers at once (the topic
+manager's change listeners).
+"""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+
+from hamq.broker.context import BrokerContext
+from hamq.broker.topics import SYSTEM_TOPICS
+from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
+from hamq.protocol.bodies import SubscriptionGroupConfig, TopicConfig, decode_body, encode_body
+from hamq.protocol.headers import (
+    CreateTopicRequestHeader,
+    DeleteTopicRequestHeader,
+    QueryMessageRequestHeader,
+    QueryMessageResponseHeader,
+    ViewMessageRequestHeader,
+)
+from hamq.remoting import Connection, Dispatcher
+from hamq.store import StoreError
+from hamq.store.schedule import encode_delay_offsets
+
+MAX_QUEUE_NUMS = 1024
+
+
+class AdminProcessor:
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+
+    def install(self, dispatcher: Dispatcher) -> None:
+        d = dispatcher
+        d.register(RequestCode.UPDATE_AND_CREATE_TOPIC, self.create_topic)
+        d.register(RequestCode.DELETE_TOPIC_IN_BROKER, self.delete_topic)
+        d.register(RequestCode.GET_ALL_TOPIC_CONFIG, self.all_topics)
+        d.register(RequestCode.GET_ALL_CONSUMER_OFFSET, self.all_offsets)
+        d.register(RequestCode.GET_ALL_DELAY_OFFSET, self.all_delay_offsets)
+        d.register(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, self.all_groups)
+        d.register(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, self.update_group)
+        d.register(RequestCode.QUERY_MESSAGE, self.query_message)
+        d.register(RequestCode.VIEW_MESSAGE_BY_ID, self.view_message)
+        d.register(RequestCode.GET_BROKER_RUNTIME_INFO, self.runtime_info)
+
+    def create_topic(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        header = request.header(CreateTopicRequestHeader)
+        if header.topic in SYSTEM_TOPICS:
+            raise RequestError(
+                ResponseCode.SYSTEM_ERROR,
+                f"The topic[{header.topic}] is conflict with system topic.",
+            )
+        for name, value in (
+            ("readQueueNums", header.read_queue_nums),
+            ("writeQueueNums", header.write_queue_nums),
+        ):
+            if not 1 <= value <= MAX_QUEUE_NUMS:
+                raise RequestError(
+                    ResponseCode.INVALID_PARAMETER, f"{name} {value} is not in 1..{MAX_QUEUE_NUMS}"
+                )
+        if not 0 <= header.perm <= 15:
+            raise RequestError(
+                ResponseCode.INVALID_PARAMETER, f"perm {header.perm} is not in 0..15"
+            )
+        config = TopicConfig(
+            header.topic,
+            header.read_queue_nums,
+            header.write_queue_nums,
+            header.perm,
+            header.topic_filter_type,
+            header.topic_sys_flag or 0,
+            header.order,
+        )
+        try:
+            self.ctx.topics.update(config)
+        except ValueError as exc:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, str(exc)) from None
+        return request.response_to()
+
+    def delete_topic(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        header = request.header(DeleteTopicRequestHeader)
+        if header.topic in SYSTEM_TOPICS:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, f"{header.topic} is a system topic")
+        self.ctx.topics.delete(header.topic)
+        return request.response_to()
+
+    def all_topics(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        return request.response_to(body=encode_body(self.ctx.topics.snapshot()))
+
+    def all_offsets(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        return request.response_to(body=encode_body(self.ctx.offsets.snapshot()))
+
+    def all_delay_offsets(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        schedule = self.ctx.store.schedule
+        offsets = schedule.durable_offsets() if schedule is not None else {}
+        return request.response_to(body=encode_delay_offsets(offsets))
+
+    def all_groups(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        return request.response_to(body=encode_body(self.ctx.subscriptions.snapshot()))
+
+    def update_group(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        config = decode_body(SubscriptionGroupConfig, request.body)
+        self.ctx.subscriptions.update(config)
+        return request.response_to()
+
+    def query_message(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        header = request.header(QueryMessageRequestHeader)
+        records = self.ctx.store.query_records(
+            header.topic, header.key, header.max_num, header.begin_timestamp, header.end_timestamp
+        )
+        if not records:
+            return request.response_to(
+                ResponseCode.QUERY_NOT_FOUND,
+                "can not find message, maybe time range not correct",
+            )
+        index = self.ctx.store.index
+        newest = index.files[-1] if index.files else None
+        response_header = QueryMessageResponseHeader(
+            index_last_update_timestamp=newest.end_timestamp if newest else 0,
+            index_last_update_phyoffset=newest.end_offset if newest else 0,
+        )
+        return request.response_to(header=response_header, body=b"".join(records))
+
+    def view_message(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        header = request.header(ViewMessageRequestHeader)
+        commitlog = self.ctx.store.commitlog
+        try:
+            size = int.from_bytes(commitlog.read(header.offset, 4), "big", signed=True)
+            record = bytes(commitlog.read(header.offset, size))
+        except StoreError:
+            raise RequestError(
+                ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {header.offset}"
+            ) from None
+        return request.response_to(body=record)
+
+    def runtime_info(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        stats = attrs.asdict(self.ctx.store.statistics())
+        table = {key: str(value) for key, value in stats.items()}
+        table["brokerAddr"] = self.ctx.address
+        return request.response_to(body=json.dumps({"table": table}).encode())

@@ -1,0 +1,173 @@
+"""PULL_MESSAGE (11): messages of one queue from an offset (shared/PROTOCOL.md §5.3).
+
+- Filtering by tags: the subscription comes from the request when its sys flag says so
+  (bit 4), else from the group's last heartbeat; ``*`` takes everything, ``a || b``
+  takes messages whose consume-queue tag hash is a's or b's (Java's String.hashCode;
+  clients check the TAGS themselves again). SQL92 filters are refused by name.
+- Commit flag (bit 1): the request's commitOffset is stored for the group first.
+- Store status -> response code as RocketMQ maps them: FOUND 0; NO_MATCHED_MESSAGE and
+  MESSAGE_WAS_REMOVING 20; an empty queue or an offset one past the end 19 (21 if the
+  offset was not 0 for an empty queue); offsets out of range 21. The remark is the
+  status name; the body is the records back to back.
+- Suspend flag (bit 2): a pull that would answer 19 waits in the hold service until a
+  message arrives or its timeout passes (long polling).
+"""
+
+from __future__ import annotations
+
+from hamq.broker.context import BrokerContext
+from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
+from hamq.protocol.bodies import PERM_READ
+from hamq.protocol.headers import PullMessageRequestHeader, PullMessageResponseHeader
+from hamq.protocol.message import tags_code
+from hamq.remoting import Connection, Dispatcher
+from hamq.store import GetMessageStatus
+
+FLAG_COMMIT_OFFSET = 0x1
+FLAG_SUSPEND = 0x2
+FLAG_SUBSCRIPTION = 0x4
+
+_CODES = {
+    GetMessageStatus.FOUND: ResponseCode.SUCCESS,
+    GetMessageStatus.NO_MATCHED_MESSAGE: ResponseCode.PULL_RETRY_IMMEDIATELY,
+    GetMessageStatus.MESSAGE_WAS_REMOVING: ResponseCode.PULL_RETRY_IMMEDIATELY,
+    GetMessageStatus.OFFSET_OVERFLOW_ONE: ResponseCode.PULL_NOT_FOUND,
+    GetMessageStatus.OFFSET_FOUND_NULL: ResponseCode.PULL_NOT_FOUND,
+    GetMessageStatus.OFFSET_OVERFLOW_BADLY: ResponseCode.PULL_OFFSET_MOVED,
+    GetMessageStatus.OFFSET_TOO_SMALL: ResponseCode.PULL_OFFSET_MOVED,
+}
+
+
+def tag_filter(expression: str | None) -> frozenset[int] | None:
+    """Tag hashes a subscription expression accepts; None accepts everything."""
+    text = (expression or "").strip()
+    if not text or text == "*":
+        return None
+    tags = [t.strip() for t in text.split("||") if t.strip()]
+    return frozenset(tags_code(t) for t in tags) if tags else None
+
+
+class PullProcessor:
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+
+    def install(self, dispatcher: Dispatcher) -> None:
+        dispatcher.register(RequestCode.PULL_MESSAGE, self.pull)
+
+    def pull(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        return self.process(request, conn, allow_suspend=True)
+
+    def execute_held(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        """A held pull, run again (no more waiting)."""
+        response = self.process(request, conn, allow_suspend=False)
+        assert response is not None
+        return response
+
+    def process(
+        self, request: RemotingCommand, conn: Connection, *, allow_suspend: bool
+    ) -> RemotingCommand | None:
+        header = request.header(PullMessageRequestHeader)
+        ctx = self.ctx
+        group = ctx.subscriptions.find(header.consumer_group)
+        if group is None:
+            raise RequestError(
+                ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                f"subscription group [{header.consumer_group}] does not exist",
+            )
+        if not group.consume_enable:
+            raise RequestError(
+                ResponseCode.NO_PERMISSION,
+                f"subscription group no permission, {header.consumer_group}",
+            )
+        topic = ctx.topics.get(header.topic)
+        if topic is None:
+            raise RequestError(
+                ResponseCode.TOPIC_NOT_EXIST,
+                f"topic[{header.topic}] not exist, apply first please!",
+            )
+        if not topic.perm & PERM_READ:
+            raise RequestError(
+                ResponseCode.NO_PERMISSION,
+                f"the topic[{header.topic}] pulling message is forbidden",
+            )
+        if not 0 <= header.queue_id < topic.read_queue_nums:
+            raise RequestError(
+                ResponseCode.SYSTEM_ERROR,
+                f"queueId[{header.queue_id}] is illegal, topic:[{header.topic}] "
+                f"topicConfig.readQueueNums:[{topic.read_queue_nums}]",
+            )
+        codes = self._filter(header)
+        if (
+            header.sys_flag & FLAG_COMMIT_OFFSET
+            and ctx.config.is_master
+            and header.commit_offset >= 0
+        ):
+            ctx.offsets.commit(
+                header.consumer_group, header.topic, header.queue_id, header.commit_offset
+            )
+        result = ctx.store.get_message(
+            header.consumer_group,
+            header.topic,
+            header.queue_id,
+            header.queue_offset,
+            header.max_msg_nums,
+            tag_codes=codes,
+        )
+        status = result.status
+        if status in (
+            GetMessageStatus.NO_MATCHED_LOGIC_QUEUE,
+            GetMessageStatus.NO_MESSAGE_IN_QUEUE,
+        ):
+            code = (
+                ResponseCode.PULL_NOT_FOUND
+                if header.queue_offset == 0
+                else ResponseCode.PULL_OFFSET_MOVED
+            )
+        else:
+            code = _CODES[status]
+        if (
+            code == ResponseCode.PULL_NOT_FOUND
+            and allow_suspend
+            and header.sys_flag & FLAG_SUSPEND
+            and ctx.pull_holds is not None
+        ):
+            wait_s = min(header.suspend_timeout_millis / 1000, ctx.config.long_polling_max_s)
+            if wait_s > 0:
+                responder = conn.defer(request)
+                ctx.pull_holds.hold(
+                    responder, header.topic, header.queue_id, header.queue_offset, wait_s
+                )
+                return None
+        response_header = PullMessageResponseHeader(
+            suggest_which_broker_id=0,
+            next_begin_offset=result.next_begin_offset,
+            min_offset=result.min_offset,
+            max_offset=result.max_offset,
+        )
+        return request.response_to(
+            code,
+            status.value,
+            header=response_header,
+            body=result.body if code == ResponseCode.SUCCESS else b"",
+        )
+
+    def _filter(self, header: PullMessageRequestHeader) -> frozenset[int] | None:
+        if header.sys_flag & FLAG_SUBSCRIPTION:
+            expression_type = header.expression_type or "TAG"
+            expression = header.subscription
+        else:
+            registered = self.ctx.consumers.subscription(header.consumer_group, header.topic)
+            if registered is None:
+                raise RequestError(
+                    ResponseCode.SUBSCRIPTION_NOT_EXIST,
+                    f"the consumer's subscription not exist, group {header.consumer_group} "
+                    f"topic {header.topic}",
+                )
+            expression_type = registered.expression_type
+            expression = registered.sub_string
+        if expression_type.upper() != "TAG":
+            raise RequestError(
+                ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                f"{expression_type} filters are not supported; subscribe by tags",
+            )
+        return tag_filter(expression)

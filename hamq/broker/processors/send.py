@@ -1,0 +1,348 @@
+"""Sending: SEND_MESSAGE (10), SEND_MESSAGE_V2 (310), SEND_BATCH_MESSAGE (320), and
+CONSUMER_SEND_MSG_BACK (36). Shapes and codes: shared/PROTOCOL.md §5.1-5.2, §5.9, §6.6.
+
+Appends run inline, in the order requests arrive on a connection (ordered messages
+stay ordered). A put that must wait — SYNC_FLUSH and the message's WAIT is not
+"false" — is answered from a task once its fsync is done, with FLUSH_DISK_TIMEOUT
+if that takes longer than the store's sync_flush_timeout_s.
+
+What is checked, each refusal with RocketMQ's code and a remark that names it: the
+topic's name, sending to system topics, the topic's existence (auto-created from
+TBW102 when allowed), its write permission, the queue id, the body's size,
+transactions (not supported: NO_PERMISSION). The broker adds CLUSTER and, when the
+producer sent none, a UNIQ_KEY. A batch (code 320, or code 10 with ``batch`` "1" or
+"true" as the C++ client sends it) is split and each entry stored as its own message.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from hamq.broker.context import BrokerContext
+from hamq.broker.topics import (
+    DEFAULT_TOPIC,
+    RETRY_GROUP_TOPIC_PREFIX,
+    SYSTEM_TOPICS,
+    dlq_topic,
+    retry_topic,
+)
+from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode, decode_header
+from hamq.protocol.bodies import PERM_WRITE
+from hamq.protocol.headers import (
+    ConsumerSendMsgBackRequestHeader,
+    SendMessageRequestHeader,
+    SendMessageResponseHeader,
+    from_v2_fields,
+)
+from hamq.protocol.message import (
+    PROPERTY_CLUSTER,
+    PROPERTY_DELAY,
+    PROPERTY_MAX_RECONSUME_TIMES,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_UNIQ_KEY,
+    PROPERTY_WAIT,
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED,
+    MessageFormatError,
+    decode_batch,
+    decode_properties,
+    topic_error,
+)
+from hamq.remoting import Connection, Dispatcher, Responder, parse_address
+from hamq.store import (
+    FlushDiskType,
+    MessageToStore,
+    PutMessageResult,
+    PutMessageStatus,
+    StoreError,
+)
+
+log = logging.getLogger(__name__)
+
+_STATUS_CODES = {
+    PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
+    PutMessageStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
+    PutMessageStatus.FLUSH_SLAVE_TIMEOUT: ResponseCode.FLUSH_SLAVE_TIMEOUT,
+    PutMessageStatus.SLAVE_NOT_AVAILABLE: ResponseCode.SLAVE_NOT_AVAILABLE,
+    PutMessageStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
+    PutMessageStatus.CREATE_MAPPED_FILE_FAILED: ResponseCode.SYSTEM_ERROR,
+    PutMessageStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
+    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
+}
+#: delay level a sent-back message gets when the consumer asks for none: 3 + reconsume times
+BASE_RETRY_DELAY_LEVEL = 3
+
+
+def peer_host(conn: Connection) -> tuple[str, int]:
+    """The BORNHOST of a request: its connection's remote address."""
+    try:
+        return parse_address(conn.peer)
+    except ValueError:
+        return ("127.0.0.1", 0)
+
+
+class SendProcessor:
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        self._wait_for_flush = ctx.config.store.flush_disk_type is FlushDiskType.SYNC_FLUSH
+
+    def install(self, dispatcher: Dispatcher) -> None:
+        for code in (
+            RequestCode.SEND_MESSAGE,
+            RequestCode.SEND_MESSAGE_V2,
+            RequestCode.SEND_BATCH_MESSAGE,
+        ):
+            dispatcher.register(code, self.send)
+        dispatcher.register(RequestCode.CONSUMER_SEND_MSG_BACK, self.send_back)
+
+    # ------------------------------------------------------------------ send
+    def send(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        fields = (
+            request.ext_fields
+            if request.code == RequestCode.SEND_MESSAGE
+            else from_v2_fields(request.ext_fields)
+        )
+        header = decode_header(SendMessageRequestHeader, fields)
+        batch = request.code == RequestCode.SEND_BATCH_MESSAGE or bool(header.batch)
+        topic, queue_id = self._check(header)
+        properties = decode_properties(header.properties or "")
+        if header.sys_flag & SYSFLAG_TRANSACTION_MASK == SYSFLAG_TRANSACTION_PREPARED:
+            raise RequestError(
+                ResponseCode.NO_PERMISSION,
+                "the broker sending transaction message is forbidden: transactions are not "
+                "supported by this broker",
+            )
+        topic, queue_id = self._retry_or_dead_letter(topic, queue_id, header, properties)
+        born_host = peer_host(conn)
+        if batch:
+            try:
+                entries = decode_batch(request.body)
+            except MessageFormatError as exc:
+                raise RequestError(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
+            if not entries:
+                raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "the batch holds no message")
+            messages = [
+                self._message(
+                    header,
+                    topic,
+                    queue_id,
+                    entry.body,
+                    {**properties, **decode_properties(entry.properties)},
+                    born_host,
+                    flag=entry.flag,
+                )
+                for entry in entries
+            ]
+        else:
+            messages = [self._message(header, topic, queue_id, request.body, properties, born_host)]
+        return self._store(request, conn, messages)
+
+    def _check(self, header: SendMessageRequestHeader) -> tuple[str, int]:
+        topic = header.topic
+        problem = topic_error(topic)
+        if problem is not None:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, problem)
+        if topic in SYSTEM_TOPICS:
+            raise RequestError(
+                ResponseCode.SYSTEM_ERROR, f"Sending message to topic[{topic}] is forbidden."
+            )
+        config = self.ctx.topics.get(topic)
+        if config is None:
+            if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+                config = self.ctx.topics.ensure(topic)
+            elif self.ctx.config.auto_create_topic_enable:
+                config = self.ctx.topics.create_from_default(
+                    topic,
+                    header.default_topic or DEFAULT_TOPIC,
+                    header.default_topic_queue_nums,
+                )
+            if config is None:
+                raise RequestError(
+                    ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!"
+                )
+        if not config.perm & PERM_WRITE:
+            raise RequestError(
+                ResponseCode.NO_PERMISSION, f"the topic[{topic}] sending message is forbidden"
+            )
+        queue_id = header.queue_id
+        if queue_id < 0:
+            queue_id = random.randrange(config.write_queue_nums)
+        elif queue_id >= config.write_queue_nums:
+            raise RequestError(
+                ResponseCode.SYSTEM_ERROR,
+                f"request queueId[{queue_id}] is illegal, topic:[{topic}] "
+                f"topicConfig.writeQueueNums:[{config.write_queue_nums}]",
+            )
+        return topic, queue_id
+
+    def _retry_or_dead_letter(
+        self,
+        topic: str,
+        queue_id: int,
+        header: SendMessageRequestHeader,
+        properties: dict[str, str],
+    ) -> tuple[str, int]:
+        """A consumer re-sending to its retry topic past its retries goes to its DLQ."""
+        if not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            return topic, queue_id
+        group = topic[len(RETRY_GROUP_TOPIC_PREFIX) :]
+        config = self.ctx.subscriptions.find(group)
+        most = header.max_reconsume_times
+        if most is None:
+            most = int(properties.get(PROPERTY_MAX_RECONSUME_TIMES, "-1") or -1)
+        if most < 0:
+            most = config.retry_max_times if config else 16
+        if (header.reconsume_times or 0) > most:
+            dead = dlq_topic(group)
+            self.ctx.topics.ensure(dead)
+            return dead, 0
+        return topic, queue_id
+
+    def _message(
+        self,
+        header: SendMessageRequestHeader,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        properties: dict[str, str],
+        born_host: tuple[str, int],
+        *,
+        flag: int | None = None,
+    ) -> MessageToStore:
+        properties[PROPERTY_CLUSTER] = self.ctx.config.cluster_name
+        if not properties.get(PROPERTY_UNIQ_KEY):
+            properties[PROPERTY_UNIQ_KEY] = self.ctx.ids.next_id(self.ctx.clock())
+        return MessageToStore(
+            topic=topic,
+            queue_id=queue_id,
+            body=body,
+            flag=header.flag if flag is None else flag,
+            properties=properties,
+            sys_flag=header.sys_flag,
+            born_timestamp=header.born_timestamp,
+            born_host=born_host,
+            store_host=self.ctx.store_host,
+            reconsume_times=header.reconsume_times or 0,
+        )
+
+    def _store(
+        self, request: RemotingCommand, conn: Connection, messages: list[MessageToStore]
+    ) -> RemotingCommand | None:
+        results: list[PutMessageResult] = []
+        for message in messages:
+            result = self.ctx.store.put_message_nowait(message)
+            results.append(result)
+            if result.append is None:
+                break
+        failed = results[-1]
+        if failed.append is None:
+            if len(results) > 1:
+                log.warning(
+                    "batch to %s stopped after %d of %d messages: %s",
+                    messages[0].topic,
+                    len(results) - 1,
+                    len(messages),
+                    failed.remark,
+                )
+            raise RequestError(
+                _STATUS_CODES.get(failed.status, ResponseCode.SYSTEM_ERROR),
+                f"{failed.status.value}: {failed.remark}",
+            )
+        response = self._response(request, messages, results)
+        waits = self._wait_for_flush and messages[-1].properties.get(PROPERTY_WAIT) != "false"
+        last = results[-1].append
+        if not waits or last is None:
+            return response
+        responder = conn.defer(request)
+        conn.spawn(self._answer_when_flushed, responder, last.end_offset, response)
+        return None
+
+    async def _answer_when_flushed(
+        self, responder: Responder, end_offset: int, response: RemotingCommand
+    ) -> None:
+        flush = self.ctx.store.flush
+        store_config = self.ctx.config.store
+        if flush is not None and not await flush.wait_flushed(
+            end_offset, store_config.sync_flush_timeout_s
+        ):
+            response.code = ResponseCode.FLUSH_DISK_TIMEOUT
+            response.remark = f"not on disk within {store_config.sync_flush_timeout_s:g}s; stored"
+        responder.send(response)
+
+    def _response(
+        self,
+        request: RemotingCommand,
+        messages: list[MessageToStore],
+        results: list[PutMessageResult],
+    ) -> RemotingCommand:
+        """SUCCESS with the offset message id(s) (comma-joined for a batch), the queue and
+        the first queue offset, and the UNIQ_KEY as transaction id, as Java answers."""
+        first = results[0].append
+        assert first is not None
+        header = SendMessageResponseHeader(
+            msg_id=",".join(r.append.offset_msg_id for r in results if r.append is not None),
+            queue_id=messages[0].queue_id,
+            queue_offset=first.queue_offset,
+            transaction_id=messages[0].properties.get(PROPERTY_UNIQ_KEY),
+            msg_region="DefaultRegion",
+            trace_on="true",
+        )
+        return request.response_to(ResponseCode.SUCCESS, header=header)
+
+    # ------------------------------------------------------------------ send back
+    def send_back(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        """A push consumer could not consume a message: store a copy in its group's retry
+        topic, delayed by level, or in its dead-letter topic past its retries."""
+        header = request.header(ConsumerSendMsgBackRequestHeader)
+        group = self.ctx.subscriptions.find(header.group)
+        if group is None:
+            raise RequestError(
+                ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                f"subscription group not exist, {header.group}",
+            )
+        try:
+            original = self.ctx.store.look_message_by_offset(header.offset)
+        except StoreError:
+            raise RequestError(
+                ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {header.offset}"
+            ) from None
+        properties = dict(original.properties)
+        properties.setdefault(PROPERTY_RETRY_TOPIC, original.topic)
+        properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, header.origin_msg_id or original.msg_id)
+        properties.pop(PROPERTY_DELAY, None)
+        most = (
+            header.max_reconsume_times
+            if header.max_reconsume_times is not None
+            else group.retry_max_times
+        )
+        reconsume = original.reconsume_times
+        if reconsume >= most or header.delay_level < 0:
+            topic, queue_id = dlq_topic(header.group), 0
+            self.ctx.topics.ensure(topic)
+        else:
+            topic = retry_topic(header.group)
+            config = self.ctx.topics.ensure(topic, max(1, group.retry_queue_nums))
+            queue_id = random.randrange(config.write_queue_nums)
+            level = header.delay_level or BASE_RETRY_DELAY_LEVEL + reconsume
+            properties[PROPERTY_DELAY] = str(level)
+        result = self.ctx.store.put_message_nowait(
+            MessageToStore(
+                topic=topic,
+                queue_id=queue_id,
+                body=original.body,
+                flag=original.flag,
+                properties=properties,
+                sys_flag=original.sys_flag,
+                born_timestamp=original.born_timestamp,
+                born_host=peer_host(conn),
+                store_host=self.ctx.store_host,
+                reconsume_times=reconsume + 1,
+            )
+        )
+        if result.append is None:
+            raise RequestError(
+                _STATUS_CODES.get(result.status, ResponseCode.SYSTEM_ERROR), result.remark
+            )
+        return request.response_to()

@@ -1,0 +1,165 @@
+"""Talking to nameservers and clients on the broker's own initiative.
+
+- Registration: REGISTER_BROKER to every configured nameserver, all at once, at start,
+  every ``register_interval_s`` (30 s), and right after a topic changes; a nameserver
+  that is down is logged and tried again next round. What a nameserver answers a slave
+  (its master's address and HA address) is kept for replication. UNREGISTER_BROKER to
+  each at a clean stop.
+- Notification: when a consumer group's members change, each member gets
+  NOTIFY_CONSUMER_IDS_CHANGED (oneway) so that it rebalances at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+
+import trio
+
+from hamq.broker.clients import ConsumerManager
+from hamq.broker.context import BrokerContext
+from hamq.protocol import RemotingCommand, RequestCode, ResponseCode, SerializeType
+from hamq.protocol.bodies import RegisterBrokerBody, encode_body
+from hamq.protocol.headers import (
+    NotifyConsumerIdsChangedRequestHeader,
+    RegisterBrokerRequestHeader,
+    RegisterBrokerResponseHeader,
+    UnregisterBrokerRequestHeader,
+)
+from hamq.remoting import RemotingClient, RemotingError
+
+log = logging.getLogger(__name__)
+
+NOTIFY_TIMEOUT_S = 3.0
+
+
+class Registrar:
+    def __init__(
+        self, ctx: BrokerContext, client: RemotingClient, namesrv_addrs: list[str]
+    ) -> None:
+        self.ctx = ctx
+        self.client = client
+        self.namesrv_addrs = namesrv_addrs
+        self._changed = trio.Event()
+        self.registrations = 0
+        #: from the nameservers' answers (a slave's master)
+        self.master_addr: str | None = None
+        self.master_ha_addr: str | None = None
+
+    def topics_changed(self) -> None:
+        """Topic-manager listener: register again now."""
+        self._changed.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await self.register_all()
+        task_status.started()
+        while True:
+            self._changed = trio.Event()
+            with trio.move_on_after(self.ctx.config.register_interval_s):
+                await self._changed.wait()
+            await self.register_all()
+
+    def _request(self) -> RemotingCommand:
+        config = self.ctx.config
+        body = encode_body(RegisterBrokerBody(self.ctx.topics.snapshot()))
+        header = RegisterBrokerRequestHeader(
+            broker_name=config.broker_name,
+            broker_addr=self.ctx.address,
+            cluster_name=config.cluster_name,
+            ha_server_addr=f"{config.advertised_host}:{self.ctx.port + 1}",
+            broker_id=config.broker_id,
+            heartbeat_timeout_millis=None,
+            compressed=False,
+            body_crc32=zlib.crc32(body) & 0x7FFFFFFF,
+        )
+        return RemotingCommand.request(RequestCode.REGISTER_BROKER, header, body=body)
+
+    async def register_all(self) -> int:
+        """Register with every nameserver at once; returns how many accepted."""
+        accepted = 0
+
+        async def one(addr: str) -> None:
+            nonlocal accepted
+            try:
+                response = await self.client.invoke(
+                    addr, self._request(), self.ctx.config.register_timeout_s
+                )
+            except RemotingError as exc:
+                log.warning("registering with nameserver %s failed: %s", addr, exc)
+                return
+            if response.code != ResponseCode.SUCCESS:
+                log.warning("nameserver %s refused the registration: %s", addr, response.remark)
+                return
+            accepted += 1
+            answer = response.header(RegisterBrokerResponseHeader)
+            if answer.master_addr:
+                self.master_addr = answer.master_addr
+                self.master_ha_addr = answer.ha_server_addr
+
+        async with trio.open_nursery() as nursery:
+            for addr in self.namesrv_addrs:
+                nursery.start_soon(one, addr)
+        self.registrations += 1
+        return accepted
+
+    async def unregister_all(self, timeout_s: float = 3.0) -> None:
+        config = self.ctx.config
+        header = UnregisterBrokerRequestHeader(
+            broker_name=config.broker_name,
+            broker_addr=self.ctx.address,
+            cluster_name=config.cluster_name,
+            broker_id=config.broker_id,
+        )
+
+        async def one(addr: str) -> None:
+            try:
+                await self.client.invoke(
+                    addr, RemotingCommand.request(RequestCode.UNREGISTER_BROKER, header), timeout_s
+                )
+            except RemotingError as exc:
+                log.info("unregistering from nameserver %s failed: %s", addr, exc)
+
+        async with trio.open_nursery() as nursery:
+            for addr in self.namesrv_addrs:
+                nursery.start_soon(one, addr)
+
+
+class Notifier:
+    """Tells consumer groups that their members changed."""
+
+    def __init__(self, consumers: ConsumerManager) -> None:
+        self.consumers = consumers
+        consumers.on_change.append(self.group_changed)
+        self._pending: set[str] = set()
+        self._wakeup = trio.Event()
+        self.sent = 0
+
+    def group_changed(self, group: str) -> None:
+        """ConsumerManager listener."""
+        self._pending.add(group)
+        self._wakeup.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            groups, self._pending = self._pending, set()
+            for group in groups:
+                for channel in self.consumers.channels(group):
+                    request = RemotingCommand.request(
+                        RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
+                        NotifyConsumerIdsChangedRequestHeader(consumer_group=group),
+                        oneway=True,
+                        # as the client speaks (its heartbeat said); JSON every client reads
+                        serialize_type=channel.connection.attributes.get(
+                            "serialize_type", SerializeType.JSON
+                        ),
+                    )
+                    try:
+                        await channel.connection.invoke_oneway(request, NOTIFY_TIMEOUT_S)
+                        self.sent += 1
+                    except RemotingError as exc:
+                        log.info(
+                            "notifying %s of group %s failed: %s", channel.client_id, group, exc
+                        )

@@ -1,0 +1,139 @@
+"""Topic configuration: every topic this broker serves, and its queue counts.
+
+Persisted as ``config/topics.json`` (RocketMQ's TopicConfigSerializeWrapper). The data
+version changes with every change, and every change calls the ``on_change``
+listeners (the registration service re-registers with the nameservers at once).
+System topics exist from the start: TBW102 (the template auto-created topics copy;
+inheritable while auto-creation is on) and SCHEDULE_TOPIC_XXXX (one queue per delay
+level). Retry (``%RETRY%group``) and dead-letter (``%DLQ%group``) topics are created
+when first needed, with one queue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+
+from hamq.broker.state import StateFile
+from hamq.protocol.bodies import (
+    PERM_INHERIT,
+    PERM_READ,
+    PERM_WRITE,
+    DataVersion,
+    TopicConfig,
+    TopicConfigSerializeWrapper,
+)
+from hamq.protocol.message import topic_error
+from hamq.store import SCHEDULE_TOPIC
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TOPIC = "TBW102"
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+SYSTEM_TOPICS = frozenset({DEFAULT_TOPIC, SCHEDULE_TOPIC})
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_GROUP_TOPIC_PREFIX + group
+
+
+class TopicConfigManager(StateFile[TopicConfigSerializeWrapper]):
+    def __init__(
+        self,
+        path: Path,
+        clock: Callable[[], int],
+        *,
+        default_queue_nums: int = 8,
+        auto_create: bool = True,
+        delay_levels: int = 18,
+    ) -> None:
+        super().__init__(path, TopicConfigSerializeWrapper)
+        self._clock = clock
+        self.table: dict[str, TopicConfig] = {}
+        self.data_version = DataVersion(0, clock(), 0)
+        self.on_change: list[Callable[[], None]] = []
+        self._system = {
+            DEFAULT_TOPIC: TopicConfig(
+                DEFAULT_TOPIC,
+                default_queue_nums,
+                default_queue_nums,
+                PERM_READ | PERM_WRITE | (PERM_INHERIT if auto_create else 0),
+            ),
+            SCHEDULE_TOPIC: TopicConfig(SCHEDULE_TOPIC, delay_levels, delay_levels),
+        }
+
+    def restore(self, saved: TopicConfigSerializeWrapper | None) -> None:
+        if saved is not None:
+            self.table = dict(saved.topic_config_table)
+            self.data_version = saved.data_version
+        for name, config in self._system.items():
+            if self.table.get(name) != config:
+                self.table[name] = config
+                self._changed()
+
+    def snapshot(self) -> TopicConfigSerializeWrapper:
+        return TopicConfigSerializeWrapper(
+            {name: attrs.evolve(c) for name, c in self.table.items()}, self.data_version
+        )
+
+    def get(self, topic: str) -> TopicConfig | None:
+        return self.table.get(topic)
+
+    def update(self, config: TopicConfig) -> None:
+        """Create or change a topic (UPDATE_AND_CREATE_TOPIC); ValueError for a bad name."""
+        problem = topic_error(config.topic_name)
+        if problem is not None:
+            raise ValueError(problem)
+        if self.table.get(config.topic_name) == config:
+            return
+        log.info(
+            "topic %s: %s", "changed" if config.topic_name in self.table else "created", config
+        )
+        self.table[config.topic_name] = config
+        self._changed()
+
+    def delete(self, topic: str) -> bool:
+        if topic in self._system or self.table.pop(topic, None) is None:
+            return False
+        log.info("topic %s deleted", topic)
+        self._changed()
+        return True
+
+    def create_from_default(
+        self, topic: str, default_topic: str, queue_nums: int, topic_sys_flag: int = 0
+    ) -> TopicConfig | None:
+        """Auto-create ``topic`` like ``default_topic`` (RocketMQ's send-path rule): only
+        if the template is inheritable; queues = min(requested, template's)."""
+        template = self.table.get(default_topic)
+        if template is None or not template.perm & PERM_INHERIT:
+            return None
+        queues = max(1, min(queue_nums, template.write_queue_nums))
+        config = TopicConfig(
+            topic, queues, queues, template.perm & ~PERM_INHERIT, topic_sys_flag=topic_sys_flag
+        )
+        self.update(config)
+        return config
+
+    def ensure(
+        self, topic: str, queue_nums: int = 1, perm: int = PERM_READ | PERM_WRITE
+    ) -> TopicConfig:
+        """The topic, created with ``queue_nums`` queues if missing (retry and DLQ topics)."""
+        config = self.table.get(topic)
+        if config is None:
+            config = TopicConfig(topic, queue_nums, queue_nums, perm)
+            self.update(config)
+        return config
+
+    def _changed(self) -> None:
+        self.data_version = self.data_version.next(self._clock())
+        self.mark_dirty()
+        for listener in self.on_change:
+            listener()

@@ -1,0 +1,204 @@
+"""AdminClient: topics, routes and clusters, as ``hamq topic`` and ``hamq admin`` use them.
+
+    async with AdminClient(namesrv="127.0.0.1:9876") as admin:
+        await admin.create_topic("demo", queue_nums=4)
+        route = await admin.topic_route("demo")
+
+Topics are created on brokers (UPDATE_AND_CREATE_TOPIC to every master of a cluster,
+or to one broker); the brokers register the change with their nameservers at once.
+Lookups ask one nameserver, moving on when it fails.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import attrs
+import trio
+
+from hamq.client.consumer import PullCaller
+from hamq.client.errors import BrokerError, ClientError, InvalidArgumentError, NoRouteError
+from hamq.client.instance import ClientConfig, ClientInstance, client_config
+from hamq.client.message import check_topic
+from hamq.client.route_cache import DEFAULT_TOPIC, subscribe_queues
+from hamq.protocol import RequestCode
+from hamq.protocol.bodies import (
+    PERM_READ,
+    PERM_WRITE,
+    ClusterInfo,
+    MessageQueue,
+    TopicList,
+    TopicRouteData,
+    decode_body,
+)
+from hamq.protocol.headers import CreateTopicRequestHeader, DeleteTopicRequestHeader
+from hamq.remoting import RemotingError
+
+MAX_QUEUE_NUMS = 1024
+
+
+@attrs.frozen
+class QueueStatus:
+    queue: MessageQueue
+    min_offset: int
+    max_offset: int
+
+
+class AdminClient:
+    def __init__(
+        self,
+        namesrv: str | Sequence[str] | ClientConfig = "127.0.0.1:9876",
+        **client_options: Any,
+    ) -> None:
+        self.config = client_config(namesrv, **client_options)
+        self._instance: ClientInstance | None = None
+
+    async def __aenter__(self) -> AdminClient:
+        instance = ClientInstance(self.config)
+        await instance.__aenter__()
+        self._instance = instance
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        instance, self._instance = self._instance, None
+        assert instance is not None
+        return await instance.__aexit__(exc_type, exc, tb)
+
+    @property
+    def instance(self) -> ClientInstance:
+        if self._instance is None:
+            raise ClientError("the admin client is not started: use it as `async with`")
+        return self._instance
+
+    async def _namesrv(self, code: RequestCode, header: Any = None) -> bytes:
+        instance = self.instance
+        response = await instance.invoke_namesrv(instance.request(code, header))
+        if response.code != 0:
+            raise BrokerError(response.code, response.remark, instance.namesrv_addr)
+        return response.body
+
+    # ------------------------------------------------------------------ lookups
+    async def cluster_info(self) -> ClusterInfo:
+        return decode_body(ClusterInfo, await self._namesrv(RequestCode.GET_BROKER_CLUSTER_INFO))
+
+    async def topic_list(self) -> list[str]:
+        body = await self._namesrv(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
+        return sorted(decode_body(TopicList, body).topic_list)
+
+    async def topic_route(self, topic: str) -> TopicRouteData:
+        check_topic(topic)
+        route = await self.instance.update_route(topic)
+        if route is None:
+            raise NoRouteError(f"No topic route info in name server for the topic: {topic}")
+        return route
+
+    async def queue_status(self, topic: str) -> list[QueueStatus]:
+        """Each readable queue of ``topic`` with its min and max offset."""
+        route = await self.topic_route(topic)
+        caller = PullCaller(self.instance, "")
+        return [
+            QueueStatus(q, await caller.min_offset(q), await caller.max_offset(q))
+            for q in subscribe_queues(topic, route)
+        ]
+
+    async def broker_runtime_info(self, addr: str) -> dict[str, str]:
+        instance = self.instance
+        response = await instance.invoke_ok(
+            addr, instance.request(RequestCode.GET_BROKER_RUNTIME_INFO)
+        )
+        table = json.loads(response.body or b"{}").get("table", {})
+        return {str(k): str(v) for k, v in table.items()}
+
+    async def _masters(self, cluster: str | None) -> list[str]:
+        info = await self.cluster_info()
+        if cluster is not None and cluster not in info.cluster_addr_table:
+            known = ", ".join(sorted(info.cluster_addr_table)) or "none"
+            raise InvalidArgumentError(f"cluster {cluster!r} is not known (known: {known})")
+        names = (
+            info.cluster_addr_table[cluster]
+            if cluster is not None
+            else [n for names in info.cluster_addr_table.values() for n in names]
+        )
+        masters = []
+        for name in sorted(set(names)):
+            data = info.broker_addr_table.get(name)
+            addr = data.master_addr() if data else None
+            if addr:
+                masters.append(addr)
+        if not masters:
+            raise NoRouteError(f"no master broker in {cluster or 'any cluster'}")
+        return masters
+
+    # ------------------------------------------------------------------ topics
+    async def create_topic(
+        self,
+        topic: str,
+        queue_nums: int = 8,
+        *,
+        perm: int = PERM_READ | PERM_WRITE,
+        cluster: str | None = None,
+        broker_addr: str | None = None,
+        order: bool = False,
+    ) -> list[str]:
+        """Create (or change) ``topic`` with ``queue_nums`` read and write queues on
+        ``broker_addr``, or on every master of ``cluster`` (default: of every cluster).
+        Returns the brokers it was created on."""
+        check_topic(topic)
+        if topic == DEFAULT_TOPIC:
+            raise InvalidArgumentError(f"{topic} is a system topic")
+        if not 1 <= queue_nums <= MAX_QUEUE_NUMS:
+            raise InvalidArgumentError(f"queue_nums {queue_nums} is not in 1..{MAX_QUEUE_NUMS}")
+        if not 0 <= perm <= 15:
+            raise InvalidArgumentError(f"perm {perm} is not in 0..15")
+        targets = [broker_addr] if broker_addr else await self._masters(cluster)
+        header = CreateTopicRequestHeader(
+            topic=topic,
+            default_topic=DEFAULT_TOPIC,
+            read_queue_nums=queue_nums,
+            write_queue_nums=queue_nums,
+            perm=perm,
+            order=order,
+        )
+        instance = self.instance
+        for addr in targets:
+            await instance.invoke_ok(
+                addr, instance.request(RequestCode.UPDATE_AND_CREATE_TOPIC, header)
+            )
+        return targets
+
+    async def delete_topic(self, topic: str, *, cluster: str | None = None) -> list[str]:
+        """Delete ``topic`` from every master of ``cluster`` and from every nameserver."""
+        check_topic(topic)
+        instance = self.instance
+        header = DeleteTopicRequestHeader(topic)
+        targets = await self._masters(cluster)
+        for addr in targets:
+            await instance.invoke_ok(
+                addr, instance.request(RequestCode.DELETE_TOPIC_IN_BROKER, header)
+            )
+        errors: list[str] = []
+
+        async def forget(addr: str) -> None:
+            try:
+                await instance.invoke_ok(
+                    addr, instance.request(RequestCode.DELETE_TOPIC_IN_NAMESRV, header)
+                )
+            except (RemotingError, BrokerError) as exc:
+                errors.append(f"{addr}: {exc}")
+
+        async with trio.open_nursery() as nursery:
+            for addr in self.config.namesrv_addrs:
+                nursery.start_soon(forget, addr)
+        if errors:
+            raise ClientError(
+                f"topic {topic} deleted from brokers, not from nameserver(s): " + "; ".join(errors)
+            )
+        return targets

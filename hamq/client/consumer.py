@@ -1,0 +1,274 @@
+"""Pulling: the request every consumer makes, offsets, and PullConsumer.
+
+``PullCaller`` is what PullConsumer and PushConsumer share: PULL_MESSAGE to the
+broker that holds a queue (the master, or the broker id the last answer suggested —
+``suggestWhichBrokerId``), messages decoded, bodies inflated, and filtered again by
+their TAGS (brokers filter by tag hash, which can collide); and the offset requests
+(QUERY/UPDATE_CONSUMER_OFFSET, GET_MIN/MAX_OFFSET, SEARCH_OFFSET_BY_TIMESTAMP).
+
+``PullConsumer`` leaves the offsets to its user:
+
+    async with PullConsumer("my-group", namesrv="127.0.0.1:9876") as consumer:
+        for queue in await consumer.queues("demo"):
+            result = await consumer.pull(queue, offset=0, expression="a || b")
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+from hamq.client.errors import BrokerError, ClientError, InvalidArgumentError, NoRouteError
+from hamq.client.instance import ClientConfig, ClientInstance, client_config
+from hamq.client.message import PullResult, PullStatus, check_topic, inflate, tags_of
+from hamq.protocol import RequestCode, ResponseCode
+from hamq.protocol.bodies import MASTER_ID, MessageQueue
+from hamq.protocol.headers import (
+    GetMaxOffsetRequestHeader,
+    GetMinOffsetRequestHeader,
+    OffsetResponseHeader,
+    PullMessageRequestHeader,
+    PullMessageResponseHeader,
+    QueryConsumerOffsetRequestHeader,
+    SearchOffsetRequestHeader,
+    UpdateConsumerOffsetRequestHeader,
+)
+from hamq.protocol.message import MessageFormatError, decode_messages
+
+log = logging.getLogger(__name__)
+
+#: PULL_MESSAGE sysFlag bits (shared/PROTOCOL.md §5.3)
+FLAG_COMMIT_OFFSET = 0x1
+FLAG_SUSPEND = 0x2
+FLAG_SUBSCRIPTION = 0x4
+
+_PULL_STATUSES: dict[int, PullStatus] = {
+    ResponseCode.SUCCESS: PullStatus.FOUND,
+    ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
+    ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
+    ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
+}
+
+
+def check_expression(expression: str) -> None:
+    if not isinstance(expression, str):
+        raise InvalidArgumentError(
+            f"a subscription expression is a str, not {type(expression).__name__}"
+        )
+    if "\x01" in expression or "\x02" in expression:
+        raise InvalidArgumentError("a subscription expression may not hold \\x01 or \\x02")
+
+
+class PullCaller:
+    def __init__(self, instance: ClientInstance, group: str) -> None:
+        self.instance = instance
+        self.group = group
+        #: queue -> the broker id its last pull answer suggested
+        self.suggested: dict[MessageQueue, int] = {}
+
+    async def _addr(self, queue: MessageQueue, broker_id: int = MASTER_ID) -> str:
+        instance = self.instance
+        addr = instance.broker_addr(queue.broker_name, broker_id)
+        if addr is None:
+            await instance.update_route(queue.topic)
+            addr = instance.broker_addr(queue.broker_name, broker_id)
+        if addr is None:
+            raise NoRouteError(f"no address known for broker {queue.broker_name} ({queue})")
+        return addr
+
+    async def pull(
+        self,
+        queue: MessageQueue,
+        expression: str,
+        offset: int,
+        max_nums: int,
+        *,
+        timeout_s: float,
+        sys_flag: int = FLAG_SUBSCRIPTION,
+        commit_offset: int = 0,
+        suspend_s: float = 0.0,
+        sub_version: int = 0,
+    ) -> PullResult:
+        broker_id = self.suggested.get(queue, MASTER_ID)
+        addr = await self._addr(queue, broker_id)
+        header = PullMessageRequestHeader(
+            consumer_group=self.group,
+            topic=queue.topic,
+            queue_id=queue.queue_id,
+            queue_offset=offset,
+            max_msg_nums=max_nums,
+            sys_flag=sys_flag | (FLAG_SUSPEND if suspend_s > 0 else 0),
+            commit_offset=commit_offset,
+            suspend_timeout_millis=int(suspend_s * 1000),
+            sub_version=sub_version,
+            subscription=expression,
+            expression_type="TAG",
+        )
+        response = await self.instance.invoke(
+            addr, self.instance.request(RequestCode.PULL_MESSAGE, header), timeout_s
+        )
+        status = _PULL_STATUSES.get(response.code)
+        if status is None:
+            raise BrokerError(response.code, response.remark, addr)
+        answer = response.header(PullMessageResponseHeader)
+        self.suggested[queue] = answer.suggest_which_broker_id
+        messages = []
+        if status is PullStatus.FOUND:
+            try:
+                found = decode_messages(response.body)
+            except MessageFormatError as exc:
+                raise BrokerError(
+                    ResponseCode.SYSTEM_ERROR, f"a pull answer did not decode: {exc}", addr
+                ) from None
+            tags = tags_of(expression)
+            messages = [inflate(m) for m in found if tags is None or m.tags in tags]
+        return PullResult(
+            status,
+            answer.next_begin_offset,
+            answer.min_offset,
+            answer.max_offset,
+            messages,
+            answer.suggest_which_broker_id,
+        )
+
+    # ------------------------------------------------------------------ offsets
+    async def query_offset(self, queue: MessageQueue) -> int | None:
+        """The group's committed offset; None if it never committed one."""
+        addr = await self._addr(queue)
+        header = QueryConsumerOffsetRequestHeader(
+            self.group, queue.topic, queue.queue_id, set_zero_if_not_found=False
+        )
+        response = await self.instance.invoke(
+            addr, self.instance.request(RequestCode.QUERY_CONSUMER_OFFSET, header)
+        )
+        if response.code == ResponseCode.QUERY_NOT_FOUND:
+            return None
+        if response.code != ResponseCode.SUCCESS:
+            raise BrokerError(response.code, response.remark, addr)
+        return response.header(OffsetResponseHeader).offset
+
+    async def commit_offset(self, queue: MessageQueue, offset: int) -> None:
+        addr = await self._addr(queue)
+        header = UpdateConsumerOffsetRequestHeader(self.group, queue.topic, queue.queue_id, offset)
+        await self.instance.invoke_ok(
+            addr, self.instance.request(RequestCode.UPDATE_CONSUMER_OFFSET, header)
+        )
+
+    async def _offset(self, code: RequestCode, queue: MessageQueue, header: Any) -> int:
+        addr = await self._addr(queue)
+        response = await self.instance.invoke_ok(addr, self.instance.request(code, header))
+        return response.header(OffsetResponseHeader).offset
+
+    async def min_offset(self, queue: MessageQueue) -> int:
+        return await self._offset(
+            RequestCode.GET_MIN_OFFSET,
+            queue,
+            GetMinOffsetRequestHeader(queue.topic, queue.queue_id),
+        )
+
+    async def max_offset(self, queue: MessageQueue) -> int:
+        return await self._offset(
+            RequestCode.GET_MAX_OFFSET,
+            queue,
+            GetMaxOffsetRequestHeader(queue.topic, queue.queue_id),
+        )
+
+    async def search_offset(self, queue: MessageQueue, timestamp_ms: int) -> int:
+        """The first offset whose message was stored at or after ``timestamp_ms``."""
+        return await self._offset(
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
+            queue,
+            SearchOffsetRequestHeader(queue.topic, queue.queue_id, timestamp_ms),
+        )
+
+
+class PullConsumer:
+    def __init__(
+        self,
+        group: str = "DEFAULT_CONSUMER",
+        namesrv: str | Sequence[str] | ClientConfig = "127.0.0.1:9876",
+        **client_options: Any,
+    ) -> None:
+        if not group:
+            raise InvalidArgumentError("the consumer group is empty")
+        self.group = group
+        self.config = client_config(namesrv, **client_options)
+        self._instance: ClientInstance | None = None
+        self._caller: PullCaller | None = None
+
+    async def __aenter__(self) -> PullConsumer:
+        instance = ClientInstance(self.config)
+        await instance.__aenter__()
+        self._instance = instance
+        self._caller = PullCaller(instance, self.group)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        instance, self._instance, self._caller = self._instance, None, None
+        assert instance is not None
+        return await instance.__aexit__(exc_type, exc, tb)
+
+    @property
+    def caller(self) -> PullCaller:
+        if self._caller is None:
+            raise ClientError("the consumer is not started: use it as `async with`")
+        return self._caller
+
+    async def queues(self, topic: str) -> list[MessageQueue]:
+        """The topic's readable queues (fresh from a nameserver)."""
+        check_topic(topic)
+        return await self.caller.instance.subscribe_queues(topic, refresh=True)
+
+    async def pull(
+        self,
+        queue: MessageQueue,
+        offset: int,
+        expression: str = "*",
+        max_nums: int = 32,
+        *,
+        wait_s: float = 0.0,
+        timeout_s: float = 10.0,
+    ) -> PullResult:
+        """Messages of ``queue`` from ``offset`` whose tags match ``expression``.
+
+        ``wait_s`` > 0: when nothing is there yet, the broker holds the pull that long
+        for a message to arrive (long polling)."""
+        check_expression(expression)
+        if offset < 0:
+            raise InvalidArgumentError(f"offset {offset} is negative")
+        if not 1 <= max_nums <= 1024:
+            raise InvalidArgumentError(f"max_nums {max_nums} is not in 1..1024")
+        if wait_s < 0:
+            raise InvalidArgumentError(f"wait_s {wait_s} is negative")
+        return await self.caller.pull(
+            queue,
+            expression,
+            offset,
+            max_nums,
+            timeout_s=max(timeout_s, wait_s + 5.0) if wait_s else timeout_s,
+            suspend_s=wait_s,
+        )
+
+    async def committed_offset(self, queue: MessageQueue) -> int | None:
+        return await self.caller.query_offset(queue)
+
+    async def commit_offset(self, queue: MessageQueue, offset: int) -> None:
+        if offset < 0:
+            raise InvalidArgumentError(f"offset {offset} is negative")
+        await self.caller.commit_offset(queue, offset)
+
+    async def min_offset(self, queue: MessageQueue) -> int:
+        return await self.caller.min_offset(queue)
+
+    async def max_offset(self, queue: MessageQueue) -> int:
+        return await self.caller.max_offset(queue)
+
+    async def search_offset(self, queue: MessageQueue, timestamp_ms: int) -> int:
+        return await self.caller.search_offset(queue, timestamp_ms)

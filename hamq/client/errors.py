@@ -1,0 +1,50 @@
+"""What the client raises. Every error says what was wrong and where.
+
+- ``ClientError``: the base of everything below.
+- ``InvalidArgumentError``: the caller's input (topic name, body size, a selector's
+  answer, an address) was refused before anything was sent. Also a ``ValueError``.
+- ``BrokerError``: a broker answered with a refusal; ``code`` is RocketMQ's response
+  code, ``remark`` the broker's reason, ``addr`` the broker.
+- ``NoRouteError``: no nameserver knows the topic (and no broker may auto-create it).
+- ``NameServerUnavailableError``: none of the configured nameservers answered.
+- ``SendError``: every attempt of a send failed; ``__cause__`` is the last failure and
+  ``attempts`` lists each one.
+"""
+
+from __future__ import annotations
+
+from hamq.protocol import ResponseCode, code_name
+
+
+class ClientError(Exception):
+    """Base of the client's errors."""
+
+
+class InvalidArgumentError(ClientError, ValueError):
+    """The caller's input was refused before anything was sent."""
+
+
+class BrokerError(ClientError):
+    def __init__(self, code: int, remark: str | None, addr: str) -> None:
+        self.code = code
+        self.remark = remark or ""
+        self.addr = addr
+        super().__init__(f"broker {addr} answered {code_name(code, response=True)}: {self.remark}")
+
+    @property
+    def topic_not_exist(self) -> bool:
+        return self.code == ResponseCode.TOPIC_NOT_EXIST
+
+
+class NoRouteError(ClientError):
+    """No route for a topic."""
+
+
+class NameServerUnavailableError(ClientError):
+    """No configured nameserver answered."""
+
+
+class SendError(ClientError):
+    def __init__(self, message: str, attempts: list[str]) -> None:
+        self.attempts = attempts
+        super().__init__(message + ("; attempts: " + " | ".join(attempts) if attempts else ""))

@@ -1,0 +1,350 @@
+"""ClientInstance: what producers and consumers of one client share.
+
+One per Producer / PushConsumer / PullConsumer / AdminClient. It holds the remoting
+client (one connection per address), the nameserver list, the route cache and the
+broker address table, and runs two background tasks in its own nursery:
+- every ``poll_name_server_interval_s`` (30 s) it refreshes every known topic's route;
+- every ``heartbeat_broker_interval_s`` (30 s) it sends HEART_BEAT to every known
+  broker, naming its producer groups and consumer groups (with subscriptions).
+
+Nameservers: one is used at a time, starting at a random one; when it fails (cannot
+connect, times out, connection drops) the next one is tried at once, and so on round
+the list; the one that answered is kept. ``NameServerUnavailableError`` only when none
+answers. Brokers send NOTIFY_CONSUMER_IDS_CHANGED here; the group's consumer
+rebalances at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, Protocol
+
+import attrs
+import trio
+from attrs import validators as v
+
+from hamq.client.errors import (
+    BrokerError,
+    InvalidArgumentError,
+    NameServerUnavailableError,
+    NoRouteError,
+)
+from hamq.client.route_cache import (
+    DEFAULT_TOPIC,
+    PublishInfo,
+    broker_table,
+    pick_address,
+    publish_info,
+    subscribe_queues,
+)
+from hamq.protocol import RemotingCommand, RequestCode, ResponseCode, SerializeType
+from hamq.protocol.bodies import (
+    MASTER_ID,
+    ConsumerData,
+    HeartbeatData,
+    MessageQueue,
+    ProducerData,
+    TopicRouteData,
+    decode_body,
+    encode_body,
+)
+from hamq.protocol.headers import (
+    GetRouteInfoRequestHeader,
+    NotifyConsumerIdsChangedRequestHeader,
+    UnregisterClientRequestHeader,
+)
+from hamq.remoting import (
+    Connection,
+    Dispatcher,
+    RemotingClient,
+    RemotingConfig,
+    RemotingError,
+    parse_address,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _namesrv_addrs(value: str | Sequence[str]) -> tuple[str, ...]:
+    """``"a:9876;b:9876"`` (Java's form) or a sequence of addresses."""
+    items = value.split(";") if isinstance(value, str) else list(value)
+    return tuple(a.strip() for a in items if a and a.strip())
+
+
+def _check_addrs(_instance: object, _attribute: object, value: tuple[str, ...]) -> None:
+    if not value:
+        raise InvalidArgumentError("no nameserver address given (namesrv)")
+    for addr in value:
+        try:
+            parse_address(addr)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"nameserver address {addr!r}: {exc}") from None
+
+
+@attrs.frozen
+class ClientConfig:
+    namesrv_addrs: tuple[str, ...] = attrs.field(converter=_namesrv_addrs, validator=_check_addrs)
+    #: this client's address as brokers see it: in client ids and message ids (IPv4)
+    client_ip: str = "127.0.0.1"
+    #: None: the process id and a nanosecond stamp, unique per client (Java 5)
+    instance_name: str | None = None
+    poll_name_server_interval_s: float = attrs.field(default=30.0, validator=v.gt(0))
+    heartbeat_broker_interval_s: float = attrs.field(default=30.0, validator=v.gt(0))
+    #: how long a request to a nameserver or broker may take (RocketMQ: 3 s)
+    request_timeout_s: float = attrs.field(default=3.0, validator=v.gt(0))
+    serialize_type: SerializeType = SerializeType.MSGPACK
+    remoting: RemotingConfig = attrs.field(factory=RemotingConfig)
+
+
+def client_config(namesrv: str | Sequence[str] | ClientConfig, **options: Any) -> ClientConfig:
+    if isinstance(namesrv, ClientConfig):
+        return attrs.evolve(namesrv, **options) if options else namesrv
+    try:
+        return ClientConfig(namesrv, **options)
+    except TypeError as exc:
+        raise InvalidArgumentError(str(exc)) from None
+
+
+class GroupMember(Protocol):
+    """A consumer as the instance sees it."""
+
+    def consumer_data(self) -> ConsumerData: ...
+
+    def members_changed(self) -> None: ...
+
+
+class ClientInstance:
+    def __init__(self, config: ClientConfig) -> None:
+        self.config = config
+        name = config.instance_name or f"{os.getpid()}#{time.monotonic_ns()}"
+        self.client_id = f"{config.client_ip}@{name}"
+        dispatcher = Dispatcher()
+        dispatcher.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._notified)
+        self.remoting = RemotingClient(dispatcher=dispatcher, config=config.remoting)
+        self.routes: dict[str, TopicRouteData] = {}
+        self.brokers: dict[str, dict[int, str]] = {}
+        self._publish: dict[str, PublishInfo] = {}
+        self.producer_groups: set[str] = set()
+        self.consumers: dict[str, GroupMember] = {}
+        self._namesrv_index = random.randrange(len(config.namesrv_addrs))
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> ClientInstance:
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(self.remoting)
+            self._nursery = await stack.enter_async_context(trio.open_nursery())
+            self._nursery.start_soon(
+                self._every, self.config.poll_name_server_interval_s, self.refresh_routes
+            )
+            self._nursery.start_soon(
+                self._every, self.config.heartbeat_broker_interval_s, self.heartbeat
+            )
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._stack is not None and self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+        stack, self._stack, self._nursery = self._stack, None, None
+        # The block's own exception is not handed to the nursery, so it propagates
+        # as itself rather than wrapped in an ExceptionGroup.
+        await stack.aclose()
+        return None
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        """Where the instance's owners run their own background tasks."""
+        if self._nursery is None:
+            raise RuntimeError("the client is not started: use it as `async with`")
+        return self._nursery
+
+    async def _every(self, interval_s: float, job: Callable[[], Any]) -> None:
+        while True:
+            await trio.sleep(interval_s)
+            await job()
+
+    # ------------------------------------------------------------------ nameservers
+    @property
+    def namesrv_addr(self) -> str:
+        """The nameserver in use."""
+        return self.config.namesrv_addrs[self._namesrv_index]
+
+    async def invoke_namesrv(self, request: RemotingCommand) -> RemotingCommand:
+        """Ask the nameserver in use; on failure the next ones, round the list."""
+        addrs = self.config.namesrv_addrs
+        failures = []
+        for i in range(len(addrs)):
+            index = (self._namesrv_index + i) % len(addrs)
+            try:
+                response = await self.remoting.invoke(
+                    addrs[index], request, self.config.request_timeout_s
+                )
+            except RemotingError as exc:
+                log.warning("nameserver %s failed: %s", addrs[index], exc)
+                failures.append(f"{addrs[index]}: {exc}")
+                continue
+            if index != self._namesrv_index:
+                log.info("now using nameserver %s", addrs[index])
+                self._namesrv_index = index
+            return response
+        raise NameServerUnavailableError("no nameserver answered: " + "; ".join(failures))
+
+    async def fetch_route(self, topic: str) -> TopicRouteData | None:
+        """The topic's route from a nameserver; None if no broker serves it."""
+        request = self.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, GetRouteInfoRequestHeader(topic))
+        response = await self.invoke_namesrv(request)
+        if response.code == ResponseCode.TOPIC_NOT_EXIST:
+            return None
+        if response.code != ResponseCode.SUCCESS:
+            raise BrokerError(response.code, response.remark, self.namesrv_addr)
+        return decode_body(TopicRouteData, response.body)
+
+    async def update_route(self, topic: str) -> TopicRouteData | None:
+        route = await self.fetch_route(topic)
+        if route is None:
+            self.routes.pop(topic, None)
+            if topic in self._publish and not self._publish[topic].from_template:
+                del self._publish[topic]
+            return None
+        if self.routes.get(topic) != route:
+            self.routes[topic] = route
+            self.brokers.update(broker_table([route]))
+            if topic in self._publish or topic in self.producer_topics:
+                self._publish[topic] = publish_info(topic, route)
+        return route
+
+    async def refresh_routes(self) -> None:
+        for topic in sorted(set(self.routes) | set(self._publish)):
+            try:
+                await self.update_route(topic)
+            except (RemotingError, NameServerUnavailableError, BrokerError) as exc:
+                log.warning("refreshing the route of %s failed: %s", topic, exc)
+
+    @property
+    def producer_topics(self) -> set[str]:
+        return set(self._publish)
+
+    async def publish_info(self, topic: str, template_queue_nums: int) -> PublishInfo:
+        """Where to send ``topic``; through TBW102's route if the topic is new."""
+        info = self._publish.get(topic)
+        if info is not None and info.ok:
+            return info
+        route = await self.update_route(topic)
+        if route is not None:
+            info = self._publish[topic] = publish_info(topic, route)
+            if info.ok:
+                return info
+        template = await self.fetch_route(DEFAULT_TOPIC)
+        if template is not None:
+            self.brokers.update(broker_table([template]))
+            info = publish_info(topic, template, template_queue_nums=template_queue_nums)
+            if info.ok:
+                self._publish[topic] = info
+                return info
+        raise NoRouteError(
+            f"No route info of this topic: {topic} (no broker serves it and none "
+            f"auto-creates topics; nameserver {self.namesrv_addr})"
+        )
+
+    def forget_publish_info(self, topic: str) -> None:
+        """After a send failed: look the route up again next time."""
+        self._publish.pop(topic, None)
+
+    async def subscribe_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
+        route = self.routes.get(topic)
+        if route is None or refresh:
+            route = await self.update_route(topic)
+        if route is None:
+            raise NoRouteError(f"No route info of this topic: {topic}")
+        return subscribe_queues(topic, route)
+
+    # ------------------------------------------------------------------ brokers
+    def broker_addr(
+        self, broker_name: str, broker_id: int = MASTER_ID, *, only_this: bool = False
+    ) -> str | None:
+        return pick_address(self.brokers.get(broker_name, {}), broker_id, only_this=only_this)
+
+    def request(
+        self, code: int, header: Any = None, *, body: bytes = b"", oneway: bool = False
+    ) -> RemotingCommand:
+        return RemotingCommand.request(
+            code, header, body=body, oneway=oneway, serialize_type=self.config.serialize_type
+        )
+
+    async def invoke(
+        self, addr: str, request: RemotingCommand, timeout_s: float | None = None
+    ) -> RemotingCommand:
+        return await self.remoting.invoke(addr, request, timeout_s or self.config.request_timeout_s)
+
+    async def invoke_ok(
+        self, addr: str, request: RemotingCommand, timeout_s: float | None = None
+    ) -> RemotingCommand:
+        """``invoke``; BrokerError unless the answer is SUCCESS."""
+        response = await self.invoke(addr, request, timeout_s)
+        if response.code != ResponseCode.SUCCESS:
+            raise BrokerError(response.code, response.remark, addr)
+        return response
+
+    def _all_broker_addrs(self, *, masters_only: bool) -> list[str]:
+        addrs = set()
+        for ids in self.brokers.values():
+            for broker_id, addr in ids.items():
+                if broker_id == MASTER_ID or not masters_only:
+                    addrs.add(addr)
+        return sorted(addrs)
+
+    async def heartbeat(self) -> None:
+        """HEART_BEAT to every broker (only masters when no consumer needs slaves)."""
+        if not self.producer_groups and not self.consumers:
+            return
+        data = HeartbeatData(
+            self.client_id,
+            [ProducerData(g) for g in sorted(self.producer_groups)],
+            [member.consumer_data() for member in self.consumers.values()],
+        )
+        body = encode_body(data)
+
+        async def one(addr: str) -> None:
+            try:
+                await self.invoke_ok(addr, self.request(RequestCode.HEART_BEAT, body=body))
+            except (RemotingError, BrokerError) as exc:
+                log.warning("heartbeat to broker %s failed: %s", addr, exc)
+
+        async with trio.open_nursery() as nursery:
+            for addr in self._all_broker_addrs(masters_only=not self.consumers):
+                nursery.start_soon(one, addr)
+
+    async def unregister(self, *, producer_group: str = "", consumer_group: str = "") -> None:
+        """UNREGISTER_CLIENT to every broker (a leaving consumer's group rebalances)."""
+        header = UnregisterClientRequestHeader(self.client_id, producer_group, consumer_group)
+
+        async def one(addr: str) -> None:
+            try:
+                await self.invoke_ok(addr, self.request(RequestCode.UNREGISTER_CLIENT, header))
+            except (RemotingError, BrokerError) as exc:
+                log.info("unregistering from broker %s failed: %s", addr, exc)
+
+        async with trio.open_nursery() as nursery:
+            for addr in self._all_broker_addrs(masters_only=False):
+                nursery.start_soon(one, addr)
+
+    def _notified(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        header = request.header(NotifyConsumerIdsChangedRequestHeader)
+        member = self.consumers.get(header.consumer_group)
+        if member is not None:
+            log.info("broker %s: members of %s changed", conn.peer, header.consumer_group)
+            member.members_changed()
+        return None if request.is_oneway else request.response_to()

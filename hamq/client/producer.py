@@ -1,0 +1,474 @@
+"""Producer: send messages to the brokers that serve a topic.
+
+    async with Producer("my-group", namesrv="127.0.0.1:9876") as producer:
+        result = await producer.send(Message("demo", b"hello", tags="a"))
+
+- ``send`` waits for the broker; its SendResult says SEND_OK or how storing fell short
+  (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE: stored, not yet as
+  durable as configured). A failed attempt (no connection, timeout, a broker refusal
+  RocketMQ retries: SYSTEM_ERROR, SYSTEM_BUSY, SERVICE_NOT_AVAILABLE, TOPIC_NOT_EXIST,
+  NO_PERMISSION) is retried ``retry_times_when_send_failed`` (2) more times on another
+  broker when there is one, all within ``send_timeout_s``; the message keeps its
+  UNIQ_KEY across attempts. ``retry_another_broker_when_not_store_ok`` retries the
+  short-of-durable statuses as well.
+- ``send(msg, selector, arg)``: ordered messages. ``selector(queues, msg, arg)`` picks
+  the queue (``hash_selector``: the same ``arg`` always gets the same queue); retries
+  stay on that queue, so messages with one sharding key keep their order.
+- ``send_async(msg, callback)`` returns once the send has started; ``callback(result,
+  error)`` runs when it ends (a sync function or a coroutine function).
+- ``send_oneway``: no answer is waited for; ``send_batch``: messages of one topic in one
+  request (SEND_BATCH_MESSAGE), stored as separate messages in one queue.
+- Bodies over ``compress_over_bytes`` (4 KiB) go zlib-compressed (level 5, sysflag bits
+  0 and 8-10); bodies over ``max_message_size`` (4 MiB) are refused before sending.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import attrs
+import trio
+
+from hamq.client.errors import (
+    BrokerError,
+    ClientError,
+    InvalidArgumentError,
+    NameServerUnavailableError,
+    NoRouteError,
+    SendError,
+)
+from hamq.client.instance import ClientConfig, ClientInstance, client_config
+from hamq.client.message import (
+    COMPRESSION_ZLIB,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    Message,
+    SendResult,
+    SendStatus,
+    check_message,
+)
+from hamq.client.route_cache import DEFAULT_TOPIC, LatencyFaultTolerance, PublishInfo
+from hamq.protocol import RemotingCommand, RequestCode, ResponseCode, encode_header
+from hamq.protocol.bodies import MessageQueue
+from hamq.protocol.headers import SendMessageRequestHeader, SendMessageResponseHeader, to_v2_fields
+from hamq.protocol.message import (
+    PROPERTY_UNIQ_KEY,
+    SYSFLAG_COMPRESSED,
+    BatchEntry,
+    MessageIdGenerator,
+    encode_batch,
+    encode_properties,
+    java_string_hash,
+)
+from hamq.remoting import RemotingError
+
+log = logging.getLogger(__name__)
+
+Selector = Callable[[list[MessageQueue], Message, Any], MessageQueue]
+SendCallback = Callable[[SendResult | None, BaseException | None], object]
+
+_RETRY_CODES = frozenset(
+    {
+        ResponseCode.SYSTEM_ERROR,
+        ResponseCode.SYSTEM_BUSY,
+        ResponseCode.SERVICE_NOT_AVAILABLE,
+        ResponseCode.TOPIC_NOT_EXIST,
+        ResponseCode.NO_PERMISSION,
+        ResponseCode.NO_BUYER_ID,
+        ResponseCode.NOT_IN_CURRENT_UNIT,
+    }
+)
+_STATUSES: dict[int, SendStatus] = {
+    ResponseCode.SUCCESS: SendStatus.SEND_OK,
+    ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
+    ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+    ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
+}
+_SYSTEM_TOPICS = frozenset({DEFAULT_TOPIC, "SCHEDULE_TOPIC_XXXX"})
+
+
+def hash_selector(queues: list[MessageQueue], message: Message, arg: Any) -> MessageQueue:
+    """The same ``arg`` always picks the same queue (Java's SelectMessageQueueByHash).
+
+    ``arg`` is an int, a str (Java's String.hashCode, so Java producers agree) or bytes.
+    """
+    if isinstance(arg, bool) or not isinstance(arg, int | str | bytes):
+        raise InvalidArgumentError(
+            f"hash_selector needs an int, str or bytes sharding key, not {type(arg).__name__}"
+        )
+    if isinstance(arg, int):
+        key = arg
+    elif isinstance(arg, str):
+        key = java_string_hash(arg)
+    else:
+        key = zlib.crc32(arg)
+    return queues[abs(key) % len(queues)]
+
+
+class Producer:
+    def __init__(
+        self,
+        group: str = "DEFAULT_PRODUCER",
+        namesrv: str | Sequence[str] | ClientConfig = "127.0.0.1:9876",
+        *,
+        send_timeout_s: float = 3.0,
+        retry_times_when_send_failed: int = 2,
+        retry_another_broker_when_not_store_ok: bool = False,
+        compress_over_bytes: int = 4096,
+        compress_level: int = 5,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        default_topic_queue_nums: int = 4,
+        latency_fault_tolerance: bool = False,
+        max_async_in_flight: int = 10000,
+        **client_options: Any,
+    ) -> None:
+        if not group:
+            raise InvalidArgumentError("the producer group is empty")
+        for name, value, low in (
+            ("send_timeout_s", send_timeout_s, 0.001),
+            ("retry_times_when_send_failed", retry_times_when_send_failed, 0),
+            ("compress_over_bytes", compress_over_bytes, 0),
+            ("max_message_size", max_message_size, 1),
+            ("default_topic_queue_nums", default_topic_queue_nums, 1),
+            ("max_async_in_flight", max_async_in_flight, 1),
+        ):
+            if value < low:
+                raise InvalidArgumentError(f"{name} {value} is below {low}")
+        if not 0 <= compress_level <= 9:
+            raise InvalidArgumentError(f"compress_level {compress_level} is not in 0..9")
+        self.group = group
+        self.config = client_config(namesrv, **client_options)
+        self.send_timeout_s = send_timeout_s
+        self.retry_times_when_send_failed = retry_times_when_send_failed
+        self.retry_another_broker_when_not_store_ok = retry_another_broker_when_not_store_ok
+        self.compress_over_bytes = compress_over_bytes
+        self.compress_level = compress_level
+        self.max_message_size = max_message_size
+        self.default_topic_queue_nums = default_topic_queue_nums
+        self.faults = LatencyFaultTolerance(enabled=latency_fault_tolerance)
+        self._async_slots = trio.Semaphore(max_async_in_flight)
+        self._ids = MessageIdGenerator(self.config.client_ip)
+        self._instance: ClientInstance | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> Producer:
+        instance = ClientInstance(self.config)
+        await instance.__aenter__()
+        instance.producer_groups.add(self.group)
+        self._instance = instance
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        instance = self.instance
+        with trio.CancelScope(shield=True), trio.move_on_after(self.config.request_timeout_s):
+            await instance.unregister(producer_group=self.group)
+        self._instance = None
+        return await instance.__aexit__(exc_type, exc, tb)
+
+    @property
+    def instance(self) -> ClientInstance:
+        if self._instance is None:
+            raise ClientError("the producer is not started: use it as `async with Producer(...)`")
+        return self._instance
+
+    @property
+    def client_id(self) -> str:
+        return self.instance.client_id
+
+    async def queues(self, topic: str) -> list[MessageQueue]:
+        """The queues ``topic`` is sent to (what a selector chooses from)."""
+        info = await self.instance.publish_info(topic, self.default_topic_queue_nums)
+        return list(info.queues)
+
+    # ------------------------------------------------------------------ sending
+    async def send(
+        self,
+        message: Message,
+        selector: Selector | None = None,
+        arg: Any = None,
+        *,
+        queue: MessageQueue | None = None,
+        timeout_s: float | None = None,
+    ) -> SendResult:
+        """Send and wait for the broker; SendError when every attempt failed."""
+        request = self._request(message)
+        result = await self._send(request, selector, arg, queue, timeout_s, oneway=False)
+        assert result is not None
+        return result
+
+    async def send_oneway(
+        self,
+        message: Message,
+        selector: Selector | None = None,
+        arg: Any = None,
+        *,
+        queue: MessageQueue | None = None,
+    ) -> None:
+        """Send without waiting for an answer (one attempt; nothing says if it was stored)."""
+        await self._send(self._request(message), selector, arg, queue, None, oneway=True)
+
+    async def send_async(
+        self,
+        message: Message,
+        callback: SendCallback,
+        selector: Selector | None = None,
+        arg: Any = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Start a send and return; ``callback(result, None)`` or ``callback(None, error)``
+        runs when it ends. Waits first while ``max_async_in_flight`` sends are under way.
+        Bad input raises here, before anything starts."""
+        self._check(message)
+        await self._async_slots.acquire()
+        self.instance.nursery.start_soon(
+            self._send_and_call_back, message, callback, selector, arg, timeout_s
+        )
+
+    async def _send_and_call_back(
+        self,
+        message: Message,
+        callback: SendCallback,
+        selector: Selector | None,
+        arg: Any,
+        timeout_s: float | None,
+    ) -> None:
+        try:
+            try:
+                result = await self.send(message, selector, arg, timeout_s=timeout_s)
+            except ClientError as exc:
+                outcome = callback(None, exc)
+            else:
+                outcome = callback(result, None)
+            if isinstance(outcome, Awaitable):
+                await outcome
+        except Exception:
+            log.exception("a send_async callback failed")
+        finally:
+            self._async_slots.release()
+
+    async def send_batch(
+        self,
+        messages: Sequence[Message],
+        *,
+        queue: MessageQueue | None = None,
+        timeout_s: float | None = None,
+    ) -> SendResult:
+        """Messages of one topic in one request; each is stored as its own message, in
+        one queue, in order. No delay levels; the batch's total size counts against
+        ``max_message_size``."""
+        if not messages:
+            raise InvalidArgumentError("send_batch got no message")
+        topic = messages[0].topic
+        entries = []
+        ids = []
+        for message in messages:
+            self._check(message)
+            if message.topic != topic:
+                raise InvalidArgumentError(
+                    f"a batch goes to one topic: {message.topic} is not {topic}"
+                )
+            if message.delay_level > 0:
+                raise InvalidArgumentError("messages of a batch cannot have a delay level")
+            properties = message.wire_properties()
+            ids.append(properties.setdefault(PROPERTY_UNIQ_KEY, self._ids.next_id()))
+            entries.append(BatchEntry(message.body, message.flag, encode_properties(properties)))
+        body = encode_batch(entries)
+        if len(body) > self.max_message_size:
+            raise InvalidArgumentError(
+                f"the batch of {len(messages)} messages is {len(body)} bytes, over the "
+                f"maximum {self.max_message_size} bytes (max_message_size)"
+            )
+        request = _Request(messages[0], topic, body, 0, {}, ids)
+        result = await self._send(request, None, None, queue, timeout_s, oneway=False)
+        assert result is not None
+        return result
+
+    # ------------------------------------------------------------------ the kernel
+    def _check(self, message: Message) -> None:
+        check_message(message, self.max_message_size)
+        if message.topic in _SYSTEM_TOPICS:
+            raise InvalidArgumentError(
+                f"sending to the system topic {message.topic} is not allowed"
+            )
+
+    def _request(self, message: Message) -> _Request:
+        """A single message as sent: compressed if large, with its UNIQ_KEY (kept over
+        retries)."""
+        self._check(message)
+        body, sys_flag = message.body, 0
+        if len(body) > self.compress_over_bytes:
+            compressed = zlib.compress(body, self.compress_level)
+            if len(compressed) < len(body):
+                body, sys_flag = compressed, SYSFLAG_COMPRESSED | COMPRESSION_ZLIB
+        properties = message.wire_properties()
+        uniq = properties.setdefault(PROPERTY_UNIQ_KEY, self._ids.next_id())
+        return _Request(message, message.topic, body, sys_flag, properties, [uniq])
+
+    async def _send(
+        self,
+        request: _Request,
+        selector: Selector | None,
+        arg: Any,
+        queue: MessageQueue | None,
+        timeout_s: float | None,
+        *,
+        oneway: bool,
+    ) -> SendResult | None:
+        instance = self.instance
+        timeout = timeout_s if timeout_s is not None else self.send_timeout_s
+        deadline = trio.current_time() + timeout
+        attempts: list[str] = []
+        tries = 1 if oneway else 1 + self.retry_times_when_send_failed
+        last_broker: str | None = None
+        last_error: Exception | None = None
+        for attempt in range(tries):
+            remaining = deadline - trio.current_time()
+            if remaining <= 0:
+                break
+            try:
+                with trio.fail_after(remaining):
+                    info = await instance.publish_info(request.topic, self.default_topic_queue_nums)
+                target = self._choose(info, request, selector, arg, queue, last_broker)
+            except (NoRouteError, NameServerUnavailableError, trio.TooSlowError) as exc:
+                attempts.append(f"route: {exc or 'timed out'}")
+                last_error = exc
+                if attempt + 1 < tries and isinstance(exc, NameServerUnavailableError):
+                    continue
+                raise SendError(f"cannot send to topic {request.topic}", attempts) from exc
+            last_broker = target.broker_name
+            started = trio.current_time()
+            try:
+                result = await self._send_to(target, request, deadline - started, oneway)
+            except (RemotingError, BrokerError, NoRouteError) as exc:
+                now = trio.current_time()
+                self.faults.update(target.broker_name, now - started, now, failed=True)
+                attempts.append(f"{target}: {exc}")
+                last_error = exc
+                if isinstance(exc, BrokerError) and exc.code not in _RETRY_CODES:
+                    raise SendError(f"sending to {target} was refused", attempts) from exc
+                instance.forget_publish_info(request.topic)  # look the route up again
+                log.info(
+                    "send to %s failed (attempt %d of %d): %s", target, attempt + 1, tries, exc
+                )
+                continue
+            now = trio.current_time()
+            self.faults.update(target.broker_name, now - started, now, failed=False)
+            if (
+                result is not None
+                and result.status is not SendStatus.SEND_OK
+                and self.retry_another_broker_when_not_store_ok
+                and attempt + 1 < tries
+            ):
+                attempts.append(f"{target}: {result.status.value}")
+                continue
+            return result
+        raise SendError(
+            f"sending to topic {request.topic} failed within {timeout:g}s "
+            f"({len(attempts)} attempt(s))",
+            attempts,
+        ) from last_error
+
+    def _choose(
+        self,
+        info: PublishInfo,
+        request: _Request,
+        selector: Selector | None,
+        arg: Any,
+        queue: MessageQueue | None,
+        last_broker: str | None,
+    ) -> MessageQueue:
+        if queue is not None:
+            if queue.topic != request.topic:
+                raise InvalidArgumentError(f"queue {queue} is not a queue of {request.topic}")
+            return queue
+        if selector is not None:
+            chosen = selector(list(info.queues), request.message, arg)
+            if not isinstance(chosen, MessageQueue) or chosen not in info.queues:
+                raise InvalidArgumentError(
+                    f"the selector returned {chosen!r}, not one of the topic's queues"
+                )
+            return chosen
+        now = trio.current_time()
+        return info.select(last_broker, lambda b: self.faults.available(b, now))
+
+    async def _send_to(
+        self,
+        target: MessageQueue,
+        request: _Request,
+        timeout_s: float,
+        oneway: bool,
+    ) -> SendResult | None:
+        instance = self.instance
+        addr = instance.broker_addr(target.broker_name)
+        if addr is None:
+            await instance.update_route(target.topic)
+            addr = instance.broker_addr(target.broker_name)
+        if addr is None:
+            raise NoRouteError(f"the address of broker {target.broker_name} is not known")
+        header = SendMessageRequestHeader(
+            producer_group=self.group,
+            topic=request.topic,
+            default_topic=DEFAULT_TOPIC,
+            default_topic_queue_nums=self.default_topic_queue_nums,
+            queue_id=target.queue_id,
+            sys_flag=request.sys_flag,
+            born_timestamp=int(time.time() * 1000),
+            flag=0 if request.batch else request.message.flag,
+            properties=encode_properties(request.properties),
+            reconsume_times=0,
+            unit_mode=False,
+            batch=request.batch,
+            broker_name=target.broker_name,
+        )
+        command = RemotingCommand.request(
+            RequestCode.SEND_BATCH_MESSAGE if request.batch else RequestCode.SEND_MESSAGE_V2,
+            ext_fields=to_v2_fields(encode_header(header)),
+            body=request.body,
+            serialize_type=self.config.serialize_type,
+        )
+        if oneway:
+            await instance.remoting.invoke_oneway(addr, command, timeout_s)
+            return None
+        response = await instance.invoke(addr, command, max(timeout_s, 0.001))
+        status = _STATUSES.get(response.code)
+        if status is None:
+            raise BrokerError(response.code, response.remark, addr)
+        answer = response.header(SendMessageResponseHeader)
+        queue = MessageQueue(target.topic, target.broker_name, answer.queue_id)
+        return SendResult(
+            status=status,
+            msg_id=",".join(request.ids),
+            offset_msg_id=answer.msg_id,
+            queue=queue,
+            queue_offset=answer.queue_offset,
+            transaction_id=answer.transaction_id,
+            region_id=answer.msg_region,
+        )
+
+
+@attrs.frozen
+class _Request:
+    """What one send puts on the wire, the same for every attempt."""
+
+    message: Message
+    topic: str
+    body: bytes
+    sys_flag: int
+    #: the message's properties; empty for a batch (each entry carries its own)
+    properties: dict[str, str]
+    #: the UNIQ_KEY of each message
+    ids: list[str]
+
+    @property
+    def batch(self) -> bool:
+        return not self.properties

@@ -1,0 +1,669 @@
+"""PushConsumer: a member of a consumer group; messages are handed to a handler.
+
+    consumer = PushConsumer("my-group", namesrv="127.0.0.1:9876")
+    consumer.subscribe("demo", "a || b")
+
+    async def handle(messages):            # or a plain function
+        ...
+        return ConsumeResult.SUCCESS        # None counts as SUCCESS
+
+    async with consumer.consuming(handle):  # or: await nursery.start(consumer.run, handle)
+        ...
+
+How it works (RocketMQ's push consumer, clustering model):
+- Rebalance: at start, every ``rebalance_interval_s`` (20 s; every 2 s while a
+  subscribed topic does not exist yet), and at once when a broker says the group's
+  members changed, the member asks a broker for the group's client
+  ids and takes its share of each subscribed topic's queues (``allocate_average``).
+  It also always consumes its group's retry topic ``%RETRY%group``.
+- Per queue it owns, two tasks: one long-polls the broker (held up to
+  ``suspend_timeout_s``, 15 s) and puts batches into a small bounded channel; one
+  hands them to the handler, in queue order, ``consume_batch_size`` at a time.
+- Offsets: the next offset after the last handled message, committed to the broker
+  every ``persist_offset_interval_s`` (5 s), with each pull, when the queue goes to
+  another member, and at the end. A queue it never committed starts where
+  ``consume_from`` says (LAST_OFFSET: new messages only; FIRST_OFFSET; TIMESTAMP).
+  Delivery is at least once: a member that dies before committing, or a queue handed
+  over while its new owner reads the old offset, may deliver a message twice.
+- Failure (concurrent mode): a handler that answers RECONSUME_LATER or raises has its
+  messages sent back (CONSUMER_SEND_MSG_BACK) to be delivered again from the retry
+  topic after a delay that grows with each attempt; after ``max_reconsume_times``
+  (16) the broker moves them to ``%DLQ%group``.
+- Orderly mode (``orderly=True``): the member locks each queue at its broker before
+  consuming it (LOCK_BATCH_MQ, renewed every 20 s), and a failed batch is retried in
+  place after ``suspend_current_queue_s`` so that order holds; past
+  ``max_reconsume_times`` (if set) the messages go to the DLQ.
+- Sync handlers run on the Trio thread: keep them quick (the blocking facade runs
+  them in worker threads instead).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from hamq.client.consumer import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, PullCaller, check_expression
+from hamq.client.errors import BrokerError, ClientError, InvalidArgumentError, NoRouteError
+from hamq.client.instance import ClientConfig, ClientInstance, client_config
+from hamq.client.message import ConsumeResult, MessageExt, PullStatus, check_topic, tags_of
+from hamq.client.rebalance import allocate_average
+from hamq.protocol import RequestCode
+from hamq.protocol.bodies import (
+    ConsumeFromWhere,
+    ConsumerData,
+    ConsumerListBody,
+    ConsumeType,
+    LockBatchRequestBody,
+    LockBatchResponseBody,
+    MessageModel,
+    MessageQueue,
+    SubscriptionData,
+    UnlockBatchRequestBody,
+    decode_body,
+    encode_body,
+)
+from hamq.protocol.headers import (
+    ConsumerSendMsgBackRequestHeader,
+    GetConsumerListByGroupRequestHeader,
+)
+from hamq.protocol.message import PROPERTY_RETRY_TOPIC, java_string_hash
+from hamq.remoting import RemotingError
+
+log = logging.getLogger(__name__)
+
+RETRY_PREFIX = "%RETRY%"
+#: pause after a failed pull before the next (Java: pullTimeDelayMillsWhenException)
+PULL_BACKOFF_S = 3.0
+#: pause before handling messages again whose send-back failed
+SEND_BACK_RETRY_S = 5.0
+#: a lock the client got counts as held this long unless renewed (Java: 30 s)
+LOCK_VALID_S = 30.0
+#: how often to look again for a subscribed topic that does not exist yet
+MISSING_TOPIC_RETRY_S = 2.0
+#: how long a stop may take to commit offsets and say goodbye
+CLOSE_TIMEOUT_S = 5.0
+
+Handler = Callable[[list[MessageExt]], "ConsumeResult | Awaitable[ConsumeResult | None] | None"]
+_CLIENT_ERRORS = (RemotingError, ClientError)
+
+
+class ConsumeFrom(enum.Enum):
+    """Where a group starts on a queue it never committed an offset for."""
+
+    LAST_OFFSET = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
+    FIRST_OFFSET = ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
+    TIMESTAMP = ConsumeFromWhere.CONSUME_FROM_TIMESTAMP
+
+
+@attrs.define(eq=False)
+class _QueueState:
+    queue: MessageQueue
+    expression: str
+    #: the next offset to hand to the handler (what gets committed)
+    offset: int
+    #: the next offset to pull
+    pull_offset: int
+    committed: int = -1
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    finished: trio.Event = attrs.field(factory=trio.Event)
+    locked_until: float = -math.inf
+    #: set (and replaced) whenever the lock is renewed
+    relocked: trio.Event = attrs.field(factory=trio.Event)
+    handed: int = 0
+
+    async def wait_locked(self) -> None:
+        """Orderly mode: until this member holds the queue's lock."""
+        while self.locked_until <= trio.current_time():
+            await self.relocked.wait()
+
+    def lock_renewed(self, until: float) -> None:
+        self.locked_until = until
+        self.relocked.set()
+        self.relocked = trio.Event()
+
+
+@attrs.frozen
+class _Batch:
+    """One pull's messages and where the queue goes on after them (filtered ones
+    skipped)."""
+
+    messages: list[MessageExt]
+    next_offset: int
+
+
+@attrs.frozen
+class PushConsumerStatistics:
+    client_id: str
+    group: str
+    queues: tuple[str, ...]
+    consumed: int
+    sent_back: int
+    rebalances: int
+    offsets: dict[str, int]
+
+
+class PushConsumer:
+    def __init__(
+        self,
+        group: str,
+        namesrv: str | Sequence[str] | ClientConfig = "127.0.0.1:9876",
+        *,
+        consume_from: ConsumeFrom | str = ConsumeFrom.LAST_OFFSET,
+        consume_timestamp_ms: int | None = None,
+        orderly: bool = False,
+        max_reconsume_times: int = -1,
+        pull_batch_size: int = 32,
+        consume_batch_size: int = 1,
+        rebalance_interval_s: float = 20.0,
+        persist_offset_interval_s: float = 5.0,
+        suspend_timeout_s: float = 15.0,
+        lock_renew_interval_s: float = 20.0,
+        suspend_current_queue_s: float = 1.0,
+        **client_options: Any,
+    ) -> None:
+        if not group:
+            raise InvalidArgumentError("the consumer group is empty")
+        check_topic(RETRY_PREFIX + group)
+        if isinstance(consume_from, str):
+            try:
+                consume_from = ConsumeFrom[consume_from.upper()]
+            except KeyError:
+                raise InvalidArgumentError(
+                    f"consume_from {consume_from!r} is not one of "
+                    + ", ".join(c.name for c in ConsumeFrom)
+                ) from None
+        if consume_from is ConsumeFrom.TIMESTAMP and consume_timestamp_ms is None:
+            raise InvalidArgumentError("consume_from TIMESTAMP needs consume_timestamp_ms")
+        for name, value, low, high in (
+            ("pull_batch_size", pull_batch_size, 1, 1024),
+            ("consume_batch_size", consume_batch_size, 1, 1024),
+            ("max_reconsume_times", max_reconsume_times, -1, 2**31 - 1),
+        ):
+            if not low <= value <= high:
+                raise InvalidArgumentError(f"{name} {value} is not in {low}..{high}")
+        for name, seconds in (
+            ("rebalance_interval_s", rebalance_interval_s),
+            ("persist_offset_interval_s", persist_offset_interval_s),
+            ("lock_renew_interval_s", lock_renew_interval_s),
+        ):
+            if seconds <= 0:
+                raise InvalidArgumentError(f"{name} must be positive, not {seconds}")
+        if suspend_timeout_s < 0 or suspend_current_queue_s < 0:
+            raise InvalidArgumentError("suspend times may not be negative")
+        self.group = group
+        self.config = client_config(namesrv, **client_options)
+        self.consume_from = consume_from
+        self.consume_timestamp_ms = consume_timestamp_ms
+        self.orderly = orderly
+        self.max_reconsume_times = max_reconsume_times
+        self.pull_batch_size = pull_batch_size
+        self.consume_batch_size = consume_batch_size
+        self.rebalance_interval_s = rebalance_interval_s
+        self.persist_offset_interval_s = persist_offset_interval_s
+        self.suspend_timeout_s = suspend_timeout_s
+        self.lock_renew_interval_s = lock_renew_interval_s
+        self.suspend_current_queue_s = suspend_current_queue_s
+        self.subscriptions: dict[str, str] = {}
+        self._sub_version = 0
+        self._instance: ClientInstance | None = None
+        self._caller: PullCaller | None = None
+        self._states: dict[MessageQueue, _QueueState] = {}
+        self._handler: Handler = _no_handler
+        self._nursery: trio.Nursery | None = None
+        self._rebalance_wakeup = trio.Event()
+        #: subscribed topics no nameserver knows yet: looked for every few seconds
+        self._missing_topics: set[str] = set()
+        self._running = False
+        self.consumed = 0
+        self.sent_back = 0
+        self.rebalances = 0
+
+    # ------------------------------------------------------------------ set-up
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        """Consume ``topic``'s messages whose tag is in ``expression`` (``a || b``, ``*``)."""
+        if self._running:
+            raise ClientError("subscribe before the consumer runs")
+        check_topic(topic)
+        check_expression(expression)
+        self.subscriptions[topic] = expression.strip() or "*"
+
+    def _all_subscriptions(self) -> dict[str, str]:
+        return {**self.subscriptions, RETRY_PREFIX + self.group: "*"}
+
+    def consumer_data(self) -> ConsumerData:
+        """For heartbeats (ClientInstance)."""
+        subscriptions = []
+        for topic, expression in self._all_subscriptions().items():
+            tags = sorted(tags_of(expression) or ())
+            subscriptions.append(
+                SubscriptionData(
+                    topic,
+                    expression,
+                    tags_set=tags,
+                    code_set=[java_string_hash(t) for t in tags],
+                    sub_version=self._sub_version,
+                )
+            )
+        return ConsumerData(
+            self.group,
+            ConsumeType.CONSUME_PASSIVELY,
+            MessageModel.CLUSTERING,
+            self.consume_from.value,
+            subscriptions,
+        )
+
+    def members_changed(self) -> None:
+        """The broker said the group changed: rebalance now."""
+        self._rebalance_wakeup.set()
+
+    @property
+    def client_id(self) -> str:
+        if self._instance is None:
+            raise ClientError("the consumer is not running")
+        return self._instance.client_id
+
+    @property
+    def assigned(self) -> list[MessageQueue]:
+        """The queues this member consumes now (its retry queue included)."""
+        return sorted(self._states, key=lambda q: (q.topic, q.broker_name, q.queue_id))
+
+    def statistics(self) -> PushConsumerStatistics:
+        return PushConsumerStatistics(
+            client_id=self._instance.client_id if self._instance else "",
+            group=self.group,
+            queues=tuple(str(q) for q in self.assigned),
+            consumed=self.consumed,
+            sent_back=self.sent_back,
+            rebalances=self.rebalances,
+            offsets={str(q): s.offset for q, s in self._states.items()},
+        )
+
+    # ------------------------------------------------------------------ running
+    @asynccontextmanager
+    async def consuming(self, handler: Handler) -> AsyncIterator[PushConsumer]:
+        """Consume while the block runs; stop (offsets committed) when it ends."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.run, handler)
+            try:
+                yield self
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def run(
+        self, handler: Handler, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Consume until cancelled; ``started()`` after the first rebalance."""
+        if not self.subscriptions:
+            raise InvalidArgumentError("subscribe to a topic before running the consumer")
+        if not callable(handler):
+            raise InvalidArgumentError(f"the handler {handler!r} is not callable")
+        if self._running:
+            raise ClientError("the consumer is already running")
+        self._running = True
+        self._handler = handler
+        self._sub_version = int(trio.current_time() * 1000)
+        try:
+            async with ClientInstance(self.config) as instance:
+                self._instance = instance
+                self._caller = PullCaller(instance, self.group)
+                instance.consumers[self.group] = self
+                try:
+                    async with trio.open_nursery() as nursery:
+                        self._nursery = nursery
+                        for topic in self._all_subscriptions():
+                            await self._route(topic)
+                        await instance.heartbeat()
+                        await self._rebalance()
+                        nursery.start_soon(self._rebalance_loop)
+                        nursery.start_soon(self._persist_loop)
+                        if self.orderly:
+                            nursery.start_soon(self._lock_loop)
+                        task_status.started()
+                finally:
+                    with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT_S):
+                        await self._close(instance)
+        finally:
+            self._running = False
+            self._instance = None
+            self._caller = None
+            self._states = {}
+
+    async def _close(self, instance: ClientInstance) -> None:
+        states = list(self._states.values())
+        await self._commit(states)
+        if self.orderly:
+            await self._unlock([s.queue for s in states])
+        instance.consumers.pop(self.group, None)
+        await instance.unregister(consumer_group=self.group)
+
+    async def _route(self, topic: str) -> list[MessageQueue]:
+        assert self._instance is not None
+        try:
+            return await self._instance.subscribe_queues(topic)
+        except NoRouteError:
+            return []
+        except _CLIENT_ERRORS as exc:
+            log.warning("route of %s: %s", topic, exc)
+            return []
+
+    # ------------------------------------------------------------------ rebalance
+    async def _rebalance_loop(self) -> None:
+        while True:
+            wait_s = self.rebalance_interval_s
+            if self._missing_topics:
+                wait_s = min(wait_s, MISSING_TOPIC_RETRY_S)
+            with trio.move_on_after(wait_s):
+                await self._rebalance_wakeup.wait()
+            self._rebalance_wakeup = trio.Event()
+            await self._rebalance()
+
+    async def _client_ids(self, queues: list[MessageQueue]) -> list[str] | None:
+        assert self._instance is not None
+        instance = self._instance
+        for name in sorted({q.broker_name for q in queues}):
+            addr = instance.broker_addr(name)
+            if addr is None:
+                continue
+            request = instance.request(
+                RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                GetConsumerListByGroupRequestHeader(self.group),
+            )
+            try:
+                response = await instance.invoke_ok(addr, request)
+                return sorted(decode_body(ConsumerListBody, response.body).consumer_id_list)
+            except _CLIENT_ERRORS as exc:
+                log.info("consumer list of %s from %s: %s", self.group, addr, exc)
+        return None
+
+    async def _rebalance(self) -> None:
+        """Take this member's share of every subscribed topic; drop what is not ours."""
+        assert self._instance is not None
+        me = self._instance.client_id
+        wanted: dict[MessageQueue, str] = {}
+        undecided: set[str] = set()
+        self._missing_topics = set()
+        for topic, expression in self._all_subscriptions().items():
+            queues = await self._route(topic)
+            if not queues:
+                self._missing_topics.add(topic)
+                continue
+            ids = await self._client_ids(queues)
+            if ids is not None and me not in ids:
+                await self._instance.heartbeat()  # the broker has not heard of us yet
+                ids = await self._client_ids(queues)
+            if ids is None:
+                undecided.add(topic)  # keep what we have until we know
+                continue
+            for queue in allocate_average(queues, ids, me):
+                wanted[queue] = expression
+        self.rebalances += 1
+        gone = [s for q, s in self._states.items() if q not in wanted and q.topic not in undecided]
+        if gone:
+            await self._drop(gone)
+        new = [q for q in wanted if q not in self._states]
+        if self.orderly and new:
+            locked = await self._lock(new)
+            new = [q for q in new if q in locked]
+        for queue in new:
+            try:
+                start = await self._start_offset(queue)
+            except _CLIENT_ERRORS as exc:
+                log.warning("no start offset for %s yet: %s", queue, exc)
+                continue
+            state = _QueueState(queue, wanted[queue], start, start, committed=start)
+            if self.orderly:
+                state.locked_until = trio.current_time() + LOCK_VALID_S
+            self._states[queue] = state
+            assert self._nursery is not None
+            self._nursery.start_soon(self._serve_queue, state)
+        if gone or new:
+            log.info(
+                "%s rebalanced: %d queue(s): %s",
+                me,
+                len(self._states),
+                ", ".join(str(q) for q in self.assigned),
+            )
+
+    async def _drop(self, states: list[_QueueState]) -> None:
+        for state in states:
+            state.scope.cancel()
+        for state in states:
+            await state.finished.wait()
+            del self._states[state.queue]
+        await self._commit(states)
+        if self.orderly:
+            await self._unlock([s.queue for s in states])
+
+    async def _start_offset(self, queue: MessageQueue) -> int:
+        assert self._caller is not None
+        committed = await self._caller.query_offset(queue)
+        if committed is not None and committed >= 0:
+            return committed
+        if queue.topic.startswith(RETRY_PREFIX):
+            return 0
+        if self.consume_from is ConsumeFrom.LAST_OFFSET:
+            return await self._caller.max_offset(queue)
+        if self.consume_from is ConsumeFrom.FIRST_OFFSET:
+            return await self._caller.min_offset(queue)
+        assert self.consume_timestamp_ms is not None
+        return await self._caller.search_offset(queue, self.consume_timestamp_ms)
+
+    # ------------------------------------------------------------------ offsets
+    async def _persist_loop(self) -> None:
+        while True:
+            await trio.sleep(self.persist_offset_interval_s)
+            await self._commit(list(self._states.values()))
+
+    async def _commit(self, states: list[_QueueState]) -> None:
+        assert self._caller is not None
+        for state in states:
+            offset = state.offset
+            if offset == state.committed:
+                continue
+            try:
+                await self._caller.commit_offset(state.queue, offset)
+                state.committed = offset
+            except _CLIENT_ERRORS as exc:
+                log.warning("committing offset %d of %s failed: %s", offset, state.queue, exc)
+
+    # ------------------------------------------------------------------ orderly locks
+    async def _lock(self, queues: list[MessageQueue]) -> set[MessageQueue]:
+        assert self._instance is not None
+        instance = self._instance
+        locked: set[MessageQueue] = set()
+        by_broker: dict[str, list[MessageQueue]] = {}
+        for queue in queues:
+            by_broker.setdefault(queue.broker_name, []).append(queue)
+        for name, group in by_broker.items():
+            addr = instance.broker_addr(name)
+            if addr is None:
+                continue
+            body = encode_body(LockBatchRequestBody(self.group, instance.client_id, group))
+            try:
+                response = await instance.invoke_ok(
+                    addr, instance.request(RequestCode.LOCK_BATCH_MQ, body=body)
+                )
+            except _CLIENT_ERRORS as exc:
+                log.warning("locking queues at %s failed: %s", addr, exc)
+                continue
+            locked |= set(decode_body(LockBatchResponseBody, response.body).lock_ok_mq_set)
+        return locked
+
+    async def _unlock(self, queues: list[MessageQueue]) -> None:
+        assert self._instance is not None
+        instance = self._instance
+        by_broker: dict[str, list[MessageQueue]] = {}
+        for queue in queues:
+            by_broker.setdefault(queue.broker_name, []).append(queue)
+        for name, group in by_broker.items():
+            addr = instance.broker_addr(name)
+            if addr is None:
+                continue
+            body = encode_body(UnlockBatchRequestBody(self.group, instance.client_id, group))
+            try:
+                await instance.invoke_ok(
+                    addr, instance.request(RequestCode.UNLOCK_BATCH_MQ, body=body)
+                )
+            except _CLIENT_ERRORS as exc:
+                log.info("unlocking queues at %s failed: %s", addr, exc)
+
+    async def _lock_loop(self) -> None:
+        while True:
+            await trio.sleep(self.lock_renew_interval_s)
+            states = list(self._states.values())
+            locked = await self._lock([s.queue for s in states])
+            now = trio.current_time()
+            for state in states:
+                if state.queue in locked:
+                    state.lock_renewed(now + LOCK_VALID_S)
+                elif state.locked_until > now:
+                    log.warning("lost the lock of %s", state.queue)
+
+    # ------------------------------------------------------------------ per queue
+    async def _serve_queue(self, state: _QueueState) -> None:
+        try:
+            with state.scope:
+                send, receive = trio.open_memory_channel[_Batch](2)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._pull_loop, state, send)
+                    nursery.start_soon(self._consume_loop, state, receive)
+        finally:
+            state.finished.set()
+
+    async def _pull_loop(self, state: _QueueState, send: trio.MemorySendChannel[_Batch]) -> None:
+        assert self._caller is not None
+        async with send:
+            while True:
+                if self.orderly:
+                    await state.wait_locked()  # not ours to consume until the lock is back
+                commit = state.offset if state.offset > 0 else 0
+                try:
+                    result = await self._caller.pull(
+                        state.queue,
+                        state.expression,
+                        state.pull_offset,
+                        self.pull_batch_size,
+                        timeout_s=self.suspend_timeout_s + self.config.request_timeout_s + 2.0,
+                        sys_flag=FLAG_SUBSCRIPTION | (FLAG_COMMIT_OFFSET if commit else 0),
+                        commit_offset=commit,
+                        suspend_s=self.suspend_timeout_s,
+                        sub_version=self._sub_version,
+                    )
+                except _CLIENT_ERRORS as exc:
+                    log.warning("pulling %s failed: %s", state.queue, exc)
+                    await trio.sleep(PULL_BACKOFF_S)
+                    continue
+                if commit:
+                    state.committed = max(state.committed, commit)
+                if result.status is PullStatus.OFFSET_ILLEGAL:
+                    log.warning(
+                        "offset %d of %s is out of range [%d, %d]: going on from %d",
+                        state.pull_offset,
+                        state.queue,
+                        result.min_offset,
+                        result.max_offset,
+                        result.next_begin_offset,
+                    )
+                    if state.offset == state.pull_offset:
+                        state.offset = result.next_begin_offset
+                state.pull_offset = result.next_begin_offset
+                if result.status in (PullStatus.FOUND, PullStatus.NO_MATCHED_MSG):
+                    # (an empty batch: all filtered out; the offset still moves on)
+                    await send.send(_Batch(result.messages, result.next_begin_offset))
+
+    async def _consume_loop(
+        self, state: _QueueState, receive: trio.MemoryReceiveChannel[_Batch]
+    ) -> None:
+        async with receive:
+            async for batch in receive:
+                messages = batch.messages
+                for i in range(0, len(messages), self.consume_batch_size):
+                    chunk = messages[i : i + self.consume_batch_size]
+                    if self.orderly:
+                        await self._consume_orderly(state, chunk)
+                    else:
+                        await self._consume_concurrently(chunk)
+                    state.offset = chunk[-1].queue_offset + 1
+                    state.handed += len(chunk)
+                    self.consumed += len(chunk)
+                state.offset = max(state.offset, batch.next_offset)
+
+    async def _handle(self, messages: list[MessageExt]) -> ConsumeResult:
+        visible = [_original_topic(m) for m in messages]
+        try:
+            outcome = self._handler(visible)
+            if isinstance(outcome, Awaitable):
+                outcome = await outcome
+        except Exception:
+            log.exception("the handler of %s failed; retrying its messages later", self.group)
+            return ConsumeResult.RECONSUME_LATER
+        if outcome is None:
+            return ConsumeResult.SUCCESS
+        if not isinstance(outcome, ConsumeResult):
+            log.error("the handler returned %r, not a ConsumeResult; retrying later", outcome)
+            return ConsumeResult.RECONSUME_LATER
+        return outcome
+
+    async def _consume_concurrently(self, messages: list[MessageExt]) -> None:
+        while True:
+            if await self._handle(messages) is ConsumeResult.SUCCESS:
+                return
+            if await self._send_back(messages, delay_level=0):
+                return
+            await trio.sleep(SEND_BACK_RETRY_S)
+
+    async def _consume_orderly(self, state: _QueueState, messages: list[MessageExt]) -> None:
+        attempts = 0
+        while True:
+            await state.wait_locked()
+            if await self._handle(messages) is ConsumeResult.SUCCESS:
+                return
+            attempts += 1
+            if 0 <= self.max_reconsume_times < attempts and await self._send_back(
+                messages, delay_level=-1
+            ):
+                return
+            await trio.sleep(self.suspend_current_queue_s)
+
+    async def _send_back(self, messages: list[MessageExt], *, delay_level: int) -> bool:
+        """CONSUMER_SEND_MSG_BACK each message to the broker that stored it."""
+        assert self._instance is not None
+        instance = self._instance
+        for message in messages:
+            header = ConsumerSendMsgBackRequestHeader(
+                offset=message.physical_offset,
+                group=self.group,
+                delay_level=delay_level,
+                origin_msg_id=message.msg_id,
+                origin_topic=_original_topic(message).topic,
+                max_reconsume_times=(
+                    self.max_reconsume_times if self.max_reconsume_times >= 0 else None
+                ),
+            )
+            request = instance.request(RequestCode.CONSUMER_SEND_MSG_BACK, header)
+            try:
+                await instance.invoke_ok(message.store_host, request)
+            except (*_CLIENT_ERRORS, BrokerError) as exc:
+                log.warning("sending %s back for retry failed: %s", message.msg_id, exc)
+                return False
+            self.sent_back += 1
+        return True
+
+
+def _original_topic(message: MessageExt) -> MessageExt:
+    """A message from the retry topic shows its original topic, as RocketMQ's do."""
+    original = message.properties.get(PROPERTY_RETRY_TOPIC)
+    if original and message.topic.startswith(RETRY_PREFIX):
+        return attrs.evolve(message, topic=original)
+    return message
+
+
+def _no_handler(messages: list[MessageExt]) -> ConsumeResult:
+    raise RuntimeError("the consumer is not running")

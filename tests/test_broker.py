@@ -1,0 +1,413 @@
+"""The broker over the wire: sends, pulls, long polling, offsets, registration, refusals.
+
+Brokers run in this process on loopback (tests/broker_support.py); requests are raw
+RemotingCommands as RocketMQ clients send them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from hamq.broker import ConfigError, build_config, load_config
+from hamq.broker.clients import ClientChannel, ConsumerManager
+from hamq.protocol import LanguageCode, RemotingCommand, RequestCode, ResponseCode
+from hamq.protocol.bodies import (
+    PERM_READ,
+    ConsumerData,
+    ConsumerListBody,
+    HeartbeatData,
+    SubscriptionData,
+    TopicConfigSerializeWrapper,
+    decode_body,
+    encode_body,
+)
+from hamq.protocol.headers import (
+    CreateTopicRequestHeader,
+    GetConsumerListByGroupRequestHeader,
+    PullMessageRequestHeader,
+    PullMessageResponseHeader,
+    QueryConsumerOffsetRequestHeader,
+    QueryMessageRequestHeader,
+    SendMessageResponseHeader,
+    UnregisterClientRequestHeader,
+    UpdateConsumerOffsetRequestHeader,
+    ViewMessageRequestHeader,
+)
+from hamq.protocol.message import decode_message, decode_messages, parse_offset_msg_id
+from hamq.remoting import Connection, Dispatcher, RemotingClient
+from tests.broker_support import (
+    running_broker,
+    running_nameserver,
+    send_request,
+    virtual_ms,
+    wait_for,
+)
+
+TIMEOUT_S = 5.0
+
+
+def pull_request(
+    topic: str,
+    queue_id: int = 0,
+    offset: int = 0,
+    *,
+    group: str = "G",
+    suspend_ms: int = 0,
+    subscription: str = "*",
+    commit_offset: int = 0,
+    sys_flag: int = 0x4,
+) -> RemotingCommand:
+    header = PullMessageRequestHeader(
+        consumer_group=group,
+        topic=topic,
+        queue_id=queue_id,
+        queue_offset=offset,
+        max_msg_nums=32,
+        sys_flag=sys_flag | (0x2 if suspend_ms else 0),
+        commit_offset=commit_offset,
+        suspend_timeout_millis=suspend_ms,
+        sub_version=0,
+        subscription=subscription,
+    )
+    return RemotingCommand.request(RequestCode.PULL_MESSAGE, header)
+
+
+def create_topic_request(topic: str, queues: int = 4, perm: int = 6) -> RemotingCommand:
+    return RemotingCommand.request(
+        RequestCode.UPDATE_AND_CREATE_TOPIC,
+        CreateTopicRequestHeader(
+            topic=topic,
+            default_topic="TBW102",
+            read_queue_nums=queues,
+            write_queue_nums=queues,
+            perm=perm,
+        ),
+    )
+
+
+async def test_send_pull_query_and_view_over_the_wire(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as node, RemotingClient() as client:
+        addr = node.address
+        sent = []
+        for i in range(3):
+            response = await client.invoke(
+                addr, send_request("T", f"m{i}".encode(), queue_id=1, KEYS=f"k{i}", TAGS="a"), 5
+            )
+            assert response.code == ResponseCode.SUCCESS, response.remark
+            sent.append(response.header(SendMessageResponseHeader))
+        assert [s.queue_offset for s in sent] == [0, 1, 2]
+        assert all(s.queue_id == 1 for s in sent)
+        await node.store.wait_dispatched()
+
+        pulled = await client.invoke(addr, pull_request("T", 1, 0), 5)
+        assert pulled.code == ResponseCode.SUCCESS and pulled.remark == "FOUND"
+        answer = pulled.header(PullMessageResponseHeader)
+        assert (answer.next_begin_offset, answer.min_offset, answer.max_offset) == (3, 0, 3)
+        messages = decode_messages(pulled.body)
+        assert [m.body for m in messages] == [b"m0", b"m1", b"m2"]
+        assert messages[0].store_host == addr  # send-back goes there
+        assert messages[0].properties["CLUSTER"] == "DefaultCluster"
+        assert messages[0].properties["UNIQ_KEY"]  # the broker added one
+
+        caught_up = await client.invoke(addr, pull_request("T", 1, 3), 5)
+        assert (caught_up.code, caught_up.remark) == (
+            ResponseCode.PULL_NOT_FOUND,
+            "OFFSET_OVERFLOW_ONE",
+        )
+        moved = await client.invoke(addr, pull_request("T", 1, 99), 5)
+        assert moved.code == ResponseCode.PULL_OFFSET_MOVED
+        filtered = await client.invoke(addr, pull_request("T", 1, 0, subscription="b"), 5)
+        assert filtered.code == ResponseCode.PULL_RETRY_IMMEDIATELY
+
+        query = RemotingCommand.request(
+            RequestCode.QUERY_MESSAGE,
+            QueryMessageRequestHeader(
+                topic="T", key="k1", max_num=32, begin_timestamp=0, end_timestamp=2**62
+            ),
+        )
+        found = await client.invoke(addr, query, 5)
+        assert found.code == ResponseCode.SUCCESS
+        assert [m.body for m in decode_messages(found.body)] == [b"m1"]
+
+        _host, offset = parse_offset_msg_id(sent[2].msg_id)
+        viewed = await client.invoke(
+            addr,
+            RemotingCommand.request(
+                RequestCode.VIEW_MESSAGE_BY_ID, ViewMessageRequestHeader(offset)
+            ),
+            5,
+        )
+        assert decode_message(viewed.body).body == b"m2"
+
+
+@pytest.mark.parametrize(
+    ("topic", "queue_id", "body", "properties", "code", "remark"),
+    [
+        ("bad topic!", 0, b"x", {}, ResponseCode.SYSTEM_ERROR, "may only contain letters"),
+        (
+            "TBW102",
+            0,
+            b"x",
+            {},
+            ResponseCode.SYSTEM_ERROR,
+            "Sending message to topic[TBW102] is forbidden",
+        ),
+        ("T", 99, b"x", {}, ResponseCode.SYSTEM_ERROR, "request queueId[99] is illegal"),
+        ("T", 0, b"x" * 70_000, {}, ResponseCode.MESSAGE_ILLEGAL, "over max_message_bytes 65536"),
+        ("T", 0, b"x", {"DELAY": "soon"}, ResponseCode.MESSAGE_ILLEGAL, "DELAY property 'soon'"),
+        (
+            "RO",
+            0,
+            b"x",
+            {},
+            ResponseCode.NO_PERMISSION,
+            "the topic[RO] sending message is forbidden",
+        ),
+        ("Nope", 0, b"x", {}, ResponseCode.TOPIC_NOT_EXIST, "topic[Nope] not exist"),
+    ],
+)
+async def test_bad_sends_get_named_refusals(
+    tmp_path: Path,
+    topic: str,
+    queue_id: int,
+    body: bytes,
+    properties: dict[str, str],
+    code: int,
+    remark: str,
+) -> None:
+    async with (
+        running_broker(
+            tmp_path, auto_create_topic_enable=False, store={"max_message_bytes": 65536}
+        ) as node,
+        RemotingClient() as client,
+    ):
+        for name, perm in (("T", 6), ("RO", PERM_READ)):
+            created = await client.invoke(node.address, create_topic_request(name, 4, perm), 5)
+            assert created.code == ResponseCode.SUCCESS
+        response = await client.invoke(
+            node.address, send_request(topic, body, queue_id=queue_id, **properties), 5
+        )
+        assert response.code == code
+        assert remark in (response.remark or "")
+        assert node.store.commitlog_max_offset == 0  # nothing was stored
+
+
+async def test_topics_auto_create_from_tbw102_and_reach_the_nameserver(tmp_path: Path) -> None:
+    async with (
+        running_broker(tmp_path, default_topic_queue_nums=8) as node,
+        RemotingClient() as client,
+    ):
+        response = await client.invoke(node.address, send_request("NewTopic", queue_id=2), 5)
+        assert response.code == ResponseCode.SUCCESS
+        config = node.ctx.topics.get("NewTopic")
+        assert config is not None and config.write_queue_nums == 4  # min(4 asked, 8)
+        # registered again at once: the embedded nameserver routes it
+        assert node.nameserver is not None
+        table = node.nameserver.table
+        await wait_for(lambda: table.route("NewTopic") is not None)
+
+
+async def test_a_long_polling_pull_is_answered_when_a_message_arrives(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as node, RemotingClient() as client:
+        await client.invoke(node.address, create_topic_request("T"), 5)
+        answer: list[RemotingCommand] = []
+
+        async def pull() -> None:
+            answer.append(
+                await client.invoke(node.address, pull_request("T", 2, suspend_ms=30_000), 40)
+            )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pull)
+            await wait_for(lambda: node.statistics().held_pulls == 1)
+            await client.invoke(node.address, send_request("T", b"wake up", queue_id=2), 5)
+            # answered long before the 30 s hold ends, with the message
+            with trio.fail_after(10):
+                await wait_for(lambda: bool(answer))
+        assert answer[0].code == ResponseCode.SUCCESS
+        assert [m.body for m in decode_messages(answer[0].body)] == [b"wake up"]
+        # a hold that sees nothing is answered PULL_NOT_FOUND when it ends
+        empty = await client.invoke(node.address, pull_request("T", 3, suspend_ms=200), 5)
+        assert empty.code == ResponseCode.PULL_NOT_FOUND
+
+
+async def test_offsets_commit_query_and_survive_a_restart(tmp_path: Path) -> None:
+    query = RemotingCommand.request(
+        RequestCode.QUERY_CONSUMER_OFFSET,
+        QueryConsumerOffsetRequestHeader("G", "T", 1, set_zero_if_not_found=False),
+    )
+    async with running_broker(tmp_path) as node, RemotingClient() as client:
+        for i in range(5):
+            await client.invoke(node.address, send_request("T", f"m{i}".encode(), queue_id=1), 5)
+        never = await client.invoke(node.address, query, 5)
+        assert never.code == ResponseCode.QUERY_NOT_FOUND
+        commit = RemotingCommand.request(
+            RequestCode.UPDATE_CONSUMER_OFFSET, UpdateConsumerOffsetRequestHeader("G", "T", 1, 3)
+        )
+        assert (await client.invoke(node.address, commit, 5)).code == ResponseCode.SUCCESS
+        # a pull with the commit flag commits as well
+        await client.invoke(
+            node.address, pull_request("T", 1, 4, group="G2", commit_offset=4, sys_flag=0x5), 5
+        )
+    saved = json.loads((tmp_path / "config" / "consumerOffset.json").read_text())
+    assert saved["offsetTable"]["T@G"] == {"1": 3}
+    topics = decode_body(
+        TopicConfigSerializeWrapper, (tmp_path / "config" / "topics.json").read_bytes()
+    )
+    assert "T" in topics.topic_config_table
+
+    async with running_broker(tmp_path) as node, RemotingClient() as client:
+        restored = await client.invoke(node.address, query, 5)
+        assert restored.code == ResponseCode.SUCCESS and restored.ext_fields["offset"] == "3"
+        pulled = await client.invoke(node.address, pull_request("T", 1, 3), 5)
+        assert [m.body for m in decode_messages(pulled.body)] == [b"m3", b"m4"]
+        assert node.ctx.offsets.query("G2", "T", 1) == 4
+
+
+async def test_registers_with_every_nameserver_and_again_on_a_topic_change(tmp_path: Path) -> None:
+    async with (
+        running_nameserver() as (first, first_addr),
+        running_nameserver() as (second, second_addr),
+    ):
+        async with running_broker(tmp_path, namesrv_addrs=[first_addr, second_addr]) as node:
+            assert node.nameserver is None  # none embedded
+            for server in (first, second):
+                assert server.table.route("TBW102") is not None
+            async with RemotingClient() as client:
+                await client.invoke(node.address, create_topic_request("Fresh"), 5)
+            # re-registered at once, not after 30 s
+            with trio.fail_after(5):
+                await wait_for(
+                    lambda: all(s.table.route("Fresh") is not None for s in (first, second))
+                )
+        # a clean stop unregisters from both
+        for server in (first, second):
+            assert server.table.route("TBW102") is None
+
+
+class _Notifications:
+    def __init__(self) -> None:
+        self.groups: list[str] = []
+        self.dispatcher = Dispatcher()
+        self.dispatcher.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self.notified)
+
+    def notified(self, request: RemotingCommand, conn: Connection) -> None:
+        self.groups.append(request.ext_fields["consumerGroup"])
+
+
+def heartbeat(client_id: str, group: str) -> RemotingCommand:
+    data = HeartbeatData(
+        client_id,
+        consumer_data_set=[ConsumerData(group, subscription_data_set=[SubscriptionData("T")])],
+    )
+    return RemotingCommand.request(RequestCode.HEART_BEAT, body=encode_body(data))
+
+
+async def test_group_members_are_listed_and_told_when_the_group_changes(tmp_path: Path) -> None:
+    first, second = _Notifications(), _Notifications()
+    listing = RemotingCommand.request(
+        RequestCode.GET_CONSUMER_LIST_BY_GROUP, GetConsumerListByGroupRequestHeader("G")
+    )
+    async with (
+        running_broker(tmp_path) as node,
+        RemotingClient(dispatcher=first.dispatcher) as one,
+        RemotingClient(dispatcher=second.dispatcher) as two,
+    ):
+        assert (await one.invoke(node.address, heartbeat("c1", "G"), 5)).code == 0
+        assert (await two.invoke(node.address, heartbeat("c2", "G"), 5)).code == 0
+        await wait_for(lambda: first.groups.count("G") >= 2)  # itself, then c2 joining
+        members = await one.invoke(node.address, listing, 5)
+        assert decode_body(ConsumerListBody, members.body).consumer_id_list == ["c1", "c2"]
+        assert node.ctx.topics.get("%RETRY%G") is not None  # made at the first heartbeat
+
+        seen = len(first.groups)
+        bye = RemotingCommand.request(
+            RequestCode.UNREGISTER_CLIENT, UnregisterClientRequestHeader("c2", "", "G")
+        )
+        assert (await two.invoke(node.address, bye, 5)).code == 0
+        await wait_for(lambda: len(first.groups) > seen)
+        members = await one.invoke(node.address, listing, 5)
+        assert decode_body(ConsumerListBody, members.body).consumer_id_list == ["c1"]
+
+        one.close_connection(node.address)  # a closed connection leaves at once
+        await wait_for(lambda: node.ctx.consumers.client_ids("G") == [])
+        empty = await two.invoke(node.address, listing, 5)
+        assert empty.code == ResponseCode.SYSTEM_ERROR
+        assert "no consumer for this group" in (empty.remark or "")
+
+
+def test_silent_consumers_expire_after_the_channel_timeout() -> None:
+    changed: list[str] = []
+    manager = ConsumerManager()
+    manager.on_change.append(changed.append)
+
+    class FakeConnection:
+        closed_with: str | None = None
+
+        def close(self, reason: str) -> None:
+            self.closed_with = reason
+
+    conn = FakeConnection()
+    channel = ClientChannel("c1", conn, LanguageCode.PYTHON, 1, last_update_ms=1000)  # type: ignore[arg-type]
+    manager.register(ConsumerData("G"), channel)
+    manager.scan_expired(now_ms=1000 + 120_000, timeout_ms=120_000)
+    assert manager.client_ids("G") == ["c1"]  # exactly 120 s: still in
+    manager.scan_expired(now_ms=1000 + 120_001, timeout_ms=120_000)
+    assert manager.client_ids("G") == []
+    assert conn.closed_with == "client channel expired"
+    assert changed == ["G"]  # joined; the last member leaving ends the group quietly
+
+
+async def test_a_silent_broker_is_dropped_by_its_nameserver_after_120_seconds(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        running_nameserver(clock=virtual_ms()) as (server, addr),
+        running_broker(tmp_path, namesrv_addrs=[addr], clock=virtual_ms()) as node,
+    ):
+        assert server.table.route("TBW102") is not None
+        assert node.registrar is not None
+
+        async def silent() -> int:
+            return 0
+
+        node.registrar.register_all = silent  # type: ignore[method-assign]
+        await trio.sleep(115)
+        assert server.table.route("TBW102") is not None
+        await trio.sleep(20)  # past 120 s since the last registration, and a 10 s scan
+        assert server.table.route("TBW102") is None
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"listen_port": 70000}, "listen_port"),
+        ({"brokr_name": "x"}, "brokr_name"),
+        ({"broker_name": "a b"}, "broker_name 'a b'"),
+        ({"namesrv_addrs": ["nohost"]}, "nohost"),
+        ({"store": {"flush_disk_type": "SOMETIMES"}}, "SOMETIMES"),
+        ({"register_interval_s": -1}, "register_interval_s"),
+    ],
+)
+def test_bad_configuration_is_named(values: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigError, match=named.replace("(", r"\(")):
+        build_config(values)
+
+
+def test_configuration_files_are_read_and_checked(tmp_path: Path) -> None:
+    good = tmp_path / "broker.toml"
+    good.write_text('broker_name = "b"\nlisten_port = 1234\n[store]\nstore_dir = "s"\n')
+    config = load_config(good, {"listen_port": 4321, "store.flush_disk_type": "SYNC_FLUSH"})
+    assert (config.broker_name, config.listen_port) == ("b", 4321)
+    assert config.store.store_dir == Path("s")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("broker_name = \n")
+    with pytest.raises(ConfigError, match=r"bad\.toml is not valid TOML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")

@@ -1,0 +1,502 @@
+"""Producers and consumers against real brokers on loopback (in this process)."""
+
+from __future__ import annotations
+
+import collections
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from hamq.client import (
+    AdminClient,
+    BrokerError,
+    ConsumeResult,
+    InvalidArgumentError,
+    Message,
+    MessageExt,
+    MessageQueue,
+    NameServerUnavailableError,
+    NoRouteError,
+    Producer,
+    PullConsumer,
+    PullStatus,
+    PushConsumer,
+    SendError,
+    SendResult,
+    SendStatus,
+    hash_selector,
+)
+from hamq.client.blocking import Producer as BlockingProducer
+from hamq.client.blocking import PushConsumer as BlockingPushConsumer
+from hamq.protocol import ResponseCode
+from hamq.protocol.message import SYSFLAG_COMPRESSED
+from tests.broker_support import (
+    namesrv,
+    running_broker,
+    running_nameserver,
+    virtual_ms,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+
+async def create_topic(node_namesrv: str, topic: str, queues: int = 4) -> None:
+    async with AdminClient(node_namesrv) as admin:
+        await admin.create_topic(topic, queues)
+        with trio.fail_after(5):
+            while True:
+                try:
+                    route = await admin.topic_route(topic)
+                except NoRouteError:
+                    route = None
+                if route is not None:
+                    return
+                await trio.sleep(0.01)
+
+
+class Collector:
+    """A push consumer handler that records what it was given."""
+
+    def __init__(self) -> None:
+        self.messages: list[MessageExt] = []
+
+    def __call__(self, messages: list[MessageExt]) -> ConsumeResult:
+        self.messages.extend(messages)
+        return ConsumeResult.SUCCESS
+
+    def bodies(self) -> list[bytes]:
+        return [m.body for m in self.messages]
+
+
+async def test_ten_thousand_messages_reach_each_group_once_and_in_queue_order(
+    tmp_path: Path,
+) -> None:
+    total = 10_000
+    async with running_broker(tmp_path) as node:
+        ns = namesrv(node)
+        await create_topic(ns, "Big", 4)
+        stored: dict[tuple[int, int], bytes] = {}
+        counter = iter(range(total))
+
+        async with Producer("PG", ns) as producer:
+
+            async def sender() -> None:
+                for i in counter:
+                    body = f"message {i}".encode()
+                    result = await producer.send(Message("Big", body))
+                    assert result.status is SendStatus.SEND_OK
+                    stored[(result.queue.queue_id, result.queue_offset)] = body
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(16):
+                    nursery.start_soon(sender)
+        assert len(stored) == total
+        assert {q for q, _ in stored} == {0, 1, 2, 3}
+
+        groups = {"G1": Collector(), "G2": Collector()}
+        consumers = []
+        for group in groups:
+            consumer = PushConsumer(group, ns, consume_from="FIRST_OFFSET", pull_batch_size=64)
+            consumer.subscribe("Big")
+            consumers.append(consumer)
+        async with (
+            consumers[0].consuming(groups["G1"]),
+            consumers[1].consuming(groups["G2"]),
+        ):
+            await wait_for(lambda: all(len(c.messages) >= total for c in groups.values()), 60)
+            await trio.sleep(0.2)  # nothing more comes
+        for collector in groups.values():
+            assert len(collector.messages) == total  # each exactly once
+            per_queue: dict[int, list[int]] = collections.defaultdict(list)
+            for m in collector.messages:
+                assert stored[(m.queue_id, m.queue_offset)] == m.body
+                per_queue[m.queue_id].append(m.queue_offset)
+            for offsets in per_queue.values():
+                assert offsets == list(range(len(offsets)))  # queue order, no gaps
+        # the group's progress is committed at the end
+        assert node.ctx.offsets.query("G1", "Big", 0) == sum(1 for q, _ in stored if q == 0)
+
+
+async def test_two_consumers_split_the_queues_and_one_takes_over_when_the_other_leaves(
+    tmp_path: Path,
+) -> None:
+    async with running_broker(tmp_path) as node:
+        ns = namesrv(node)
+        await create_topic(ns, "Shared", 4)
+        first, second = Collector(), Collector()
+        a = PushConsumer("G", ns, consume_from="FIRST_OFFSET")
+        b = PushConsumer("G", ns, consume_from="FIRST_OFFSET")
+        for consumer in (a, b):
+            consumer.subscribe("Shared")
+
+        def topic_queues(consumer: PushConsumer) -> set[int]:
+            return {q.queue_id for q in consumer.assigned if q.topic == "Shared"}
+
+        async with Producer("PG", ns) as producer, a.consuming(first):
+            assert topic_queues(a) == {0, 1, 2, 3}
+            async with b.consuming(second):
+                # told by the broker, both rebalance at once
+                await wait_for(lambda: len(topic_queues(a)) == 2 and len(topic_queues(b)) == 2)
+                assert topic_queues(a).isdisjoint(topic_queues(b))
+                for i in range(200):
+                    await producer.send(Message("Shared", f"both {i}"))
+                await wait_for(lambda: len(first.messages) + len(second.messages) >= 200)
+                assert {m.queue_id for m in first.messages} <= topic_queues(a)
+                assert {m.queue_id for m in second.messages} <= topic_queues(b)
+            # b left (offsets committed, unregistered): a takes everything over
+            await wait_for(lambda: topic_queues(a) == {0, 1, 2, 3})
+            for i in range(100):
+                await producer.send(Message("Shared", f"after {i}"))
+            await wait_for(
+                lambda: sum(1 for body in first.bodies() if body.startswith(b"after")) >= 100
+            )
+        received = set(first.bodies()) | set(second.bodies())
+        assert received == {f"both {i}".encode() for i in range(200)} | {
+            f"after {i}".encode() for i in range(100)
+        }
+
+
+async def test_ordered_messages_stay_in_order_per_sharding_key(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as node:
+        ns = namesrv(node)
+        await create_topic(ns, "Orders", 4)
+        async with Producer("PG", ns) as producer:
+            for step in range(30):
+                for order in range(8):
+                    result = await producer.send(
+                        Message("Orders", f"{order}:{step}"), hash_selector, f"order-{order}"
+                    )
+                    assert result.queue == hash_selector(
+                        await producer.queues("Orders"), Message("Orders", b"x"), f"order-{order}"
+                    )
+        seen: dict[str, list[int]] = collections.defaultdict(list)
+        failed_once: set[str] = set()
+
+        async def handle(messages: list[MessageExt]) -> ConsumeResult:
+            order, step = messages[0].body.decode().split(":")
+            if step == "7" and order not in failed_once:  # a hiccup: retried in place
+                failed_once.add(order)
+                return ConsumeResult.SUSPEND_CURRENT_QUEUE_A_MOMENT
+            seen[order].append(int(step))
+            return ConsumeResult.SUCCESS
+
+        consumer = PushConsumer(
+            "OG", ns, consume_from="FIRST_OFFSET", orderly=True, suspend_current_queue_s=0.05
+        )
+        consumer.subscribe("Orders")
+        async with consumer.consuming(handle):
+            await wait_for(lambda: sum(len(s) for s in seen.values()) >= 240, 30)
+            queue = MessageQueue("Orders", "broker-a", 0)
+            assert node.ctx.locks.owner("OG", queue, node.ctx.clock()) == consumer.client_id
+        assert all(steps == list(range(30)) for steps in seen.values())
+        assert len(seen) == 8
+        assert node.ctx.locks.owner("OG", queue, node.ctx.clock()) is None  # unlocked at the end
+
+
+async def test_a_delayed_message_is_delivered_after_its_level(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_broker(tmp_path, clock=virtual_ms()) as node:
+        ns = namesrv(node)
+        await create_topic(ns, "Later", 1)
+        got = Collector()
+        consumer = PushConsumer("DG", ns, consume_from="FIRST_OFFSET")
+        consumer.subscribe("Later")
+        async with consumer.consuming(got), Producer("PG", ns) as producer:
+            sent_at = trio.current_time()
+            await producer.send(Message("Later", b"in ten seconds", delay_level=3))
+            await producer.send(Message("Later", b"now"))
+            await wait_for(lambda: len(got.messages) == 1, 60)
+            assert got.bodies() == [b"now"]
+            await wait_for(lambda: len(got.messages) == 2, 60)
+            waited = trio.current_time() - sent_at
+        delayed = got.messages[1]
+        assert delayed.body == b"in ten seconds"
+        assert waited >= 10.0
+        assert "DELAY" not in delayed.properties
+        # stored again (under its real topic) when due, by the broker's clock
+        assert delayed.store_timestamp - got.messages[0].store_timestamp >= 10_000
+
+
+async def test_failed_messages_are_retried_then_dead_lettered(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_broker(tmp_path, clock=virtual_ms()) as node:
+        ns = namesrv(node)
+        await create_topic(ns, "Work", 1)
+        attempts: list[tuple[str, int]] = []
+
+        def handle(messages: list[MessageExt]) -> ConsumeResult:
+            for m in messages:
+                attempts.append((m.topic, m.reconsume_times))
+                if m.body == b"poison":
+                    return ConsumeResult.RECONSUME_LATER
+            return ConsumeResult.SUCCESS
+
+        consumer = PushConsumer("RG", ns, consume_from="FIRST_OFFSET", max_reconsume_times=2)
+        consumer.subscribe("Work")
+        async with consumer.consuming(handle), Producer("PG", ns) as producer:
+            await producer.send(Message("Work", b"poison", keys="p1"))
+            await producer.send(Message("Work", b"fine"))
+            started = trio.current_time()
+            await wait_for(lambda: node.ctx.topics.get("%DLQ%RG") is not None, 120)
+            # retried after delay levels 3 (10 s) and 4 (30 s), in virtual time
+            assert trio.current_time() - started >= 40
+        # delivered once and retried twice, shown under its own topic each time
+        assert sorted(attempts) == [("Work", 0), ("Work", 0), ("Work", 1), ("Work", 2)]
+        async with PullConsumer("inspect", ns) as puller:
+            [dlq] = await puller.queues("%DLQ%RG")
+            result = await puller.pull(dlq, 0)
+        assert result.status is PullStatus.FOUND
+        [dead] = result.messages
+        assert dead.body == b"poison"
+        assert dead.properties["RETRY_TOPIC"] == "Work"
+        assert dead.reconsume_times == 3
+
+
+async def test_the_producer_keeps_sending_when_a_nameserver_dies(tmp_path: Path) -> None:
+    async with running_nameserver() as (_, second):
+        first_scope = trio.CancelScope()
+        ready = trio.Event()
+        first: list[str] = []
+
+        async def first_nameserver() -> None:
+            with first_scope:
+                async with running_nameserver() as (_, addr):
+                    first.append(addr)
+                    ready.set()
+                    await trio.sleep_forever()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first_nameserver)
+            await ready.wait()
+            async with (
+                running_broker(tmp_path, namesrv_addrs=[first[0], second]),
+                Producer("PG", [first[0], second]) as producer,
+            ):
+                producer.instance._namesrv_index = 0
+                assert (await producer.send(Message("A", b"1"))).status is SendStatus.SEND_OK
+                first_scope.cancel()  # the nameserver in use goes away
+                for topic in ("B", "C"):  # new topics: their routes must be looked up
+                    result = await producer.send(Message(topic, b"2"))
+                    assert result.status is SendStatus.SEND_OK
+                assert producer.instance.namesrv_addr == second
+                await producer.instance.refresh_routes()  # the periodic refresh works too
+
+
+async def test_a_broker_restart_keeps_messages_and_committed_offsets(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as node:
+        ns = namesrv(node)
+        async with Producer("PG", ns) as producer:
+            for i in range(100):
+                await producer.send(Message("Kept", f"old {i}"))
+        got = Collector()
+        consumer = PushConsumer("KG", ns, consume_from="FIRST_OFFSET")
+        consumer.subscribe("Kept")
+        async with consumer.consuming(got):
+            await wait_for(lambda: len(got.messages) == 100)
+    async with running_broker(tmp_path) as node:
+        ns = namesrv(node)
+        async with Producer("PG", ns) as producer:
+            for i in range(20):
+                await producer.send(Message("Kept", f"new {i}"))
+        again = Collector()
+        consumer = PushConsumer("KG", ns, consume_from="FIRST_OFFSET")
+        consumer.subscribe("Kept")
+        async with consumer.consuming(again):
+            await wait_for(lambda: len(again.messages) == 20)
+            await trio.sleep(0.2)
+        assert sorted(again.bodies()) == sorted(f"new {i}".encode() for i in range(20))
+        async with PullConsumer("fresh", ns) as puller:
+            kept = 0
+            for queue in await puller.queues("Kept"):
+                kept += len((await puller.pull(queue, 0, max_nums=1024)).messages)
+        assert kept == 120
+
+
+async def test_send_variants_and_what_consumers_see(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as node:
+        ns = namesrv(node)
+        await create_topic(ns, "V", 2)
+        async with Producer("PG", ns) as producer:
+            big = bytes(range(256)) * 40  # 10 KiB: goes compressed
+            one = await producer.send(
+                Message("V", big, tags="big", keys=["k1", "k2"], properties={"p": "v"}),
+                queue=MessageQueue("V", "broker-a", 1),
+            )
+            assert one.queue.queue_id == 1
+            batch = await producer.send_batch(
+                [Message("V", f"b{i}", tags="batch") for i in range(5)],
+                queue=MessageQueue("V", "broker-a", 0),
+            )
+            assert len(batch.msg_id.split(",")) == 5
+            called: list[SendResult | None] = []
+            done = trio.Event()
+
+            def callback(result: SendResult | None, error: BaseException | None) -> None:
+                called.append(result)
+                done.set()
+
+            await producer.send_async(Message("V", b"async", tags="a"), callback)
+            await producer.send_oneway(Message("V", b"oneway", tags="o"))
+            with trio.fail_after(5):
+                await done.wait()
+            assert called[0] is not None and called[0].status is SendStatus.SEND_OK
+
+        stored = node.store.look_message_by_offset(
+            int(one.offset_msg_id[16:], 16)
+        )  # on disk: compressed, flagged
+        assert stored.sys_flag & SYSFLAG_COMPRESSED and zlib.decompress(stored.body) == big
+
+        async with PullConsumer("PC", ns) as puller:
+            await wait_for(
+                lambda: (
+                    node.store.max_offset_in_queue("V", 0) + node.store.max_offset_in_queue("V", 1)
+                    == 8
+                )
+            )
+            everything = []
+            for queue in await puller.queues("V"):
+                everything += (await puller.pull(queue, 0)).messages
+            by_tags = {m.tags: m for m in everything}
+            assert by_tags["big"].body == big  # inflated for the consumer
+            assert by_tags["big"].keys == ["k1", "k2"] and by_tags["big"].properties["p"] == "v"
+            assert by_tags["big"].msg_id == one.msg_id
+            assert sum(1 for m in everything if m.tags == "batch") == 5
+            assert {b"async", b"oneway"} <= {m.body for m in everything}
+            queue0 = MessageQueue("V", "broker-a", 0)
+            only_batch = await puller.pull(queue0, 0, "batch")
+            assert {m.tags for m in only_batch.messages} == {"batch"}
+            # long polling from the consumer's side: answered when a message comes
+            caught_up = await puller.max_offset(queue0)
+            async with trio.open_nursery() as nursery:
+                results: list[object] = []
+
+                async def wait_pull() -> None:
+                    results.append(await puller.pull(queue0, caught_up, wait_s=20))
+
+                nursery.start_soon(wait_pull)
+                await wait_for(lambda: node.statistics().held_pulls == 1)
+                async with Producer("PG2", ns) as producer:
+                    await producer.send(Message("V", b"late"), queue=queue0)
+            [late] = results
+            assert [m.body for m in late.messages] == [b"late"]  # type: ignore[attr-defined]
+            await puller.commit_offset(queue0, 3)
+            assert await puller.committed_offset(queue0) == 3
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (Message("bad topic", b"x"), "may only contain"),
+        (Message("x" * 128, b"x"), "is 128 characters, over 127"),
+        (Message("T", b""), "body to topic T is empty"),
+        (Message("T", b"x" * 70_000), "exceeds the maximum 65536 bytes"),
+        (Message("T", b"x", properties={"TAGS": "a"}), "set through the Message's own field"),
+        (Message("T", b"x", properties={"a": "b\x01"}), "\\\\x01"),
+        (Message("T", b"x", delay_level=300), "delay_level 300"),
+        (Message("TBW102", b"x"), "system topic TBW102"),
+    ],
+)
+async def test_bad_messages_are_refused_before_sending(
+    tmp_path: Path, message: Message, error: str
+) -> None:
+    async with (
+        running_broker(tmp_path) as node,
+        Producer("PG", namesrv(node), max_message_size=65536) as producer,
+    ):
+        with pytest.raises(InvalidArgumentError, match=error):
+            await producer.send(message)
+
+
+async def test_refusals_and_failures_name_their_cause(tmp_path: Path) -> None:
+    async with running_broker(
+        tmp_path, auto_create_topic_enable=False, store={"max_message_bytes": 1024}
+    ) as node:
+        ns = namesrv(node)
+        async with Producer("PG", ns, send_timeout_s=2) as producer:
+            # sent through TBW102's route, as RocketMQ does, and refused by the broker
+            with pytest.raises(SendError, match=r"topic\[Unknown\] not exist") as info:
+                await producer.send(Message("Unknown", b"x"))
+            cause = info.value.__cause__
+            assert isinstance(cause, BrokerError) and cause.code == ResponseCode.TOPIC_NOT_EXIST
+            await create_topic(ns, "Small", 1)
+            with pytest.raises(SendError) as refused:
+                await producer.send(Message("Small", b"x" * 2000))
+            illegal = refused.value.__cause__
+            assert isinstance(illegal, BrokerError) and illegal.code == ResponseCode.MESSAGE_ILLEGAL
+            assert "over max_message_bytes 1024" in str(refused.value)
+            assert len(refused.value.attempts) == 1  # not a retriable refusal
+
+            def nowhere(queues: list[MessageQueue], message: Message, arg: object) -> MessageQueue:
+                return MessageQueue("Small", "broker-z", 0)
+
+            with pytest.raises(InvalidArgumentError, match="not one of the topic's queues"):
+                await producer.send(Message("Small", b"x"), nowhere)
+            with pytest.raises(InvalidArgumentError, match="sharding key"):
+                await producer.send(Message("Small", b"x"), hash_selector, 1.5)
+    async with Producer("PG", "127.0.0.1:1", send_timeout_s=2) as lost:
+        with pytest.raises(SendError) as unreachable:
+            await lost.send(Message("T", b"x"))
+        assert isinstance(unreachable.value.__cause__, NameServerUnavailableError)
+        assert "127.0.0.1:1" in str(unreachable.value)
+
+
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (lambda: Producer("PG", "nohost"), "nameserver address 'nohost'"),
+        (lambda: Producer("PG", []), "no nameserver address"),
+        (lambda: Producer("", "127.0.0.1:9876"), "producer group is empty"),
+        (lambda: Producer("PG", "127.0.0.1:9876", compress_level=11), "compress_level 11"),
+        (lambda: PushConsumer("G", "127.0.0.1:9876", consume_from="soon"), "consume_from 'soon'"),
+        (lambda: PushConsumer("G", "127.0.0.1:9876", pull_batch_size=0), "pull_batch_size 0"),
+        (lambda: PushConsumer("bad group", "127.0.0.1:9876"), "may only contain"),
+        (
+            lambda: PushConsumer("G", "127.0.0.1:9876", consume_from="TIMESTAMP"),
+            "consume_timestamp_ms",
+        ),
+    ],
+)
+def test_bad_client_settings_are_named(make: object, error: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=error):
+        make()  # type: ignore[operator]
+
+
+async def test_a_consumer_needs_a_subscription_and_a_handler() -> None:
+    consumer = PushConsumer("G", "127.0.0.1:9876")
+    with pytest.raises(InvalidArgumentError, match="subscribe to a topic"):
+        await consumer.run(Collector())
+    with pytest.raises(InvalidArgumentError, match="may only contain"):
+        consumer.subscribe("no such topic")
+
+
+async def test_the_blocking_facade_sends_and_consumes(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as node:
+        ns = namesrv(node)
+
+        def blocking_program() -> list[bytes]:
+            with BlockingProducer("PG", ns) as producer:
+                for i in range(10):
+                    assert producer.send(Message("Plain", f"m{i}")).status is SendStatus.SEND_OK
+            got: list[bytes] = []
+            consumer = BlockingPushConsumer("BG", ns, consume_from="FIRST_OFFSET")
+            consumer.subscribe("Plain")
+            consumer.start(lambda messages: got.extend(m.body for m in messages))
+            try:
+                for _ in range(500):  # no Trio in this thread: plain sleeps
+                    if len(got) >= 10:
+                        break
+                    time.sleep(0.01)
+                assert {q.topic for q in consumer.assigned} == {"Plain", "%RETRY%BG"}
+            finally:
+                consumer.shutdown()
+            return got
+
+        got = await trio.to_thread.run_sync(blocking_program)
+        assert sorted(got) == sorted(f"m{i}".encode() for i in range(10))
