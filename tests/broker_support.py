@@ -86,6 +86,8 @@ def send_request(
     *,
     queue_id: int = 0,
     code: int = RequestCode.SEND_MESSAGE_V2,
+    flag: int = 0,
+    batch: bool | None = None,
     **properties: str,
 ) -> RemotingCommand:
     """A raw SEND_MESSAGE_V2 (or _BATCH) request as Java clients make it."""
@@ -97,8 +99,9 @@ def send_request(
         queue_id=queue_id,
         sys_flag=0,
         born_timestamp=1,
-        flag=0,
+        flag=flag,
         properties=encode_properties(properties),
+        batch=batch,
     )
     fields = encode_header(header)
     if code != RequestCode.SEND_MESSAGE:

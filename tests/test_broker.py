@@ -38,7 +38,13 @@ from hamq.protocol.headers import (
     UpdateConsumerOffsetRequestHeader,
     ViewMessageRequestHeader,
 )
-from hamq.protocol.message import decode_message, decode_messages, parse_offset_msg_id
+from hamq.protocol.message import (
+    BatchEntry,
+    decode_message,
+    decode_messages,
+    encode_batch,
+    parse_offset_msg_id,
+)
 from hamq.remoting import Connection, Dispatcher, RemotingClient
 from tests.broker_support import (
     running_broker,
@@ -392,6 +398,8 @@ async def test_a_silent_broker_is_dropped_by_its_nameserver_after_120_seconds(
         ({"namesrv_addrs": ["nohost"]}, "nohost"),
         ({"store": {"flush_disk_type": "SOMETIMES"}}, "SOMETIMES"),
         ({"register_interval_s": -1}, "register_interval_s"),
+        ({"listen_host": "localhost"}, "listen_host 'localhost' is not an IP address"),
+        ({"listen_host": "0.0.0.0"}, "listen_host '0.0.0.0' is a wildcard"),
     ],
 )
 def test_bad_configuration_is_named(values: dict[str, object], named: str) -> None:
@@ -411,3 +419,115 @@ def test_configuration_files_are_read_and_checked(tmp_path: Path) -> None:
         load_config(bad)
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.toml")
+
+
+async def test_a_held_pull_does_not_commit_its_stale_offset_again(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as node, RemotingClient() as client:
+        await client.invoke(node.address, create_topic_request("T"), 5)
+        held = pull_request("T", 0, 0, suspend_ms=300, commit_offset=5, sys_flag=0x5)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.invoke, node.address, held, 5)
+            await wait_for(lambda: node.statistics().held_pulls == 1)
+            assert node.ctx.offsets.query("G", "T", 0) == 5  # committed on arrival
+            newer = RemotingCommand.request(
+                RequestCode.UPDATE_CONSUMER_OFFSET,
+                UpdateConsumerOffsetRequestHeader("G", "T", 0, 8),
+            )
+            await client.invoke(node.address, newer, 5)
+        # the hold ran out and the pull ran again: the group stays at 8
+        assert node.statistics().pulls_answered_on_timeout == 1
+        assert node.ctx.offsets.query("G", "T", 0) == 8
+
+
+async def test_a_held_pull_wakes_only_for_a_message_it_takes(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as node, RemotingClient() as client:
+        await client.invoke(node.address, create_topic_request("T"), 5)
+        answer: list[RemotingCommand] = []
+
+        async def pull() -> None:
+            request = pull_request("T", 1, 0, suspend_ms=30_000, subscription="a")
+            answer.append(await client.invoke(node.address, request, 40))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pull)
+            await wait_for(lambda: node.statistics().held_pulls == 1)
+            await client.invoke(
+                node.address, send_request("T", b"not for it", queue_id=1, TAGS="b"), 5
+            )
+            await node.store.wait_dispatched()
+            await trio.sleep(0.05)
+            assert not answer and node.statistics().held_pulls == 1  # still waiting
+            await client.invoke(node.address, send_request("T", b"for it", queue_id=1, TAGS="a"), 5)
+            await wait_for(lambda: bool(answer))
+        assert [m.body for m in decode_messages(answer[0].body)] == [b"for it"]
+
+
+async def test_sync_flush_refuses_before_storing_when_too_many_wait(tmp_path: Path) -> None:
+    async with (
+        running_broker(
+            tmp_path,
+            store={"flush_disk_type": "SYNC_FLUSH"},
+            remoting={"max_in_flight_per_connection": 2},
+        ) as node,
+        RemotingClient() as client,
+    ):
+        await client.invoke(node.address, create_topic_request("T"), 5)
+        codes: list[int] = []
+
+        async def send(i: int) -> None:
+            response = await client.invoke(node.address, send_request("T", b"%d" % i), 10)
+            codes.append(response.code)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(64):
+                nursery.start_soon(send, i)
+        ok, busy = codes.count(ResponseCode.SUCCESS), codes.count(ResponseCode.SYSTEM_BUSY)
+        assert ok + busy == 64 and busy > 0
+        await node.store.wait_dispatched()
+        # exactly the answered ones are stored: a refusal stored nothing
+        assert node.store.max_offset_in_queue("T", 0) == ok
+
+
+async def test_a_batch_is_stored_whole_or_not_at_all(tmp_path: Path) -> None:
+    entries = [BatchEntry(b"small"), BatchEntry(b"x" * 70_000), BatchEntry(b"small")]
+    async with (
+        running_broker(tmp_path, store={"max_message_bytes": 65536}) as node,
+        RemotingClient() as client,
+    ):
+        await client.invoke(node.address, create_topic_request("T"), 5)
+        request = send_request(
+            "T", encode_batch(entries), code=RequestCode.SEND_BATCH_MESSAGE, batch=True
+        )
+        refused = await client.invoke(node.address, request, 5)
+        assert refused.code == ResponseCode.MESSAGE_ILLEGAL
+        assert "batch entry 1" in (refused.remark or "")
+        assert node.store.commitlog_max_offset == 0
+        good = send_request(
+            "T",
+            encode_batch([BatchEntry(b"a"), BatchEntry(b"b")]),
+            code=RequestCode.SEND_BATCH_MESSAGE,
+        )
+        answer = await client.invoke(node.address, good, 5)
+        assert answer.code == ResponseCode.SUCCESS
+        assert len(answer.header(SendMessageResponseHeader).msg_id.split(",")) == 2
+
+
+async def test_numbers_and_names_out_of_range_are_refused_by_name(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as node, RemotingClient() as client:
+        await client.invoke(node.address, create_topic_request("T"), 5)
+        huge = await client.invoke(node.address, send_request("T", flag=2**40), 5)
+        assert huge.code == ResponseCode.MESSAGE_ILLEGAL
+        assert "flag 1099511627776 does not fit" in (huge.remark or "")
+        negative = RemotingCommand.request(
+            RequestCode.UPDATE_CONSUMER_OFFSET, UpdateConsumerOffsetRequestHeader("G", "T", 0, -9)
+        )
+        refused = await client.invoke(node.address, negative, 5)
+        assert refused.code == ResponseCode.INVALID_PARAMETER
+        assert "commitOffset -9 is negative" in (refused.remark or "")
+        odd = await client.invoke(node.address, heartbeat("c1", "a@b"), 5)
+        assert odd.code == ResponseCode.INVALID_PARAMETER and "group 'a@b'" in (odd.remark or "")
+        assert node.ctx.consumers.client_ids("a@b") == []
+        middle = RemotingCommand.request(
+            RequestCode.VIEW_MESSAGE_BY_ID, ViewMessageRequestHeader(5)
+        )
+        assert (await client.invoke(node.address, middle, 5)).code == ResponseCode.SYSTEM_ERROR

@@ -500,3 +500,77 @@ async def test_the_blocking_facade_sends_and_consumes(tmp_path: Path) -> None:
 
         got = await trio.to_thread.run_sync(blocking_program)
         assert sorted(got) == sorted(f"m{i}".encode() for i in range(10))
+
+
+async def test_sends_go_to_another_broker_when_one_is_down(tmp_path: Path) -> None:
+    async with running_nameserver() as (_, ns):
+        doomed = trio.CancelScope()
+        up, gone = trio.Event(), trio.Event()
+
+        async def broker_a() -> None:
+            with doomed:
+                async with running_broker(tmp_path / "a", namesrv_addrs=[ns], broker_name="a"):
+                    up.set()
+                    await trio.sleep_forever()
+            gone.set()
+
+        async with (
+            trio.open_nursery() as nursery,
+            running_broker(tmp_path / "b", namesrv_addrs=[ns], broker_name="b"),
+        ):
+            nursery.start_soon(broker_a)
+            await up.wait()
+            async with AdminClient(ns) as admin:
+                await admin.create_topic("Both", 2)
+            async with Producer("PG", ns, latency_fault_tolerance=True) as producer:
+                queues = await producer.queues("Both")
+                assert {q.broker_name for q in queues} == {"a", "b"}
+                doomed.cancel()  # broker a goes away; the producer's route still lists it
+                await gone.wait()
+                results = [await producer.send(Message("Both", f"m{i}")) for i in range(20)]
+        assert all(r.status is SendStatus.SEND_OK for r in results)
+        assert {r.queue.broker_name for r in results} == {"b"}
+        # a failed once and is then avoided for a while
+        assert not producer.faults.available("a", trio.current_time())
+
+
+async def test_where_a_new_group_starts(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as node:
+        ns = namesrv(node)
+        await create_topic(ns, "From", 1)
+        async with Producer("PG", ns) as producer:
+            for i in range(3):
+                await producer.send(Message("From", f"old {i}"))
+            await trio.sleep(0.05)
+            boundary_ms = node.ctx.clock()
+            await trio.sleep(0.05)
+            await producer.send(Message("From", b"recent"))
+            results: dict[str, Collector] = {}
+            for name, options in {
+                "first": {"consume_from": "FIRST_OFFSET"},
+                "last": {"consume_from": "LAST_OFFSET"},
+                "stamp": {"consume_from": "TIMESTAMP", "consume_timestamp_ms": boundary_ms},
+            }.items():
+                collector = results[name] = Collector()
+                consumer = PushConsumer(f"G-{name}", ns, **options)  # type: ignore[arg-type]
+                consumer.subscribe("From")
+                async with consumer.consuming(collector):
+                    await producer.send(Message("From", f"live {name}"))
+                    await wait_for(lambda c=collector, n=name: f"live {n}".encode() in c.bodies())
+        assert results["first"].bodies() == [b"old 0", b"old 1", b"old 2", b"recent", b"live first"]
+        assert results["last"].bodies() == [b"live last"]  # only what came after it joined
+        assert results["stamp"].bodies()[:1] == [b"recent"]
+
+
+async def test_leaving_the_producer_waits_for_async_sends(tmp_path: Path) -> None:
+    async with running_broker(tmp_path, store={"flush_disk_type": "SYNC_FLUSH"}) as node:
+        outcomes: list[SendResult | None] = []
+
+        def callback(result: SendResult | None, error: BaseException | None) -> None:
+            outcomes.append(result)
+
+        async with Producer("PG", namesrv(node)) as producer:
+            for i in range(300):
+                await producer.send_async(Message("Async", f"m{i}"), callback)
+        assert len(outcomes) == 300  # every callback ran before the block ended
+        assert all(r is not None and r.status is SendStatus.SEND_OK for r in outcomes)

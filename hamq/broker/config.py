@@ -18,6 +18,7 @@ RocketMQ's BrokerConfig in snake_case.
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -83,6 +84,22 @@ class BrokerConfig:
     #: queue locks of orderly consumers last this long unless renewed (RocketMQ: 60 s)
     rebalance_lock_max_live_s: float = attrs.field(default=60.0, validator=v.gt(0.0))
     remoting: RemotingConfig = attrs.field(factory=RemotingConfig)
+
+    def __attrs_post_init__(self) -> None:
+        host = self.advertised_host
+        field = "broker_ip" if self.broker_ip else "listen_host"
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(
+                f"{field} {host!r} is not an IP address; set broker_ip to the address "
+                "clients and other brokers reach this broker at"
+            ) from None
+        if address.is_unspecified:
+            raise ValueError(
+                f"{field} {host!r} is a wildcard; set broker_ip to the address clients "
+                "and other brokers reach this broker at"
+            )
 
     @property
     def advertised_host(self) -> str:

@@ -13,6 +13,7 @@ from hamq.broker.offsets import ConsumerOffsetManager
 from hamq.broker.subscriptions import SubscriptionGroupManager
 from hamq.broker.topics import TopicConfigManager
 from hamq.protocol.message import MessageIdGenerator
+from hamq.remoting import format_address
 from hamq.store import MessageStore
 
 
@@ -36,7 +37,7 @@ class BrokerContext:
     @property
     def address(self) -> str:
         """``ip:port`` of this broker as clients reach it (STOREHOST)."""
-        return f"{self.config.advertised_host}:{self.port}"
+        return format_address(self.config.advertised_host, self.port)
 
     @property
     def store_host(self) -> tuple[str, int]:

@@ -34,7 +34,7 @@ from hamq.broker.registration import Notifier, Registrar
 from hamq.broker.subscriptions import SubscriptionGroupManager
 from hamq.broker.topics import TopicConfigManager
 from hamq.protocol.message import MessageIdGenerator
-from hamq.remoting import Connection, Dispatcher, RemotingClient, RemotingServer
+from hamq.remoting import Connection, Dispatcher, RemotingClient, RemotingServer, format_address
 from hamq.store import MessageStore
 from hamq.store.message_store import wall_clock_ms
 from nameserver import NameServer, NameServerConfig
@@ -54,6 +54,8 @@ class BrokerStatistics:
     consumer_groups: int
     producer_groups: int
     held_pulls: int
+    pulls_answered_on_arrival: int
+    pulls_answered_on_timeout: int
     registrations: int
     notifications_sent: int
 
@@ -63,9 +65,7 @@ class BrokerNode:
         self.config = config
         self._clock = clock
         store_dir = Path(config.store.store_dir)
-        self.store = MessageStore(
-            config.store, clock=self._clock, retention_floor=self._retention_floor
-        )
+        self.store = MessageStore(config.store, clock=self._clock)
         consumers = ConsumerManager()
         self.notifier = Notifier(consumers)
         self.ctx = BrokerContext(
@@ -117,9 +117,6 @@ class BrokerNode:
     def address(self) -> str:
         return self.ctx.address
 
-    def _retention_floor(self) -> int:
-        return self.ctx.offsets.lowest_needed_commitlog_offset(self.store)
-
     def _connection_closed(self, conn: Connection) -> None:
         self.ctx.consumers.connection_closed(conn)
         self.ctx.producers.connection_closed(conn)
@@ -157,7 +154,7 @@ class BrokerNode:
                     )
                 )
                 port = await nursery.start(self.nameserver.run)
-                namesrv_addrs = [f"{self.config.listen_host}:{port}"]
+                namesrv_addrs = [format_address(self.config.advertised_host, port)]
                 self.namesrv_addrs = namesrv_addrs
             ctx.port = await nursery.start(self.server.run)
             await nursery.start(ctx.pull_holds.run)
@@ -220,6 +217,8 @@ class BrokerNode:
             consumer_groups=len(self.ctx.consumers.groups),
             producer_groups=len(self.ctx.producers.groups),
             held_pulls=holds.held if holds is not None else 0,
+            pulls_answered_on_arrival=holds.answered_on_arrival if holds is not None else 0,
+            pulls_answered_on_timeout=holds.answered_on_timeout if holds is not None else 0,
             registrations=self.registrar.registrations if self.registrar else 0,
             notifications_sent=self.notifier.sent,
         )

@@ -26,7 +26,7 @@ from hamq.protocol.headers import (
     RegisterBrokerResponseHeader,
     UnregisterBrokerRequestHeader,
 )
-from hamq.remoting import RemotingClient, RemotingError
+from hamq.remoting import RemotingClient, RemotingError, format_address
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +54,10 @@ class Registrar:
         await self.register_all()
         task_status.started()
         while True:
-            self._changed = trio.Event()
             with trio.move_on_after(self.ctx.config.register_interval_s):
                 await self._changed.wait()
+            # a fresh event before registering: a change during it means once more
+            self._changed = trio.Event()
             await self.register_all()
 
     def _request(self) -> RemotingCommand:
@@ -66,7 +67,7 @@ class Registrar:
             broker_name=config.broker_name,
             broker_addr=self.ctx.address,
             cluster_name=config.cluster_name,
-            ha_server_addr=f"{config.advertised_host}:{self.ctx.port + 1}",
+            ha_server_addr=format_address(config.advertised_host, self.ctx.port + 1),
             broker_id=config.broker_id,
             heartbeat_timeout_millis=None,
             compressed=False,

@@ -11,7 +11,16 @@ from pathlib import Path
 import attrs
 
 from hamq.broker.state import StateFile
+from hamq.protocol import RequestError, ResponseCode
 from hamq.protocol.bodies import SubscriptionGroupConfig, SubscriptionGroupWrapper
+from hamq.protocol.message import group_error
+
+
+def check_group(group: str) -> None:
+    """RequestError(INVALID_PARAMETER) naming what is wrong with a group name."""
+    problem = group_error(group)
+    if problem is not None:
+        raise RequestError(ResponseCode.INVALID_PARAMETER, problem)
 
 
 class SubscriptionGroupManager(StateFile[SubscriptionGroupWrapper]):
@@ -28,9 +37,11 @@ class SubscriptionGroupManager(StateFile[SubscriptionGroupWrapper]):
         return SubscriptionGroupWrapper({k: attrs.evolve(v) for k, v in self.table.items()})
 
     def find(self, group: str) -> SubscriptionGroupConfig | None:
-        """The group's settings; created with defaults if auto-creation is on."""
+        """The group's settings; created with defaults if auto-creation is on (and the
+        name is valid: RequestError INVALID_PARAMETER otherwise)."""
         config = self.table.get(group)
         if config is None and self.auto_create:
+            check_group(group)
             config = self.table[group] = SubscriptionGroupConfig(group)
             self.mark_dirty()
         return config
@@ -38,9 +49,3 @@ class SubscriptionGroupManager(StateFile[SubscriptionGroupWrapper]):
     def update(self, config: SubscriptionGroupConfig) -> None:
         self.table[config.group_name] = config
         self.mark_dirty()
-
-    def delete(self, group: str) -> bool:
-        if self.table.pop(group, None) is None:
-            return False
-        self.mark_dirty()
-        return True

@@ -26,23 +26,9 @@ from hamq.protocol.bodies import (
     TopicConfig,
     TopicConfigSerializeWrapper,
 )
-from hamq.protocol.message import topic_error
-from hamq.store import SCHEDULE_TOPIC
+from hamq.protocol.message import DEFAULT_TOPIC, SCHEDULE_TOPIC, topic_error
 
 log = logging.getLogger(__name__)
-
-DEFAULT_TOPIC = "TBW102"
-RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
-DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
-SYSTEM_TOPICS = frozenset({DEFAULT_TOPIC, SCHEDULE_TOPIC})
-
-
-def retry_topic(group: str) -> str:
-    return RETRY_GROUP_TOPIC_PREFIX + group
-
-
-def dlq_topic(group: str) -> str:
-    return DLQ_GROUP_TOPIC_PREFIX + group
 
 
 class TopicConfigManager(StateFile[TopicConfigSerializeWrapper]):

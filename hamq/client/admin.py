@@ -13,19 +13,25 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any
 
 import attrs
 import trio
 
 from hamq.client.consumer import PullCaller
-from hamq.client.errors import BrokerError, ClientError, InvalidArgumentError, NoRouteError
-from hamq.client.instance import ClientConfig, ClientInstance, client_config
+from hamq.client.errors import (
+    NETWORK_ERRORS,
+    BrokerError,
+    ClientError,
+    InvalidArgumentError,
+    NoRouteError,
+)
+from hamq.client.instance import ClientConfig, InstanceOwner, client_config
 from hamq.client.message import check_topic
-from hamq.client.route_cache import DEFAULT_TOPIC, subscribe_queues
+from hamq.client.route_cache import subscribe_queues
 from hamq.protocol import RequestCode
 from hamq.protocol.bodies import (
+    MAX_QUEUE_NUMS,
     PERM_READ,
     PERM_WRITE,
     ClusterInfo,
@@ -35,9 +41,7 @@ from hamq.protocol.bodies import (
     decode_body,
 )
 from hamq.protocol.headers import CreateTopicRequestHeader, DeleteTopicRequestHeader
-from hamq.remoting import RemotingError
-
-MAX_QUEUE_NUMS = 1024
+from hamq.protocol.message import DEFAULT_TOPIC
 
 
 @attrs.frozen
@@ -47,36 +51,15 @@ class QueueStatus:
     max_offset: int
 
 
-class AdminClient:
+class AdminClient(InstanceOwner):
+    _kind = "admin client"
+
     def __init__(
         self,
         namesrv: str | Sequence[str] | ClientConfig = "127.0.0.1:9876",
         **client_options: Any,
     ) -> None:
         self.config = client_config(namesrv, **client_options)
-        self._instance: ClientInstance | None = None
-
-    async def __aenter__(self) -> AdminClient:
-        instance = ClientInstance(self.config)
-        await instance.__aenter__()
-        self._instance = instance
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        instance, self._instance = self._instance, None
-        assert instance is not None
-        return await instance.__aexit__(exc_type, exc, tb)
-
-    @property
-    def instance(self) -> ClientInstance:
-        if self._instance is None:
-            raise ClientError("the admin client is not started: use it as `async with`")
-        return self._instance
 
     async def _namesrv(self, code: RequestCode, header: Any = None) -> bytes:
         instance = self.instance
@@ -191,7 +174,7 @@ class AdminClient:
                 await instance.invoke_ok(
                     addr, instance.request(RequestCode.DELETE_TOPIC_IN_NAMESRV, header)
                 )
-            except (RemotingError, BrokerError) as exc:
+            except NETWORK_ERRORS as exc:
                 errors.append(f"{addr}: {exc}")
 
         async with trio.open_nursery() as nursery:

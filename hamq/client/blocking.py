@@ -8,9 +8,11 @@
 
 Each object runs the Trio client in an event loop of its own, in a background thread;
 a method call hands the work to that loop (``trio.from_thread.run``) and waits for its
-answer, so errors are the async client's errors, raised in the caller's thread. A push
-consumer's handler is an ordinary function; it runs in worker threads, at most
-``consume_thread_max`` (20) at once. ``send_async`` callbacks run in the loop's
+answer, so errors are the async client's errors, raised in the caller's thread; if the
+client itself fails, the next call (or ``shutdown``) raises ClientError with the cause. A
+push consumer's handler is an ordinary function; it runs in worker threads, at most
+``consume_thread_max`` (20) at once; one still running at shutdown is left to finish,
+and its messages come again later (at least once). ``send_async`` callbacks run in the loop's
 thread: keep them short. Objects are thread-safe: any thread may call them.
 """
 
@@ -66,7 +68,10 @@ class _LoopThread(Generic[T]):
         self._thread.start()
         self._ready.wait()
         if self._error is not None:
-            raise self._error
+            error, self._error = self._error, None
+            self._thread.join(CLOSE_TIMEOUT_S)
+            self._thread = None
+            raise error
         assert self.value is not None
         return self.value
 
@@ -78,11 +83,8 @@ class _LoopThread(Generic[T]):
                 self.value = value
                 self._ready.set()
                 await self._stop.wait()
-        except BaseException as exc:
-            if not self._ready.is_set():
-                self._error = exc
-            else:
-                raise
+        except BaseException as exc:  # kept for the caller's thread, raised there
+            self._error = exc
         finally:
             self._ready.set()
 
@@ -92,7 +94,7 @@ class _LoopThread(Generic[T]):
         try:
             return trio.from_thread.run(fn, trio_token=self._token)
         except trio.RunFinishedError:
-            raise ClientError(f"{self._name} is closed") from None
+            raise ClientError(f"{self._name} is closed") from self._error
 
     def close(self) -> None:
         thread, self._thread = self._thread, None
@@ -106,6 +108,11 @@ class _LoopThread(Generic[T]):
         thread.join(CLOSE_TIMEOUT_S)
         self._token = None
         self.value = None
+        if thread.is_alive():
+            raise ClientError(f"{self._name} did not stop within {CLOSE_TIMEOUT_S:g}s")
+        error, self._error = self._error, None
+        if error is not None and not isinstance(error, trio.Cancelled):
+            raise ClientError(f"{self._name} failed: {error}") from error
 
 
 class _Blocking(Generic[T]):
@@ -293,7 +300,11 @@ class PushConsumer(_Blocking[push_consumer.PushConsumer]):
         limiter = trio.CapacityLimiter(self._threads)
 
         async def in_thread(messages: list[MessageExt]) -> ConsumeResult | None:
-            return await trio.to_thread.run_sync(handler, messages, limiter=limiter)
+            # a handler still running at shutdown is left to finish on its own; its
+            # messages are not committed, so they come again (at least once)
+            return await trio.to_thread.run_sync(
+                handler, messages, limiter=limiter, abandon_on_cancel=True
+            )
 
         async with self._async.consuming(in_thread) as running:
             yield running

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any
 
-from hamq.client.errors import BrokerError, ClientError, InvalidArgumentError, NoRouteError
-from hamq.client.instance import ClientConfig, ClientInstance, client_config
-from hamq.client.message import PullResult, PullStatus, check_topic, inflate, tags_of
+from hamq.client.errors import BrokerError, ClientError, InvalidArgumentError
+from hamq.client.instance import ClientConfig, ClientInstance, InstanceOwner, client_config
+from hamq.client.message import PullResult, PullStatus, check_topic, inflate
 from hamq.protocol import RequestCode, ResponseCode
 from hamq.protocol.bodies import MASTER_ID, MessageQueue
 from hamq.protocol.headers import (
+    PULL_FLAG_SUBSCRIPTION,
+    PULL_FLAG_SUSPEND,
     GetMaxOffsetRequestHeader,
     GetMinOffsetRequestHeader,
     OffsetResponseHeader,
@@ -35,14 +36,9 @@ from hamq.protocol.headers import (
     SearchOffsetRequestHeader,
     UpdateConsumerOffsetRequestHeader,
 )
-from hamq.protocol.message import MessageFormatError, decode_messages
+from hamq.protocol.message import MessageFormatError, decode_messages, parse_tags
 
 log = logging.getLogger(__name__)
-
-#: PULL_MESSAGE sysFlag bits (shared/PROTOCOL.md §5.3)
-FLAG_COMMIT_OFFSET = 0x1
-FLAG_SUSPEND = 0x2
-FLAG_SUBSCRIPTION = 0x4
 
 _PULL_STATUSES: dict[int, PullStatus] = {
     ResponseCode.SUCCESS: PullStatus.FOUND,
@@ -68,16 +64,6 @@ class PullCaller:
         #: queue -> the broker id its last pull answer suggested
         self.suggested: dict[MessageQueue, int] = {}
 
-    async def _addr(self, queue: MessageQueue, broker_id: int = MASTER_ID) -> str:
-        instance = self.instance
-        addr = instance.broker_addr(queue.broker_name, broker_id)
-        if addr is None:
-            await instance.update_route(queue.topic)
-            addr = instance.broker_addr(queue.broker_name, broker_id)
-        if addr is None:
-            raise NoRouteError(f"no address known for broker {queue.broker_name} ({queue})")
-        return addr
-
     async def pull(
         self,
         queue: MessageQueue,
@@ -86,20 +72,20 @@ class PullCaller:
         max_nums: int,
         *,
         timeout_s: float,
-        sys_flag: int = FLAG_SUBSCRIPTION,
+        sys_flag: int = PULL_FLAG_SUBSCRIPTION,
         commit_offset: int = 0,
         suspend_s: float = 0.0,
         sub_version: int = 0,
     ) -> PullResult:
         broker_id = self.suggested.get(queue, MASTER_ID)
-        addr = await self._addr(queue, broker_id)
+        addr = await self.instance.find_broker_addr(queue, broker_id)
         header = PullMessageRequestHeader(
             consumer_group=self.group,
             topic=queue.topic,
             queue_id=queue.queue_id,
             queue_offset=offset,
             max_msg_nums=max_nums,
-            sys_flag=sys_flag | (FLAG_SUSPEND if suspend_s > 0 else 0),
+            sys_flag=sys_flag | (PULL_FLAG_SUSPEND if suspend_s > 0 else 0),
             commit_offset=commit_offset,
             suspend_timeout_millis=int(suspend_s * 1000),
             sub_version=sub_version,
@@ -116,14 +102,14 @@ class PullCaller:
         self.suggested[queue] = answer.suggest_which_broker_id
         messages = []
         if status is PullStatus.FOUND:
+            tags = parse_tags(expression)
             try:
                 found = decode_messages(response.body)
+                messages = [inflate(m) for m in found if tags is None or m.tags in tags]
             except MessageFormatError as exc:
                 raise BrokerError(
-                    ResponseCode.SYSTEM_ERROR, f"a pull answer did not decode: {exc}", addr
+                    ResponseCode.SYSTEM_ERROR, f"a pull answer from {queue} is bad: {exc}", addr
                 ) from None
-            tags = tags_of(expression)
-            messages = [inflate(m) for m in found if tags is None or m.tags in tags]
         return PullResult(
             status,
             answer.next_begin_offset,
@@ -136,7 +122,7 @@ class PullCaller:
     # ------------------------------------------------------------------ offsets
     async def query_offset(self, queue: MessageQueue) -> int | None:
         """The group's committed offset; None if it never committed one."""
-        addr = await self._addr(queue)
+        addr = await self.instance.find_broker_addr(queue)
         header = QueryConsumerOffsetRequestHeader(
             self.group, queue.topic, queue.queue_id, set_zero_if_not_found=False
         )
@@ -150,14 +136,14 @@ class PullCaller:
         return response.header(OffsetResponseHeader).offset
 
     async def commit_offset(self, queue: MessageQueue, offset: int) -> None:
-        addr = await self._addr(queue)
+        addr = await self.instance.find_broker_addr(queue)
         header = UpdateConsumerOffsetRequestHeader(self.group, queue.topic, queue.queue_id, offset)
         await self.instance.invoke_ok(
             addr, self.instance.request(RequestCode.UPDATE_CONSUMER_OFFSET, header)
         )
 
     async def _offset(self, code: RequestCode, queue: MessageQueue, header: Any) -> int:
-        addr = await self._addr(queue)
+        addr = await self.instance.find_broker_addr(queue)
         response = await self.instance.invoke_ok(addr, self.instance.request(code, header))
         return response.header(OffsetResponseHeader).offset
 
@@ -184,7 +170,9 @@ class PullCaller:
         )
 
 
-class PullConsumer:
+class PullConsumer(InstanceOwner):
+    _kind = "consumer"
+
     def __init__(
         self,
         group: str = "DEFAULT_CONSUMER",
@@ -195,29 +183,14 @@ class PullConsumer:
             raise InvalidArgumentError("the consumer group is empty")
         self.group = group
         self.config = client_config(namesrv, **client_options)
-        self._instance: ClientInstance | None = None
         self._caller: PullCaller | None = None
 
-    async def __aenter__(self) -> PullConsumer:
-        instance = ClientInstance(self.config)
-        await instance.__aenter__()
-        self._instance = instance
+    def _started(self, instance: ClientInstance) -> None:
         self._caller = PullCaller(instance, self.group)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        instance, self._instance, self._caller = self._instance, None, None
-        assert instance is not None
-        return await instance.__aexit__(exc_type, exc, tb)
 
     @property
     def caller(self) -> PullCaller:
-        if self._caller is None:
+        if self._caller is None or self._instance is None:
             raise ClientError("the consumer is not started: use it as `async with`")
         return self._caller
 

@@ -13,7 +13,8 @@
 
 from __future__ import annotations
 
-from hamq.protocol import ResponseCode, code_name
+from hamq.protocol import RequestError, ResponseCode, code_name
+from hamq.remoting import RemotingError
 
 
 class ClientError(Exception):
@@ -48,3 +49,8 @@ class SendError(ClientError):
     def __init__(self, message: str, attempts: list[str]) -> None:
         self.attempts = attempts
         super().__init__(message + ("; attempts: " + " | ".join(attempts) if attempts else ""))
+
+
+#: what talking to a server may raise: no answer (RemotingError), a refusal or a lookup
+#: that failed (ClientError), an answer that does not decode (RequestError)
+NETWORK_ERRORS = (RemotingError, ClientError, RequestError)

@@ -23,20 +23,21 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import attrs
 import trio
 from attrs import validators as v
 
 from hamq.client.errors import (
+    NETWORK_ERRORS,
     BrokerError,
+    ClientError,
     InvalidArgumentError,
     NameServerUnavailableError,
     NoRouteError,
 )
 from hamq.client.route_cache import (
-    DEFAULT_TOPIC,
     PublishInfo,
     broker_table,
     pick_address,
@@ -59,6 +60,7 @@ from hamq.protocol.headers import (
     NotifyConsumerIdsChangedRequestHeader,
     UnregisterClientRequestHeader,
 )
+from hamq.protocol.message import DEFAULT_TOPIC
 from hamq.remoting import (
     Connection,
     Dispatcher,
@@ -222,7 +224,7 @@ class ClientInstance:
         if self.routes.get(topic) != route:
             self.routes[topic] = route
             self.brokers.update(broker_table([route]))
-            if topic in self._publish or topic in self.producer_topics:
+            if topic in self._publish:
                 self._publish[topic] = publish_info(topic, route)
         return route
 
@@ -230,17 +232,17 @@ class ClientInstance:
         for topic in sorted(set(self.routes) | set(self._publish)):
             try:
                 await self.update_route(topic)
-            except (RemotingError, NameServerUnavailableError, BrokerError) as exc:
+            except NETWORK_ERRORS as exc:
                 log.warning("refreshing the route of %s failed: %s", topic, exc)
 
-    @property
-    def producer_topics(self) -> set[str]:
-        return set(self._publish)
+    def cached_publish_info(self, topic: str) -> PublishInfo | None:
+        info = self._publish.get(topic)
+        return info if info is not None and info.ok else None
 
     async def publish_info(self, topic: str, template_queue_nums: int) -> PublishInfo:
         """Where to send ``topic``; through TBW102's route if the topic is new."""
-        info = self._publish.get(topic)
-        if info is not None and info.ok:
+        info = self.cached_publish_info(topic)
+        if info is not None:
             return info
         route = await self.update_route(topic)
         if route is not None:
@@ -276,6 +278,17 @@ class ClientInstance:
         self, broker_name: str, broker_id: int = MASTER_ID, *, only_this: bool = False
     ) -> str | None:
         return pick_address(self.brokers.get(broker_name, {}), broker_id, only_this=only_this)
+
+    async def find_broker_addr(self, queue: MessageQueue, broker_id: int = MASTER_ID) -> str:
+        """The address of ``queue``'s broker (``broker_id``, else the master, else any),
+        looking the topic's route up again if it is not known; NoRouteError if none."""
+        addr = self.broker_addr(queue.broker_name, broker_id)
+        if addr is None:
+            await self.update_route(queue.topic)
+            addr = self.broker_addr(queue.broker_name, broker_id)
+        if addr is None:
+            raise NoRouteError(f"no address known for broker {queue.broker_name} ({queue})")
+        return addr
 
     def request(
         self, code: int, header: Any = None, *, body: bytes = b"", oneway: bool = False
@@ -320,7 +333,7 @@ class ClientInstance:
         async def one(addr: str) -> None:
             try:
                 await self.invoke_ok(addr, self.request(RequestCode.HEART_BEAT, body=body))
-            except (RemotingError, BrokerError) as exc:
+            except NETWORK_ERRORS as exc:
                 log.warning("heartbeat to broker %s failed: %s", addr, exc)
 
         async with trio.open_nursery() as nursery:
@@ -334,7 +347,7 @@ class ClientInstance:
         async def one(addr: str) -> None:
             try:
                 await self.invoke_ok(addr, self.request(RequestCode.UNREGISTER_CLIENT, header))
-            except (RemotingError, BrokerError) as exc:
+            except NETWORK_ERRORS as exc:
                 log.info("unregistering from broker %s failed: %s", addr, exc)
 
         async with trio.open_nursery() as nursery:
@@ -348,3 +361,47 @@ class ClientInstance:
             log.info("broker %s: members of %s changed", conn.peer, header.consumer_group)
             member.members_changed()
         return None if request.is_oneway else request.response_to()
+
+
+class InstanceOwner:
+    """What Producer, PullConsumer and AdminClient share: a ClientInstance that lives
+    for their ``async with`` block. ``_stopping`` runs first at the end (shielded and
+    bounded by the subclass when it talks to servers)."""
+
+    config: ClientConfig
+    _instance: ClientInstance | None = None
+    #: how errors name it
+    _kind = "client"
+
+    async def __aenter__(self) -> Self:
+        instance = ClientInstance(self.config)
+        await instance.__aenter__()
+        self._instance = instance
+        self._started(instance)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        instance = self.instance
+        try:
+            await self._stopping(instance)
+        finally:
+            self._instance = None
+            await instance.__aexit__(exc_type, exc, tb)
+        return None
+
+    def _started(self, instance: ClientInstance) -> None:
+        """Set up what needs the instance."""
+
+    async def _stopping(self, instance: ClientInstance) -> None:
+        """Say goodbye while the instance still runs."""
+
+    @property
+    def instance(self) -> ClientInstance:
+        if self._instance is None:
+            raise ClientError(f"the {self._kind} is not started: use it as `async with`")
+        return self._instance

@@ -26,7 +26,10 @@ from hamq.protocol.message import (
     PROPERTY_TAGS,
     PROPERTY_WAIT,
     SYSFLAG_COMPRESSED,
+    MessageFormatError,
     StoredMessage,
+    group_error,
+    retry_topic,
     topic_error,
 )
 
@@ -96,6 +99,13 @@ def check_topic(topic: str) -> None:
         raise InvalidArgumentError(problem)
 
 
+def check_group(group: str) -> None:
+    problem = group_error(group)
+    if problem is not None:
+        raise InvalidArgumentError(problem)
+    check_topic(retry_topic(group))  # a consumer group's retry topic must be a topic too
+
+
 def check_message(message: Message, max_size: int) -> None:
     """Refuse what a broker would refuse, before sending (Java's Validators)."""
     if not isinstance(message, Message):
@@ -135,16 +145,23 @@ def _check_text(what: str, text: str) -> None:
 
 
 def inflate(message: StoredMessage) -> StoredMessage:
-    """The message with its body inflated if the producer compressed it."""
+    """The message with its body inflated if the producer compressed it;
+    MessageFormatError if it cannot be."""
     if not message.sys_flag & SYSFLAG_COMPRESSED:
         return message
     kind = message.sys_flag & COMPRESSION_TYPE_MASK
     if kind not in (0, COMPRESSION_ZLIB):
-        raise InvalidArgumentError(
+        raise MessageFormatError(
             f"message {message.msg_id} is compressed with "
             f"{_COMPRESSION_NAMES.get(kind, hex(kind))}, which hamq cannot inflate"
         )
-    return attrs.evolve(message, body=zlib.decompress(message.body))
+    try:
+        body = zlib.decompress(message.body)
+    except zlib.error as exc:
+        raise MessageFormatError(
+            f"message {message.msg_id}: its compressed body does not inflate ({exc})"
+        ) from None
+    return attrs.evolve(message, body=body)
 
 
 class SendStatus(enum.Enum):
@@ -193,12 +210,3 @@ class ConsumeResult(enum.Enum):
     RECONSUME_LATER = "RECONSUME_LATER"
     #: orderly mode: try the same messages again in a moment, keeping the order
     SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
-
-
-def tags_of(expression: str) -> frozenset[str] | None:
-    """The tags a subscription expression accepts; None accepts all (``*`` or empty)."""
-    text = expression.strip()
-    if not text or text == "*":
-        return None
-    tags = frozenset(t.strip() for t in text.split("||") if t.strip())
-    return tags or None

@@ -15,7 +15,9 @@
   the queue (``hash_selector``: the same ``arg`` always gets the same queue); retries
   stay on that queue, so messages with one sharding key keep their order.
 - ``send_async(msg, callback)`` returns once the send has started; ``callback(result,
-  error)`` runs when it ends (a sync function or a coroutine function).
+  error)`` runs when it ends (a sync function or a coroutine function). Leaving the
+  producer's block waits for sends under way; one cut short is called back with an
+  error.
 - ``send_oneway``: no answer is waited for; ``send_batch``: messages of one topic in one
   request (SEND_BATCH_MESSAGE), stored as separate messages in one queue.
 - Bodies over ``compress_over_bytes`` (4 KiB) go zlib-compressed (level 5, sysflag bits
@@ -27,14 +29,14 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
-from types import TracebackType
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import attrs
 import trio
 
 from hamq.client.errors import (
+    NETWORK_ERRORS,
     BrokerError,
     ClientError,
     InvalidArgumentError,
@@ -42,7 +44,7 @@ from hamq.client.errors import (
     NoRouteError,
     SendError,
 )
-from hamq.client.instance import ClientConfig, ClientInstance, client_config
+from hamq.client.instance import ClientConfig, ClientInstance, InstanceOwner, client_config
 from hamq.client.message import (
     COMPRESSION_ZLIB,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -51,20 +53,27 @@ from hamq.client.message import (
     SendStatus,
     check_message,
 )
-from hamq.client.route_cache import DEFAULT_TOPIC, LatencyFaultTolerance, PublishInfo
-from hamq.protocol import RemotingCommand, RequestCode, ResponseCode, encode_header
+from hamq.client.route_cache import LatencyFaultTolerance, PublishInfo
+from hamq.protocol import (
+    RemotingCommand,
+    RequestCode,
+    RequestError,
+    ResponseCode,
+    encode_header,
+)
 from hamq.protocol.bodies import MessageQueue
 from hamq.protocol.headers import SendMessageRequestHeader, SendMessageResponseHeader, to_v2_fields
 from hamq.protocol.message import (
+    DEFAULT_TOPIC,
     PROPERTY_UNIQ_KEY,
     SYSFLAG_COMPRESSED,
+    SYSTEM_TOPICS,
     BatchEntry,
     MessageIdGenerator,
     encode_batch,
     encode_properties,
     java_string_hash,
 )
-from hamq.remoting import RemotingError
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +97,6 @@ _STATUSES: dict[int, SendStatus] = {
     ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
     ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
 }
-_SYSTEM_TOPICS = frozenset({DEFAULT_TOPIC, "SCHEDULE_TOPIC_XXXX"})
 
 
 def hash_selector(queues: list[MessageQueue], message: Message, arg: Any) -> MessageQueue:
@@ -109,7 +117,9 @@ def hash_selector(queues: list[MessageQueue], message: Message, arg: Any) -> Mes
     return queues[abs(key) % len(queues)]
 
 
-class Producer:
+class Producer(InstanceOwner):
+    _kind = "producer"
+
     def __init__(
         self,
         group: str = "DEFAULT_PRODUCER",
@@ -151,34 +161,23 @@ class Producer:
         self.default_topic_queue_nums = default_topic_queue_nums
         self.faults = LatencyFaultTolerance(enabled=latency_fault_tolerance)
         self._async_slots = trio.Semaphore(max_async_in_flight)
+        self._async_pending = 0
+        #: set (and replaced) whenever a send_async ends
+        self._async_done = trio.Event()
         self._ids = MessageIdGenerator(self.config.client_ip)
-        self._instance: ClientInstance | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    async def __aenter__(self) -> Producer:
-        instance = ClientInstance(self.config)
-        await instance.__aenter__()
+    def _started(self, instance: ClientInstance) -> None:
         instance.producer_groups.add(self.group)
-        self._instance = instance
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        instance = self.instance
-        with trio.CancelScope(shield=True), trio.move_on_after(self.config.request_timeout_s):
-            await instance.unregister(producer_group=self.group)
-        self._instance = None
-        return await instance.__aexit__(exc_type, exc, tb)
-
-    @property
-    def instance(self) -> ClientInstance:
-        if self._instance is None:
-            raise ClientError("the producer is not started: use it as `async with Producer(...)`")
-        return self._instance
+    async def _stopping(self, instance: ClientInstance) -> None:
+        with trio.CancelScope(shield=True):
+            # sends started with send_async finish (or time out) and call back first
+            with trio.move_on_after(self.send_timeout_s + self.config.request_timeout_s):
+                while self._async_pending:
+                    await self._async_done.wait()
+            with trio.move_on_after(self.config.request_timeout_s):
+                await instance.unregister(producer_group=self.group)
 
     @property
     def client_id(self) -> str:
@@ -230,6 +229,7 @@ class Producer:
         Bad input raises here, before anything starts."""
         self._check(message)
         await self._async_slots.acquire()
+        self._async_pending += 1
         self.instance.nursery.start_soon(
             self._send_and_call_back, message, callback, selector, arg, timeout_s
         )
@@ -247,6 +247,14 @@ class Producer:
                 result = await self.send(message, selector, arg, timeout_s=timeout_s)
             except ClientError as exc:
                 outcome = callback(None, exc)
+            except trio.Cancelled:
+                try:
+                    cut = callback(None, SendError("the producer closed during the send", []))
+                    if isinstance(cut, Coroutine):
+                        cut.close()  # nothing can be awaited any more
+                except Exception:
+                    log.exception("a send_async callback failed")
+                raise
             else:
                 outcome = callback(result, None)
             if isinstance(outcome, Awaitable):
@@ -255,6 +263,9 @@ class Producer:
             log.exception("a send_async callback failed")
         finally:
             self._async_slots.release()
+            self._async_pending -= 1
+            self._async_done.set()
+            self._async_done = trio.Event()
 
     async def send_batch(
         self,
@@ -296,7 +307,7 @@ class Producer:
     # ------------------------------------------------------------------ the kernel
     def _check(self, message: Message) -> None:
         check_message(message, self.max_message_size)
-        if message.topic in _SYSTEM_TOPICS:
+        if message.topic in SYSTEM_TOPICS:
             raise InvalidArgumentError(
                 f"sending to the system topic {message.topic} is not allowed"
             )
@@ -336,8 +347,12 @@ class Producer:
             if remaining <= 0:
                 break
             try:
-                with trio.fail_after(remaining):
-                    info = await instance.publish_info(request.topic, self.default_topic_queue_nums)
+                info = instance.cached_publish_info(request.topic)
+                if info is None:
+                    with trio.fail_after(remaining):
+                        info = await instance.publish_info(
+                            request.topic, self.default_topic_queue_nums
+                        )
                 target = self._choose(info, request, selector, arg, queue, last_broker)
             except (NoRouteError, NameServerUnavailableError, trio.TooSlowError) as exc:
                 attempts.append(f"route: {exc or 'timed out'}")
@@ -349,12 +364,14 @@ class Producer:
             started = trio.current_time()
             try:
                 result = await self._send_to(target, request, deadline - started, oneway)
-            except (RemotingError, BrokerError, NoRouteError) as exc:
+            except NETWORK_ERRORS as exc:
                 now = trio.current_time()
                 self.faults.update(target.broker_name, now - started, now, failed=True)
                 attempts.append(f"{target}: {exc}")
                 last_error = exc
-                if isinstance(exc, BrokerError) and exc.code not in _RETRY_CODES:
+                if isinstance(exc, RequestError) or (
+                    isinstance(exc, BrokerError) and exc.code not in _RETRY_CODES
+                ):
                     raise SendError(f"sending to {target} was refused", attempts) from exc
                 instance.forget_publish_info(request.topic)  # look the route up again
                 log.info(
@@ -409,12 +426,7 @@ class Producer:
         oneway: bool,
     ) -> SendResult | None:
         instance = self.instance
-        addr = instance.broker_addr(target.broker_name)
-        if addr is None:
-            await instance.update_route(target.topic)
-            addr = instance.broker_addr(target.broker_name)
-        if addr is None:
-            raise NoRouteError(f"the address of broker {target.broker_name} is not known")
+        addr = await instance.find_broker_addr(target)
         header = SendMessageRequestHeader(
             producer_group=self.group,
             topic=request.topic,

@@ -49,12 +49,12 @@ from typing import Any
 import attrs
 import trio
 
-from hamq.client.consumer import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, PullCaller, check_expression
-from hamq.client.errors import BrokerError, ClientError, InvalidArgumentError, NoRouteError
+from hamq.client.consumer import PullCaller, check_expression
+from hamq.client.errors import NETWORK_ERRORS, ClientError, InvalidArgumentError, NoRouteError
 from hamq.client.instance import ClientConfig, ClientInstance, client_config
-from hamq.client.message import ConsumeResult, MessageExt, PullStatus, check_topic, tags_of
+from hamq.client.message import ConsumeResult, MessageExt, PullStatus, check_group, check_topic
 from hamq.client.rebalance import allocate_average
-from hamq.protocol import RequestCode
+from hamq.protocol import RemotingCommand, RequestCode, RequestError
 from hamq.protocol.bodies import (
     ConsumeFromWhere,
     ConsumerData,
@@ -70,15 +70,21 @@ from hamq.protocol.bodies import (
     encode_body,
 )
 from hamq.protocol.headers import (
+    PULL_FLAG_COMMIT_OFFSET,
+    PULL_FLAG_SUBSCRIPTION,
     ConsumerSendMsgBackRequestHeader,
     GetConsumerListByGroupRequestHeader,
 )
-from hamq.protocol.message import PROPERTY_RETRY_TOPIC, java_string_hash
-from hamq.remoting import RemotingError
+from hamq.protocol.message import (
+    PROPERTY_RETRY_TOPIC,
+    RETRY_GROUP_TOPIC_PREFIX,
+    java_string_hash,
+    parse_tags,
+    retry_topic,
+)
 
 log = logging.getLogger(__name__)
 
-RETRY_PREFIX = "%RETRY%"
 #: pause after a failed pull before the next (Java: pullTimeDelayMillsWhenException)
 PULL_BACKOFF_S = 3.0
 #: pause before handling messages again whose send-back failed
@@ -91,7 +97,6 @@ MISSING_TOPIC_RETRY_S = 2.0
 CLOSE_TIMEOUT_S = 5.0
 
 Handler = Callable[[list[MessageExt]], "ConsumeResult | Awaitable[ConsumeResult | None] | None"]
-_CLIENT_ERRORS = (RemotingError, ClientError)
 
 
 class ConsumeFrom(enum.Enum):
@@ -116,7 +121,6 @@ class _QueueState:
     locked_until: float = -math.inf
     #: set (and replaced) whenever the lock is renewed
     relocked: trio.Event = attrs.field(factory=trio.Event)
-    handed: int = 0
 
     async def wait_locked(self) -> None:
         """Orderly mode: until this member holds the queue's lock."""
@@ -170,7 +174,7 @@ class PushConsumer:
     ) -> None:
         if not group:
             raise InvalidArgumentError("the consumer group is empty")
-        check_topic(RETRY_PREFIX + group)
+        check_group(group)
         if isinstance(consume_from, str):
             try:
                 consume_from = ConsumeFrom[consume_from.upper()]
@@ -235,13 +239,13 @@ class PushConsumer:
         self.subscriptions[topic] = expression.strip() or "*"
 
     def _all_subscriptions(self) -> dict[str, str]:
-        return {**self.subscriptions, RETRY_PREFIX + self.group: "*"}
+        return {**self.subscriptions, retry_topic(self.group): "*"}
 
     def consumer_data(self) -> ConsumerData:
         """For heartbeats (ClientInstance)."""
         subscriptions = []
         for topic, expression in self._all_subscriptions().items():
-            tags = sorted(tags_of(expression) or ())
+            tags = sorted(parse_tags(expression) or ())
             subscriptions.append(
                 SubscriptionData(
                     topic,
@@ -349,7 +353,7 @@ class PushConsumer:
             return await self._instance.subscribe_queues(topic)
         except NoRouteError:
             return []
-        except _CLIENT_ERRORS as exc:
+        except NETWORK_ERRORS as exc:
             log.warning("route of %s: %s", topic, exc)
             return []
 
@@ -378,7 +382,7 @@ class PushConsumer:
             try:
                 response = await instance.invoke_ok(addr, request)
                 return sorted(decode_body(ConsumerListBody, response.body).consumer_id_list)
-            except _CLIENT_ERRORS as exc:
+            except NETWORK_ERRORS as exc:
                 log.info("consumer list of %s from %s: %s", self.group, addr, exc)
         return None
 
@@ -414,7 +418,7 @@ class PushConsumer:
         for queue in new:
             try:
                 start = await self._start_offset(queue)
-            except _CLIENT_ERRORS as exc:
+            except NETWORK_ERRORS as exc:
                 log.warning("no start offset for %s yet: %s", queue, exc)
                 continue
             state = _QueueState(queue, wanted[queue], start, start, committed=start)
@@ -446,7 +450,7 @@ class PushConsumer:
         committed = await self._caller.query_offset(queue)
         if committed is not None and committed >= 0:
             return committed
-        if queue.topic.startswith(RETRY_PREFIX):
+        if queue.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             return 0
         if self.consume_from is ConsumeFrom.LAST_OFFSET:
             return await self._caller.max_offset(queue)
@@ -470,49 +474,49 @@ class PushConsumer:
             try:
                 await self._caller.commit_offset(state.queue, offset)
                 state.committed = offset
-            except _CLIENT_ERRORS as exc:
+            except NETWORK_ERRORS as exc:
                 log.warning("committing offset %d of %s failed: %s", offset, state.queue, exc)
 
     # ------------------------------------------------------------------ orderly locks
     async def _lock(self, queues: list[MessageQueue]) -> set[MessageQueue]:
-        assert self._instance is not None
-        instance = self._instance
+        """LOCK_BATCH_MQ at each queue's broker; the queues this member now holds."""
         locked: set[MessageQueue] = set()
-        by_broker: dict[str, list[MessageQueue]] = {}
-        for queue in queues:
-            by_broker.setdefault(queue.broker_name, []).append(queue)
-        for name, group in by_broker.items():
-            addr = instance.broker_addr(name)
-            if addr is None:
-                continue
-            body = encode_body(LockBatchRequestBody(self.group, instance.client_id, group))
+        for response in await self._per_broker(RequestCode.LOCK_BATCH_MQ, queues):
             try:
-                response = await instance.invoke_ok(
-                    addr, instance.request(RequestCode.LOCK_BATCH_MQ, body=body)
-                )
-            except _CLIENT_ERRORS as exc:
-                log.warning("locking queues at %s failed: %s", addr, exc)
-                continue
-            locked |= set(decode_body(LockBatchResponseBody, response.body).lock_ok_mq_set)
+                locked |= set(decode_body(LockBatchResponseBody, response.body).lock_ok_mq_set)
+            except RequestError as exc:
+                log.warning("a lock answer did not decode: %s", exc)
         return locked
 
     async def _unlock(self, queues: list[MessageQueue]) -> None:
+        await self._per_broker(RequestCode.UNLOCK_BATCH_MQ, queues)
+
+    async def _per_broker(
+        self, code: RequestCode, queues: list[MessageQueue]
+    ) -> list[RemotingCommand]:
+        """Send a lock or unlock request for ``queues`` to each of their brokers; the
+        answers that came (failures are logged)."""
         assert self._instance is not None
         instance = self._instance
         by_broker: dict[str, list[MessageQueue]] = {}
         for queue in queues:
             by_broker.setdefault(queue.broker_name, []).append(queue)
+        answers = []
         for name, group in by_broker.items():
             addr = instance.broker_addr(name)
             if addr is None:
                 continue
-            body = encode_body(UnlockBatchRequestBody(self.group, instance.client_id, group))
+            body_type = (
+                LockBatchRequestBody
+                if code == RequestCode.LOCK_BATCH_MQ
+                else UnlockBatchRequestBody
+            )
+            body = encode_body(body_type(self.group, instance.client_id, group))
             try:
-                await instance.invoke_ok(
-                    addr, instance.request(RequestCode.UNLOCK_BATCH_MQ, body=body)
-                )
-            except _CLIENT_ERRORS as exc:
-                log.info("unlocking queues at %s failed: %s", addr, exc)
+                answers.append(await instance.invoke_ok(addr, instance.request(code, body=body)))
+            except NETWORK_ERRORS as exc:
+                log.warning("%s at %s failed: %s", code.name, addr, exc)
+        return answers
 
     async def _lock_loop(self) -> None:
         while True:
@@ -551,12 +555,13 @@ class PushConsumer:
                         state.pull_offset,
                         self.pull_batch_size,
                         timeout_s=self.suspend_timeout_s + self.config.request_timeout_s + 2.0,
-                        sys_flag=FLAG_SUBSCRIPTION | (FLAG_COMMIT_OFFSET if commit else 0),
+                        sys_flag=PULL_FLAG_SUBSCRIPTION
+                        | (PULL_FLAG_COMMIT_OFFSET if commit else 0),
                         commit_offset=commit,
                         suspend_s=self.suspend_timeout_s,
                         sub_version=self._sub_version,
                     )
-                except _CLIENT_ERRORS as exc:
+                except NETWORK_ERRORS as exc:
                     log.warning("pulling %s failed: %s", state.queue, exc)
                     await trio.sleep(PULL_BACKOFF_S)
                     continue
@@ -591,7 +596,6 @@ class PushConsumer:
                     else:
                         await self._consume_concurrently(chunk)
                     state.offset = chunk[-1].queue_offset + 1
-                    state.handed += len(chunk)
                     self.consumed += len(chunk)
                 state.offset = max(state.offset, batch.next_offset)
 
@@ -612,12 +616,13 @@ class PushConsumer:
         return outcome
 
     async def _consume_concurrently(self, messages: list[MessageExt]) -> None:
-        while True:
+        while messages:
             if await self._handle(messages) is ConsumeResult.SUCCESS:
                 return
-            if await self._send_back(messages, delay_level=0):
-                return
-            await trio.sleep(SEND_BACK_RETRY_S)
+            # the ones that could not be sent back are handled here again later
+            messages = await self._send_back(messages, delay_level=0)
+            if messages:
+                await trio.sleep(SEND_BACK_RETRY_S)
 
     async def _consume_orderly(self, state: _QueueState, messages: list[MessageExt]) -> None:
         attempts = 0
@@ -626,16 +631,18 @@ class PushConsumer:
             if await self._handle(messages) is ConsumeResult.SUCCESS:
                 return
             attempts += 1
-            if 0 <= self.max_reconsume_times < attempts and await self._send_back(
-                messages, delay_level=-1
-            ):
-                return
+            if 0 <= self.max_reconsume_times < attempts:
+                messages = await self._send_back(messages, delay_level=-1)  # to the DLQ
+                if not messages:
+                    return
             await trio.sleep(self.suspend_current_queue_s)
 
-    async def _send_back(self, messages: list[MessageExt], *, delay_level: int) -> bool:
-        """CONSUMER_SEND_MSG_BACK each message to the broker that stored it."""
+    async def _send_back(self, messages: list[MessageExt], *, delay_level: int) -> list[MessageExt]:
+        """CONSUMER_SEND_MSG_BACK each message to the broker that stored it; the
+        messages that could not be sent back."""
         assert self._instance is not None
         instance = self._instance
+        failed = []
         for message in messages:
             header = ConsumerSendMsgBackRequestHeader(
                 offset=message.physical_offset,
@@ -650,17 +657,18 @@ class PushConsumer:
             request = instance.request(RequestCode.CONSUMER_SEND_MSG_BACK, header)
             try:
                 await instance.invoke_ok(message.store_host, request)
-            except (*_CLIENT_ERRORS, BrokerError) as exc:
+            except NETWORK_ERRORS as exc:
                 log.warning("sending %s back for retry failed: %s", message.msg_id, exc)
-                return False
+                failed.append(message)
+                continue
             self.sent_back += 1
-        return True
+        return failed
 
 
 def _original_topic(message: MessageExt) -> MessageExt:
     """A message from the retry topic shows its original topic, as RocketMQ's do."""
     original = message.properties.get(PROPERTY_RETRY_TOPIC)
-    if original and message.topic.startswith(RETRY_PREFIX):
+    if original and message.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
         return attrs.evolve(message, topic=original)
     return message
 

@@ -30,8 +30,6 @@ from hamq.protocol.bodies import (
     TopicRouteData,
 )
 
-DEFAULT_TOPIC = "TBW102"
-
 #: Java's MQFaultStrategy: latency (ms) at or above -> how long to avoid the broker (ms)
 _LATENCY_STEPS_MS = ((15000, 600000), (3000, 180000), (2000, 120000), (1000, 60000), (550, 30000))
 

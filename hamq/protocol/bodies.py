@@ -39,6 +39,8 @@ PERM_PRIORITY = 8
 PERM_READ = 4
 PERM_WRITE = 2
 PERM_INHERIT = 1
+#: the most read or write queues a topic may have on one broker
+MAX_QUEUE_NUMS = 1024
 
 
 class BodyError(RequestError):

@@ -192,6 +192,12 @@ class CheckTransactionStateRequestHeader:
 # ====================================================================== consumer
 
 
+#: PULL_MESSAGE sysFlag bits (shared/PROTOCOL.md §5.3)
+PULL_FLAG_COMMIT_OFFSET = 0x1
+PULL_FLAG_SUSPEND = 0x2
+PULL_FLAG_SUBSCRIPTION = 0x4
+
+
 @attrs.frozen
 class PullMessageRequestHeader:
     """PULL_MESSAGE (11). ``sys_flag`` bits: 1 commit offset, 2 suspend (long poll),

@@ -109,6 +109,47 @@ def topic_error(topic: str) -> str | None:
     return None
 
 
+#: RocketMQ's Validators.checkGroup: the topic's characters, at most 255
+GROUP_MAX_LENGTH = 255
+
+
+def group_error(group: str) -> str | None:
+    """Why ``group`` is not a valid producer or consumer group name, or None if it is."""
+    if not group:
+        return "the group is empty"
+    if len(group) > GROUP_MAX_LENGTH:
+        return f"group {group[:40]!r}... is {len(group)} characters, over {GROUP_MAX_LENGTH}"
+    if not _TOPIC.fullmatch(group):
+        return f"group {group!r} may only contain letters, digits, '%', '|', '_' and '-'"
+    return None
+
+
+#: topics with a meaning of their own
+DEFAULT_TOPIC = "TBW102"  # the template auto-created topics copy
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"  # delayed messages wait here, a queue per level
+SYSTEM_TOPICS = frozenset({DEFAULT_TOPIC, SCHEDULE_TOPIC})
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+
+
+def retry_topic(group: str) -> str:
+    """Where a consumer group's failed messages come back from."""
+    return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    """Where a consumer group's messages go after their last retry."""
+    return DLQ_GROUP_TOPIC_PREFIX + group
+
+
+def parse_tags(expression: str | None) -> frozenset[str] | None:
+    """The tags a subscription expression (``a || b``) accepts; None: all (``*``, empty)."""
+    text = (expression or "").strip()
+    if not text or text == "*":
+        return None
+    return frozenset(t.strip() for t in text.split("||") if t.strip()) or None
+
+
 # ---------------------------------------------------------------- small codecs
 
 
@@ -348,7 +389,18 @@ def make_record_template(
     prepared_transaction_offset: int = 0,
 ) -> RecordTemplate:
     """Encode everything of a record but its place in the log; MessageFormatError if it
-    cannot be stored (topic or properties too long, a host of the wrong size)."""
+    cannot be stored (a number out of its field's range, topic or properties too long, a
+    host of the wrong size)."""
+    for name, value, bits in (
+        ("queue id", queue_id, 32),
+        ("flag", flag, 32),
+        ("sysFlag", sys_flag, 32),
+        ("reconsumeTimes", reconsume_times, 32),
+        ("bornTimestamp", born_timestamp, 64),
+        ("preparedTransactionOffset", prepared_transaction_offset, 64),
+    ):
+        if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+            raise MessageFormatError(f"{name} {value} does not fit in a signed {bits}-bit field")
     topic_bytes = topic.encode()
     if not topic_bytes:
         raise MessageFormatError("topic is empty")

@@ -48,9 +48,11 @@ class RemotingClient:
         self._nursery: trio.Nursery | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._task_scopes: set[trio.CancelScope] = set()
+        self._closing = False
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> RemotingClient:
+        self._closing = False
         stack = contextlib.AsyncExitStack()
         self._nursery = await stack.enter_async_context(trio.open_nursery())
         self._stack = stack
@@ -63,6 +65,7 @@ class RemotingClient:
         tb: TracebackType | None,
     ) -> bool | None:
         assert self._nursery is not None and self._stack is not None
+        self._closing = True
         for conn in list(self._connections.values()):
             conn.close("client closed")
         for scope in list(self._task_scopes):
@@ -132,11 +135,13 @@ class RemotingClient:
             conn.close(reason)
 
     async def _connect(self, addr: str, attempt: _Attempt) -> None:
-        assert self._nursery is not None
         try:
             with self._shielded():
                 attempt.connection = await self._open(addr)
-            self._connections[addr] = attempt.connection
+            if attempt.connection is None:  # cancelled: the client closed meanwhile
+                attempt.error = "the client closed"
+            else:
+                self._connections[addr] = attempt.connection
         except RemotingConnectError as exc:
             attempt.error = str(exc).removeprefix(f"{addr}: ")
         finally:
@@ -144,7 +149,6 @@ class RemotingClient:
             attempt.done.set()
 
     async def _open(self, addr: str) -> Connection:
-        assert self._nursery is not None
         try:
             host, port = parse_address(addr)
         except ValueError as exc:
@@ -157,6 +161,9 @@ class RemotingClient:
             raise RemotingConnectError(addr, f"connect timed out after {limit_s:g}s") from None
         except OSError as exc:
             raise RemotingConnectError(addr, f"cannot connect: {exc}") from None
+        if self._closing or self._nursery is None:
+            await stream.aclose()
+            raise RemotingConnectError(addr, "the client closed")
         conn = Connection(stream, peer=addr, dispatcher=self.dispatcher, config=self._config)
         conn.add_close_listener(self._forget)
         await self._nursery.start(self._run_connection, conn)
@@ -168,6 +175,8 @@ class RemotingClient:
         """Shield a connection's task from its owner's cancellation: only the client's
         closing ends it (see the module's comment)."""
         with trio.CancelScope(shield=True) as scope:
+            if self._closing:  # started just as the client closed: end at once
+                scope.cancel()
             self._task_scopes.add(scope)
             try:
                 yield

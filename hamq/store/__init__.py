@@ -16,9 +16,10 @@ No network code here; the broker drives it through ``MessageStore``
 - message_store.py  the facade processors use
 """
 
+from hamq.protocol.message import SCHEDULE_TOPIC
 from hamq.store.commitlog import AppendResult
 from hamq.store.config import BrokerRole, FlushDiskType, StoreConfig, parse_delay_levels
-from hamq.store.dispatcher import SCHEDULE_TOPIC, DispatchRequest
+from hamq.store.dispatcher import DispatchRequest
 from hamq.store.message_store import (
     GetMessageResult,
     GetMessageStatus,

@@ -182,7 +182,7 @@ class CommitLog:
     def read(self, offset: int, size: int) -> memoryview:
         """The ``size`` bytes at ``offset`` (one record), zero-copy."""
         segment = self.segments.find(offset)
-        if segment is None or offset - segment.start + size > segment.wrote:
+        if segment is None or size < 0 or offset - segment.start + size > segment.wrote:
             raise StoreError(f"no {size}-byte record at commitlog offset {offset}")
         return segment.view(offset - segment.start, size)
 

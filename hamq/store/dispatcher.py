@@ -30,6 +30,7 @@ from hamq.protocol.message import (
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
+    SCHEDULE_TOPIC,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
@@ -46,7 +47,6 @@ from hamq.store.segment import StoreCorruptionError
 
 log = logging.getLogger(__name__)
 
-SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 #: how long the reput task waits before trying again after a disk error
 RETRY_AFTER_FAILURE_S = 1.0
 

@@ -30,22 +30,25 @@ from hamq.protocol.message import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT,
+    SCHEDULE_TOPIC,
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_TRANSACTION_COMMIT,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_NOT_TYPE,
     MessageFormatError,
+    RecordTemplate,
     StoredMessage,
     decode_message,
     encode_properties,
     make_record_template,
     pack_host,
+    read_record,
     topic_error,
 )
 from hamq.store.checkpoint import Checkpoint, load_checkpoint
 from hamq.store.commitlog import AppendResult, CommitLog
 from hamq.store.config import FlushDiskType, StoreConfig
-from hamq.store.dispatcher import SCHEDULE_TOPIC, ConsumeQueueTable, ReputService
+from hamq.store.dispatcher import ConsumeQueueTable, ReputService
 from hamq.store.files import DirectoryLock, fsync_directory
 from hamq.store.flush import FlushService
 from hamq.store.index import IndexService
@@ -302,12 +305,38 @@ class MessageStore:
     # ------------------------------------------------------------------ writing
     def put_message_nowait(self, message: MessageToStore) -> PutMessageResult:
         """Append without waiting for a flush (what ``put_message`` does first)."""
-        result = self._append(message)
+        prepared = self._prepare(message)
+        result = prepared if isinstance(prepared, PutMessageResult) else self._append(*prepared)
+        self._count(result)
+        return result
+
+    def put_batch_nowait(self, messages: list[MessageToStore]) -> list[PutMessageResult]:
+        """Append messages one after another, all or none: every message is checked
+        before the first is appended. On a refusal the one result says which entry and
+        why, and nothing was stored (only a failing disk can stop a batch half-way; its
+        last result then says so)."""
+        prepared = []
+        for i, message in enumerate(messages):
+            outcome = self._prepare(message)
+            if isinstance(outcome, PutMessageResult):
+                outcome.remark = f"batch entry {i}: {outcome.remark}"
+                self._count(outcome)
+                return [outcome]
+            prepared.append(outcome)
+        results = []
+        for topic, template in prepared:
+            result = self._append(topic, template)
+            self._count(result)
+            results.append(result)
+            if not result.stored:
+                break
+        return results
+
+    def _count(self, result: PutMessageResult) -> None:
         if result.stored:
             self._puts += 1
         else:
             self._put_failures += 1
-        return result
 
     async def put_message(self, message: MessageToStore) -> PutMessageResult:
         """Append; with SYNC_FLUSH wait for the covering fsync (FLUSH_DISK_TIMEOUT).
@@ -339,7 +368,9 @@ class MessageStore:
     def _refuse(self, status: PutMessageStatus, remark: str) -> PutMessageResult:
         return PutMessageResult(status, None, remark)
 
-    def _append(self, message: MessageToStore) -> PutMessageResult:
+    def _prepare(self, message: MessageToStore) -> tuple[str, RecordTemplate] | PutMessageResult:
+        """Check a message and encode its record: (the topic it goes to, the record), or
+        the refusal."""
         if not self._running:
             return self._refuse(PutMessageStatus.SERVICE_NOT_AVAILABLE, "the store is not running")
         if not self._master:
@@ -404,6 +435,9 @@ class MessageStore:
                 else PutMessageStatus.MESSAGE_ILLEGAL
             )
             return self._refuse(status, str(exc))
+        return topic, template
+
+    def _append(self, topic: str, template: RecordTemplate) -> PutMessageResult:
         try:
             appended = self.commitlog.append(topic, template)
         except (StoreError, OSError) as exc:
@@ -586,13 +620,24 @@ class MessageStore:
     def look_message_by_offset(
         self, physical_offset: int, size: int | None = None
     ) -> StoredMessage:
-        """The message at a CommitLog offset (VIEW_MESSAGE_BY_ID); StoreError if none."""
+        """The message at a CommitLog offset; StoreError if none starts there."""
         if size is None:
-            size = int.from_bytes(self.commitlog.read(physical_offset, 4), "big", signed=True)
+            return decode_message(self.record_at(physical_offset), check_crc=False)
         try:
             return decode_message(self.commitlog.read(physical_offset, size), check_crc=False)
         except MessageFormatError as exc:
             raise StoreError(f"no message at commitlog offset {physical_offset}: {exc}") from None
+
+    def record_at(self, physical_offset: int) -> memoryview:
+        """The whole record that starts at ``physical_offset``, checked (magic, sizes,
+        CRC); StoreError if no record starts there (VIEW_MESSAGE_BY_ID)."""
+        try:
+            size = int.from_bytes(self.commitlog.read(physical_offset, 4), "big", signed=True)
+            record = self.commitlog.read(physical_offset, size)
+            read_record(record)
+        except (MessageFormatError, ValueError) as exc:
+            raise StoreError(f"no message at commitlog offset {physical_offset}: {exc}") from None
+        return record
 
     def query_records(
         self, topic: str, key: str, max_num: int, begin_ms: int = 0, end_ms: int = 2**62
@@ -604,11 +649,10 @@ class MessageStore:
             if physical_offset < self.commitlog.min_offset or len(found) >= max_num:
                 continue
             try:
-                size = int.from_bytes(self.commitlog.read(physical_offset, 4), "big", signed=True)
-                record = self.commitlog.read(physical_offset, size)
-                message = decode_message(record, check_crc=False)
-            except (StoreError, MessageFormatError):
+                record = self.record_at(physical_offset)
+            except StoreError:
                 continue  # an entry left by a truncation
+            message = decode_message(record, check_crc=False)
             keys = message.properties.get(PROPERTY_KEYS, "").split(" ")
             if (
                 message.topic == topic

@@ -5,8 +5,10 @@ then the next one is considered (deletion is always oldest first):
 - it is not the last segment (the one being written);
 - it was last written more than ``file_reserved_time_h`` ago (72 h by default);
 - it is on disk and dispatched (flushed and built into consume queues);
-- ``floor()`` — the lowest CommitLog offset consumers' committed offsets and replicas'
-  acknowledged offsets still need, supplied by the broker — is at or past its end.
+- ``floor()`` — the lowest CommitLog offset the broker still needs (its replicas'
+  acknowledged offsets) — is at or past its end. Consumers do not hold segments back,
+  as in RocketMQ: a group that lags past the oldest segment moves on to the oldest
+  message kept (its pulls are answered with the new minimum).
 
 Then consume-queue files and index files that only point below the CommitLog's new
 start are deleted too, and every queue's ``min_offset`` moves past entries whose

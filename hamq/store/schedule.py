@@ -30,9 +30,10 @@ from hamq.protocol.message import (
     PROPERTY_DELAY,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
+    SCHEDULE_TOPIC,
     StoredMessage,
 )
-from hamq.store.dispatcher import SCHEDULE_TOPIC, ConsumeQueueTable, DispatchRequest
+from hamq.store.dispatcher import ConsumeQueueTable, DispatchRequest
 from hamq.store.files import write_atomically
 
 log = logging.getLogger(__name__)

@@ -15,9 +15,14 @@ import json
 import attrs
 
 from hamq.broker.context import BrokerContext
-from hamq.broker.topics import SYSTEM_TOPICS
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
-from hamq.protocol.bodies import SubscriptionGroupConfig, TopicConfig, decode_body, encode_body
+from hamq.protocol.bodies import (
+    MAX_QUEUE_NUMS,
+    SubscriptionGroupConfig,
+    TopicConfig,
+    decode_body,
+    encode_body,
+)
 from hamq.protocol.headers import (
     CreateTopicRequestHeader,
     DeleteTopicRequestHeader,
@@ -25,11 +30,10 @@ from hamq.protocol.headers import (
     QueryMessageResponseHeader,
     ViewMessageRequestHeader,
 )
+from hamq.protocol.message import SYSTEM_TOPICS
 from hamq.remoting import Connection, Dispatcher
 from hamq.store import StoreError
 from hamq.store.schedule import encode_delay_offsets
-
-MAX_QUEUE_NUMS = 1024
 
 
 class AdminProcessor:
@@ -129,10 +133,8 @@ class AdminProcessor:
 
     def view_message(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         header = request.header(ViewMessageRequestHeader)
-        commitlog = self.ctx.store.commitlog
         try:
-            size = int.from_bytes(commitlog.read(header.offset, 4), "big", signed=True)
-            record = bytes(commitlog.read(header.offset, size))
+            record = bytes(self.ctx.store.record_at(header.offset))
         except StoreError:
             raise RequestError(
                 ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {header.offset}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from hamq.broker.clients import ClientChannel
 from hamq.broker.context import BrokerContext
-from hamq.broker.topics import retry_topic
+from hamq.broker.subscriptions import check_group
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import (
     ConsumerListBody,
@@ -37,6 +37,7 @@ from hamq.protocol.headers import (
     UnregisterClientRequestHeader,
     UpdateConsumerOffsetRequestHeader,
 )
+from hamq.protocol.message import retry_topic, topic_error
 from hamq.remoting import Connection, Dispatcher
 
 
@@ -61,6 +62,17 @@ class ClientProcessor:
     # ------------------------------------------------------------------ clients
     def heartbeat(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         data = decode_body(HeartbeatData, request.body)
+        for name in [c.group_name for c in data.consumer_data_set] + [
+            p.group_name for p in data.producer_data_set
+        ]:
+            check_group(name)  # all of them before any is registered
+        for consumer in data.consumer_data_set:
+            problem = topic_error(retry_topic(consumer.group_name))
+            if problem is not None:
+                raise RequestError(
+                    ResponseCode.INVALID_PARAMETER,
+                    f"group {consumer.group_name!r} cannot have a retry topic: {problem}",
+                )
         conn.attributes["serialize_type"] = request.serialize_type  # for notifications
         now = self.ctx.clock()
         channel = ClientChannel(data.client_id, conn, request.language, request.version, now)
@@ -120,6 +132,11 @@ class ClientProcessor:
 
     def update_offset(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         header = request.header(UpdateConsumerOffsetRequestHeader)
+        check_group(header.consumer_group)
+        if header.commit_offset < 0:
+            raise RequestError(
+                ResponseCode.INVALID_PARAMETER, f"commitOffset {header.commit_offset} is negative"
+            )
         self.ctx.offsets.commit(
             header.consumer_group, header.topic, header.queue_id, header.commit_offset
         )

@@ -1,15 +1,15 @@
 """PULL_MESSAGE (11): messages of one queue from an offset (shared/PROTOCOL.md §5.3).
 
 - Filtering by tags: the subscription comes from the request when its sys flag says so
-  (bit 4), else from the group's last heartbeat; ``*`` takes everything, ``a || b``
+  (0x4), else from the group's last heartbeat; ``*`` takes everything, ``a || b``
   takes messages whose consume-queue tag hash is a's or b's (Java's String.hashCode;
   clients check the TAGS themselves again). SQL92 filters are refused by name.
-- Commit flag (bit 1): the request's commitOffset is stored for the group first.
+- Commit flag (0x1): the request's commitOffset is stored for the group first.
 - Store status -> response code as RocketMQ maps them: FOUND 0; NO_MATCHED_MESSAGE and
   MESSAGE_WAS_REMOVING 20; an empty queue or an offset one past the end 19 (21 if the
   offset was not 0 for an empty queue); offsets out of range 21. The remark is the
   status name; the body is the records back to back.
-- Suspend flag (bit 2): a pull that would answer 19 waits in the hold service until a
+- Suspend flag (0x2): a pull that would answer 19 waits in the hold service until a
   message arrives or its timeout passes (long polling).
 """
 
@@ -18,14 +18,16 @@ from __future__ import annotations
 from hamq.broker.context import BrokerContext
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import PERM_READ
-from hamq.protocol.headers import PullMessageRequestHeader, PullMessageResponseHeader
-from hamq.protocol.message import tags_code
+from hamq.protocol.headers import (
+    PULL_FLAG_COMMIT_OFFSET,
+    PULL_FLAG_SUBSCRIPTION,
+    PULL_FLAG_SUSPEND,
+    PullMessageRequestHeader,
+    PullMessageResponseHeader,
+)
+from hamq.protocol.message import parse_tags, tags_code
 from hamq.remoting import Connection, Dispatcher
 from hamq.store import GetMessageStatus
-
-FLAG_COMMIT_OFFSET = 0x1
-FLAG_SUSPEND = 0x2
-FLAG_SUBSCRIPTION = 0x4
 
 _CODES = {
     GetMessageStatus.FOUND: ResponseCode.SUCCESS,
@@ -40,11 +42,8 @@ _CODES = {
 
 def tag_filter(expression: str | None) -> frozenset[int] | None:
     """Tag hashes a subscription expression accepts; None accepts everything."""
-    text = (expression or "").strip()
-    if not text or text == "*":
-        return None
-    tags = [t.strip() for t in text.split("||") if t.strip()]
-    return frozenset(tags_code(t) for t in tags) if tags else None
+    tags = parse_tags(expression)
+    return None if tags is None else frozenset(tags_code(t) for t in tags)
 
 
 class PullProcessor:
@@ -98,7 +97,8 @@ class PullProcessor:
             )
         codes = self._filter(header)
         if (
-            header.sys_flag & FLAG_COMMIT_OFFSET
+            allow_suspend  # first run only: a held pull's commit is stale by its re-run
+            and header.sys_flag & PULL_FLAG_COMMIT_OFFSET
             and ctx.config.is_master
             and header.commit_offset >= 0
         ):
@@ -128,14 +128,14 @@ class PullProcessor:
         if (
             code == ResponseCode.PULL_NOT_FOUND
             and allow_suspend
-            and header.sys_flag & FLAG_SUSPEND
+            and header.sys_flag & PULL_FLAG_SUSPEND
             and ctx.pull_holds is not None
         ):
             wait_s = min(header.suspend_timeout_millis / 1000, ctx.config.long_polling_max_s)
             if wait_s > 0:
                 responder = conn.defer(request)
                 ctx.pull_holds.hold(
-                    responder, header.topic, header.queue_id, header.queue_offset, wait_s
+                    responder, header.topic, header.queue_id, header.queue_offset, wait_s, codes
                 )
                 return None
         response_header = PullMessageResponseHeader(
@@ -152,7 +152,7 @@ class PullProcessor:
         )
 
     def _filter(self, header: PullMessageRequestHeader) -> frozenset[int] | None:
-        if header.sys_flag & FLAG_SUBSCRIPTION:
+        if header.sys_flag & PULL_FLAG_SUBSCRIPTION:
             expression_type = header.expression_type or "TAG"
             expression = header.subscription
         else:

@@ -20,13 +20,6 @@ import logging
 import random
 
 from hamq.broker.context import BrokerContext
-from hamq.broker.topics import (
-    DEFAULT_TOPIC,
-    RETRY_GROUP_TOPIC_PREFIX,
-    SYSTEM_TOPICS,
-    dlq_topic,
-    retry_topic,
-)
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode, decode_header
 from hamq.protocol.bodies import PERM_WRITE
 from hamq.protocol.headers import (
@@ -36,6 +29,7 @@ from hamq.protocol.headers import (
     from_v2_fields,
 )
 from hamq.protocol.message import (
+    DEFAULT_TOPIC,
     PROPERTY_CLUSTER,
     PROPERTY_DELAY,
     PROPERTY_MAX_RECONSUME_TIMES,
@@ -43,11 +37,15 @@ from hamq.protocol.message import (
     PROPERTY_RETRY_TOPIC,
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT,
+    RETRY_GROUP_TOPIC_PREFIX,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
+    SYSTEM_TOPICS,
     MessageFormatError,
     decode_batch,
     decode_properties,
+    dlq_topic,
+    retry_topic,
     topic_error,
 )
 from hamq.remoting import Connection, Dispatcher, Responder, parse_address
@@ -191,7 +189,14 @@ class SendProcessor:
         config = self.ctx.subscriptions.find(group)
         most = header.max_reconsume_times
         if most is None:
-            most = int(properties.get(PROPERTY_MAX_RECONSUME_TIMES, "-1") or -1)
+            text = properties.get(PROPERTY_MAX_RECONSUME_TIMES) or "-1"
+            try:
+                most = int(text)
+            except ValueError:
+                raise RequestError(
+                    ResponseCode.MESSAGE_ILLEGAL,
+                    f"property {PROPERTY_MAX_RECONSUME_TIMES} {text!r} is not a number",
+                ) from None
         if most < 0:
             most = config.retry_max_times if config else 16
         if (header.reconsume_times or 0) > most:
@@ -230,33 +235,36 @@ class SendProcessor:
     def _store(
         self, request: RemotingCommand, conn: Connection, messages: list[MessageToStore]
     ) -> RemotingCommand | None:
-        results: list[PutMessageResult] = []
-        for message in messages:
-            result = self.ctx.store.put_message_nowait(message)
-            results.append(result)
-            if result.append is None:
-                break
-        failed = results[-1]
-        if failed.append is None:
+        # A send that waits for its fsync takes its place in flight first: refused for
+        # being one too many (SYSTEM_BUSY), it must not have been stored.
+        waits = self._wait_for_flush and messages[-1].properties.get(PROPERTY_WAIT) != "false"
+        responder = conn.defer(request) if waits else None
+        if len(messages) == 1:
+            results = [self.ctx.store.put_message_nowait(messages[0])]
+        else:
+            results = self.ctx.store.put_batch_nowait(messages)
+        last = results[-1]
+        if last.append is None:
             if len(results) > 1:
-                log.warning(
+                log.error(
                     "batch to %s stopped after %d of %d messages: %s",
                     messages[0].topic,
                     len(results) - 1,
                     len(messages),
-                    failed.remark,
+                    last.remark,
                 )
-            raise RequestError(
-                _STATUS_CODES.get(failed.status, ResponseCode.SYSTEM_ERROR),
-                f"{failed.status.value}: {failed.remark}",
+            refusal = RequestError(
+                _STATUS_CODES.get(last.status, ResponseCode.SYSTEM_ERROR),
+                f"{last.status.value}: {last.remark}",
             )
+            if responder is None:
+                raise refusal
+            responder.send(request.response_to(refusal.code, str(refusal)))
+            return None
         response = self._response(request, messages, results)
-        waits = self._wait_for_flush and messages[-1].properties.get(PROPERTY_WAIT) != "false"
-        last = results[-1].append
-        if not waits or last is None:
+        if responder is None:
             return response
-        responder = conn.defer(request)
-        conn.spawn(self._answer_when_flushed, responder, last.end_offset, response)
+        conn.spawn(self._answer_when_flushed, responder, last.append.end_offset, response)
         return None
 
     async def _answer_when_flushed(
