@@ -159,22 +159,23 @@ class BrokerNode:
             ctx.port = await nursery.start(self.server.run)
             await nursery.start(ctx.pull_holds.run)
             await nursery.start(self.notifier.run)
+            nursery.start_soon(self._housekeeping)
+            nursery.start_soon(self._persist_loop)
             async with RemotingClient(config=self.config.remoting) as client:
                 self.registrar = Registrar(ctx, client, namesrv_addrs)
                 try:
-                    await nursery.start(self.registrar.run)
-                    nursery.start_soon(self._housekeeping)
-                    nursery.start_soon(self._persist_loop)
-                    log.info(
-                        "broker %s (%s, cluster %s) serving on %s, nameservers %s",
-                        self.config.broker_name,
-                        self.config.role.value,
-                        self.config.cluster_name,
-                        ctx.address,
-                        ", ".join(namesrv_addrs),
-                    )
-                    task_status.started(ctx.port)
-                    await trio.sleep_forever()
+                    # the registrar's tasks end inside the client's block, never after
+                    async with trio.open_nursery() as registering:
+                        await registering.start(self.registrar.run)
+                        log.info(
+                            "broker %s (%s, cluster %s) serving on %s, nameservers %s",
+                            self.config.broker_name,
+                            self.config.role.value,
+                            self.config.cluster_name,
+                            ctx.address,
+                            ", ".join(namesrv_addrs),
+                        )
+                        task_status.started(ctx.port)
                 finally:
                     if self.nameserver is None:  # an embedded one stops with us anyway
                         with trio.CancelScope(shield=True):

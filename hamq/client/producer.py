@@ -59,10 +59,9 @@ from hamq.protocol import (
     RequestCode,
     RequestError,
     ResponseCode,
-    encode_header,
 )
 from hamq.protocol.bodies import MessageQueue
-from hamq.protocol.headers import SendMessageRequestHeader, SendMessageResponseHeader, to_v2_fields
+from hamq.protocol.headers import SendMessageRequestHeader, decode_send_response, send_v2_fields
 from hamq.protocol.message import (
     DEFAULT_TOPIC,
     PROPERTY_UNIQ_KEY,
@@ -378,8 +377,9 @@ class Producer(InstanceOwner):
                     "send to %s failed (attempt %d of %d): %s", target, attempt + 1, tries, exc
                 )
                 continue
-            now = trio.current_time()
-            self.faults.update(target.broker_name, now - started, now, failed=False)
+            if self.faults.enabled:
+                now = trio.current_time()
+                self.faults.update(target.broker_name, now - started, now, failed=False)
             if (
                 result is not None
                 and result.status is not SendStatus.SEND_OK
@@ -415,6 +415,8 @@ class Producer(InstanceOwner):
                     f"the selector returned {chosen!r}, not one of the topic's queues"
                 )
             return chosen
+        if not self.faults.enabled:
+            return info.select(last_broker)
         now = trio.current_time()
         return info.select(last_broker, lambda b: self.faults.available(b, now))
 
@@ -444,7 +446,7 @@ class Producer(InstanceOwner):
         )
         command = RemotingCommand.request(
             RequestCode.SEND_BATCH_MESSAGE if request.batch else RequestCode.SEND_MESSAGE_V2,
-            ext_fields=to_v2_fields(encode_header(header)),
+            ext_fields=send_v2_fields(header),
             body=request.body,
             serialize_type=self.config.serialize_type,
         )
@@ -455,7 +457,7 @@ class Producer(InstanceOwner):
         status = _STATUSES.get(response.code)
         if status is None:
             raise BrokerError(response.code, response.remark, addr)
-        answer = response.header(SendMessageResponseHeader)
+        answer = decode_send_response(response.ext_fields)
         queue = MessageQueue(target.topic, target.broker_name, answer.queue_id)
         return SendResult(
             status=status,

@@ -100,12 +100,16 @@ _TOPIC = re.compile(r"[%|a-zA-Z0-9_-]+")
 
 def topic_error(topic: str) -> str | None:
     """Why ``topic`` is not a valid topic name, or None if it is."""
-    if not topic:
-        return "the topic is empty"
-    if len(topic) > TOPIC_MAX_LENGTH:
-        return f"topic {topic[:40]!r}... is {len(topic)} characters, over {TOPIC_MAX_LENGTH}"
-    if not _TOPIC.fullmatch(topic):
-        return f"topic {topic!r} may only contain letters, digits, '%', '|', '_' and '-'"
+    return _name_error("topic", topic, TOPIC_MAX_LENGTH)
+
+
+def _name_error(kind: str, name: str, longest: int) -> str | None:
+    if not name:
+        return f"the {kind} is empty"
+    if len(name) > longest:
+        return f"{kind} {name[:40]!r}... is {len(name)} characters, over {longest}"
+    if not _TOPIC.fullmatch(name):
+        return f"{kind} {name!r} may only contain letters, digits, '%', '|', '_' and '-'"
     return None
 
 
@@ -115,13 +119,7 @@ GROUP_MAX_LENGTH = 255
 
 def group_error(group: str) -> str | None:
     """Why ``group`` is not a valid producer or consumer group name, or None if it is."""
-    if not group:
-        return "the group is empty"
-    if len(group) > GROUP_MAX_LENGTH:
-        return f"group {group[:40]!r}... is {len(group)} characters, over {GROUP_MAX_LENGTH}"
-    if not _TOPIC.fullmatch(group):
-        return f"group {group!r} may only contain letters, digits, '%', '|', '_' and '-'"
-    return None
+    return _name_error("group", group, GROUP_MAX_LENGTH)
 
 
 #: topics with a meaning of their own

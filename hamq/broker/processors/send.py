@@ -20,13 +20,14 @@ import logging
 import random
 
 from hamq.broker.context import BrokerContext
-from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode, decode_header
+from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import PERM_WRITE
 from hamq.protocol.headers import (
     ConsumerSendMsgBackRequestHeader,
     SendMessageRequestHeader,
     SendMessageResponseHeader,
-    from_v2_fields,
+    decode_send_header,
+    send_response_fields,
 )
 from hamq.protocol.message import (
     DEFAULT_TOPIC,
@@ -74,11 +75,15 @@ BASE_RETRY_DELAY_LEVEL = 3
 
 
 def peer_host(conn: Connection) -> tuple[str, int]:
-    """The BORNHOST of a request: its connection's remote address."""
-    try:
-        return parse_address(conn.peer)
-    except ValueError:
-        return ("127.0.0.1", 0)
+    """The BORNHOST of a request: its connection's remote address (parsed once)."""
+    host = conn.attributes.get("born_host")
+    if host is None:
+        try:
+            host = parse_address(conn.peer)
+        except ValueError:
+            host = ("127.0.0.1", 0)
+        conn.attributes["born_host"] = host
+    return host
 
 
 class SendProcessor:
@@ -97,12 +102,7 @@ class SendProcessor:
 
     # ------------------------------------------------------------------ send
     def send(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
-        fields = (
-            request.ext_fields
-            if request.code == RequestCode.SEND_MESSAGE
-            else from_v2_fields(request.ext_fields)
-        )
-        header = decode_header(SendMessageRequestHeader, fields)
+        header = decode_send_header(request.ext_fields, v2=request.code != RequestCode.SEND_MESSAGE)
         batch = request.code == RequestCode.SEND_BATCH_MESSAGE or bool(header.batch)
         topic, queue_id = self._check(header)
         properties = decode_properties(header.properties or "")
@@ -297,7 +297,7 @@ class SendProcessor:
             msg_region="DefaultRegion",
             trace_on="true",
         )
-        return request.response_to(ResponseCode.SUCCESS, header=header)
+        return request.response_to(ResponseCode.SUCCESS, ext_fields=send_response_fields(header))
 
     # ------------------------------------------------------------------ send back
     def send_back(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
