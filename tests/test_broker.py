@@ -140,6 +140,12 @@ async def test_send_pull_query_and_view_over_the_wire(tmp_path: Path) -> None:
         assert found.code == ResponseCode.SUCCESS
         assert [m.body for m in decode_messages(found.body)] == [b"m1"]
 
+        listed = await client.invoke(
+            addr, RemotingCommand.request(RequestCode.GET_ALL_TOPIC_CONFIG), 5
+        )
+        table = decode_body(TopicConfigSerializeWrapper, listed.body).topic_config_table
+        assert {"T", "TBW102", "SCHEDULE_TOPIC_XXXX"} <= set(table)
+
         _host, offset = parse_offset_msg_id(sent[2].msg_id)
         viewed = await client.invoke(
             addr,
