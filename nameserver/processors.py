@@ -95,7 +95,7 @@ class NameServerProcessors:
 
     def route(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         header = request.header(GetRouteInfoRequestHeader)
-        route = self.table.route(header.topic)
+        route = self.table.route(header.topic) or self.table.retry_route(header.topic)
         if route is None:
             return request.response_to(
                 ResponseCode.TOPIC_NOT_EXIST,

@@ -12,7 +12,8 @@ Invariants: a broker is live until ``timeout_ms`` passes without a registration 
 heartbeat, or its connection closes; removing the last address of a broker name
 removes the name from its cluster and its queues from every topic, and a topic with
 no queues left is gone. Only masters' registrations change queue data; a broker id
-that moves to a new address (a slave promoted) replaces the old entry.
+that moves to a new address (a slave promoted) replaces the old entry. A retry topic
+not registered yet is answered as it is about to be (``retry_route``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ import attrs
 
 from hamq.protocol.bodies import (
     MASTER_ID,
+    PERM_INHERIT,
+    PERM_READ,
+    PERM_WRITE,
     BrokerData,
     ClusterInfo,
     DataVersion,
@@ -30,6 +34,7 @@ from hamq.protocol.bodies import (
     TopicConfig,
     TopicRouteData,
 )
+from hamq.protocol.message import DEFAULT_TOPIC, is_retry_topic
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +200,31 @@ class RouteTable:
             BrokerData(data.cluster, data.broker_name, dict(sorted(data.broker_addrs.items())))
             for name in sorted(queues)
             if (data := self.brokers.get(name)) is not None
+        ]
+        return TopicRouteData(queue_datas=queue_datas, broker_datas=broker_datas)
+
+    def retry_route(self, topic: str) -> TopicRouteData | None:
+        """The route a consumer group's retry topic will have before it exists.
+
+        A broker creates ``%RETRY%group`` at the group's first heartbeat, but clients
+        look its route up before they send one (RocketMQ's C++ client then waits for
+        its next rebalance, 10-20 s, to consume retries). So an unknown retry topic is
+        answered as the brokers will have it: one queue on each broker that creates
+        topics on demand (the brokers of TBW102, the auto-create template)."""
+        template = self.topics.get(DEFAULT_TOPIC) if is_retry_topic(topic) else None
+        if not template:
+            return None
+        queue_datas = [
+            QueueData(name, 1, 1, PERM_READ | PERM_WRITE)
+            for name, q in sorted(template.items())
+            if q.perm & PERM_INHERIT
+        ]
+        if not queue_datas:
+            return None
+        broker_datas = [
+            BrokerData(data.cluster, data.broker_name, dict(sorted(data.broker_addrs.items())))
+            for q in queue_datas
+            if (data := self.brokers.get(q.broker_name)) is not None
         ]
         return TopicRouteData(queue_datas=queue_datas, broker_datas=broker_datas)
 

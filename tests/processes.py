@@ -6,11 +6,13 @@ Every wait is bounded, and ``running`` always kills its process, whatever happen
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 
 import trio
 
@@ -83,3 +85,31 @@ async def stop(proc: trio.Process, sig: int = signal.SIGTERM, timeout_s: float =
     os.kill(proc.pid, sig)
     with trio.fail_after(timeout_s):
         return await proc.wait()
+
+
+@contextmanager
+def broker_process(
+    store_dir: Path, config_toml: str = "", store_toml: str = ""
+) -> Iterator[tuple[str, str]]:
+    """A ``hamq broker`` process with small store files (plus ``config_toml``, top-level
+    keys, and ``store_toml``, [store] keys) and its embedded nameserver, both on free
+    ports, for a whole test module.
+    Yields (broker address, nameserver address); killed by PID at the end."""
+    from tests.broker_support import SMALL_STORE
+
+    config = store_dir / "broker.toml"
+    store = "".join(f"{k} = {v}\n" for k, v in SMALL_STORE.items())
+    config.write_text(
+        f"{config_toml}\n[store]\nstore_dir = '{store_dir / 'store'}'\n{store}{store_toml}\n"
+    )
+    args = ["broker", "-c", str(config), "--port", "0", "--namesrv-port", "0"]
+    proc = subprocess.Popen([*HAMQ, *args], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the ready line (the process exits if it cannot start)
+        match = re.search(r"at (\S+), nameserver (\S+) ", line)
+        assert match, f"no ready line from the broker: {line!r}"
+        yield match.group(1), match.group(2)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)

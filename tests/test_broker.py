@@ -516,6 +516,14 @@ async def test_a_batch_is_stored_whole_or_not_at_all(tmp_path: Path) -> None:
         answer = await client.invoke(node.address, good, 5)
         assert answer.code == ResponseCode.SUCCESS
         assert len(answer.header(SendMessageResponseHeader).msg_id.split(",")) == 2
+        # the C++ client's form: code 10 with batch=1
+        cpp = send_request(
+            "T", encode_batch([BatchEntry(b"c"), BatchEntry(b"d")]), code=RequestCode.SEND_MESSAGE
+        )
+        cpp.ext_fields["batch"] = "1"
+        assert (await client.invoke(node.address, cpp, 5)).code == ResponseCode.SUCCESS
+        await node.store.wait_dispatched()
+        assert node.store.max_offset_in_queue("T", 0) == 4
 
 
 async def test_numbers_and_names_out_of_range_are_refused_by_name(tmp_path: Path) -> None:

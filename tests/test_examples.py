@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker_support import small_store_toml
-from tests.processes import HAMQ
+from tests.processes import broker_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,23 +55,8 @@ def test_remoting_echo_example_runs() -> None:
 @pytest.fixture(scope="module")
 def broker_namesrv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A ``hamq broker`` process (embedded nameserver on a free port) for the examples."""
-    store = tmp_path_factory.mktemp("examples-store")
-    config = small_store_toml(store)
-    args = ["broker", "-c", str(config), "--port", "0", "--namesrv-port", "0"]
-    proc = subprocess.Popen(
-        [*HAMQ, *args, "--store-dir", str(store / "store")],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # the ready line (the process exits if it cannot start)
-        match = re.search(r"nameserver (\S+) ", line)
-        assert match, f"no ready line from the broker: {line!r}"
-        yield match.group(1)
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+    with broker_process(tmp_path_factory.mktemp("examples-broker")) as (_, namesrv):
+        yield namesrv
 
 
 def run_example(name: str, namesrv: str) -> str:

@@ -208,3 +208,23 @@ async def test_a_bad_registration_body_is_named(nursery: trio.Nursery, body: byt
         response = await client.invoke(f"127.0.0.1:{port}", request, 5)
     assert response.code == ResponseCode.INVALID_PARAMETER
     assert "RegisterBrokerBody" in (response.remark or "")
+
+
+def test_a_retry_topic_has_a_route_before_its_group_first_heartbeats() -> None:
+    table = RouteTable()
+    template = {"TBW102": TopicConfig("TBW102", 8, 8, perm=7)}  # inheritable: auto-creates
+    register(table, "broker-a", 0, "127.0.0.1:10911", topics=template)
+    register(
+        table,
+        "broker-b",
+        0,
+        "127.0.0.2:10911",
+        topics={"TBW102": TopicConfig("TBW102", 8, 8, perm=6)},
+    )
+    route = table.retry_route("%RETRY%my-group")
+    assert route is not None
+    assert [(q.broker_name, q.read_queue_nums, q.write_queue_nums) for q in route.queue_datas] == [
+        ("broker-a", 1, 1)  # only where the broker will create it
+    ]
+    assert route.broker_datas[0].broker_addrs == {0: "127.0.0.1:10911"}
+    assert table.retry_route("plain-topic") is None

@@ -77,7 +77,7 @@ from hamq.protocol.headers import (
 )
 from hamq.protocol.message import (
     PROPERTY_RETRY_TOPIC,
-    RETRY_GROUP_TOPIC_PREFIX,
+    is_retry_topic,
     java_string_hash,
     parse_tags,
     retry_topic,
@@ -450,7 +450,7 @@ class PushConsumer:
         committed = await self._caller.query_offset(queue)
         if committed is not None and committed >= 0:
             return committed
-        if queue.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+        if is_retry_topic(queue.topic):
             return 0
         if self.consume_from is ConsumeFrom.LAST_OFFSET:
             return await self._caller.max_offset(queue)
@@ -668,7 +668,7 @@ class PushConsumer:
 def _original_topic(message: MessageExt) -> MessageExt:
     """A message from the retry topic shows its original topic, as RocketMQ's do."""
     original = message.properties.get(PROPERTY_RETRY_TOPIC)
-    if original and message.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+    if original and is_retry_topic(message.topic):
         return attrs.evolve(message, topic=original)
     return message
 

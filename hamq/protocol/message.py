@@ -135,6 +135,10 @@ def retry_topic(group: str) -> str:
     return RETRY_GROUP_TOPIC_PREFIX + group
 
 
+def is_retry_topic(topic: str) -> bool:
+    return topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
+
+
 def dlq_topic(group: str) -> str:
     """Where a consumer group's messages go after their last retry."""
     return DLQ_GROUP_TOPIC_PREFIX + group

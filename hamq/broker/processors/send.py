@@ -46,6 +46,7 @@ from hamq.protocol.message import (
     decode_batch,
     decode_properties,
     dlq_topic,
+    is_retry_topic,
     retry_topic,
     topic_error,
 )
@@ -148,7 +149,7 @@ class SendProcessor:
             )
         config = self.ctx.topics.get(topic)
         if config is None:
-            if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            if is_retry_topic(topic):
                 config = self.ctx.topics.ensure(topic)
             elif self.ctx.config.auto_create_topic_enable:
                 config = self.ctx.topics.create_from_default(
@@ -183,7 +184,7 @@ class SendProcessor:
         properties: dict[str, str],
     ) -> tuple[str, int]:
         """A consumer re-sending to its retry topic past its retries goes to its DLQ."""
-        if not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+        if not is_retry_topic(topic):
             return topic, queue_id
         group = topic[len(RETRY_GROUP_TOPIC_PREFIX) :]
         config = self.ctx.subscriptions.find(group)
