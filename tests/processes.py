@@ -113,3 +113,25 @@ def broker_process(
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_toml(path: Path, values: dict[str, object]) -> Path:
+    """A TOML file of top-level keys and one level of tables (``store``, ``ha``)."""
+    top = [f"{k} = {toml_value(v)}" for k, v in values.items() if not isinstance(v, dict)]
+    tables = [
+        f"\n[{name}]\n" + "\n".join(f"{k} = {toml_value(v)}" for k, v in table.items())
+        for name, table in values.items()
+        if isinstance(table, dict)
+    ]
+    path.write_text("\n".join(top) + "\n" + "\n".join(tables) + "\n")
+    return path

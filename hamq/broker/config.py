@@ -10,6 +10,10 @@ A file looks like conf/broker.toml::
     [store]
     store_dir = "./data/store"
     flush_disk_type = "ASYNC_FLUSH"
+    role = "ASYNC_MASTER"                   # SYNC_MASTER, SLAVE (broker_id 1, 2, ...)
+
+    [ha]
+    protocol = "classic"                    # or "autoswitch" (RocketMQ 5's)
 
 Every key is checked: an unknown key, a value of the wrong type or out of range is
 reported with its name (all of them at once), and nothing starts. Names follow
@@ -19,6 +23,7 @@ RocketMQ's BrokerConfig in snake_case.
 from __future__ import annotations
 
 import ipaddress
+import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,6 +35,8 @@ from attrs import validators as v
 from cattrs.errors import ClassValidationError
 from cattrs.v import format_exception
 
+from hamq.ha import HAConfig
+from hamq.protocol.ha_wire import HAProtocol
 from hamq.protocol.message import TOPIC_MAX_LENGTH
 from hamq.remoting import RemotingConfig, parse_address
 from hamq.store import BrokerRole, FlushDiskType, StoreConfig
@@ -42,6 +49,18 @@ class ConfigError(ValueError):
 def _addresses(_instance: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
     for addr in value:
         parse_address(addr)  # ValueError names the bad one
+
+
+def _address(_instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    parse_address(value)
+
+
+def _default_slave_read_lag() -> int:
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        memory = 8 * 1024**3
+    return int(memory * 0.4)
 
 
 def _name(_instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
@@ -84,8 +103,28 @@ class BrokerConfig:
     #: queue locks of orderly consumers last this long unless renewed (RocketMQ: 60 s)
     rebalance_lock_max_live_s: float = attrs.field(default=60.0, validator=v.gt(0.0))
     remoting: RemotingConfig = attrs.field(factory=RemotingConfig)
+    #: the HA channel's port: default listen_port + 1 (a free one when listen_port is 0)
+    ha_listen_port: int | None = attrs.field(
+        default=None, validator=v.optional([v.ge(0), v.le(65535)])
+    )
+    #: a slave's master HA address; default: what the nameservers say (haMasterAddress)
+    ha_master_address: str | None = attrs.field(default=None, validator=v.optional(_address))
+    ha: HAConfig = attrs.field(factory=HAConfig)
+    #: how often a slave copies topics, offsets, delay offsets and groups from its master
+    metadata_sync_interval_s: float = attrs.field(default=10.0, validator=v.gt(0.0))
+    #: a master sends consumers far behind the head to a slave (slaveReadEnable)
+    slave_read_enable: bool = False
+    #: how far behind is far: RocketMQ's accessMessageInMemoryMaxRatio, 40 % of memory
+    slave_read_lag_bytes: int = attrs.field(
+        factory=lambda: _default_slave_read_lag(), validator=v.ge(0)
+    )
 
     def __attrs_post_init__(self) -> None:
+        if self.store.role.is_master != (self.broker_id == 0):
+            raise ValueError(
+                f"broker_id {self.broker_id} does not fit role {self.store.role.value}: "
+                "a master is broker_id 0, a slave 1 or more"
+            )
         host = self.advertised_host
         field = "broker_ip" if self.broker_ip else "listen_host"
         try:
@@ -106,6 +145,12 @@ class BrokerConfig:
         return self.broker_ip or self.listen_host
 
     @property
+    def ha_port(self) -> int:
+        if self.ha_listen_port is not None:
+            return self.ha_listen_port
+        return self.listen_port + 1 if self.listen_port else 0
+
+    @property
     def role(self) -> BrokerRole:
         return self.store.role
 
@@ -119,6 +164,7 @@ def _converter() -> cattrs.Converter:
     conv.register_structure_hook(Path, lambda value, _: Path(value))
     conv.register_structure_hook(BrokerRole, lambda value, _: BrokerRole(value))
     conv.register_structure_hook(FlushDiskType, lambda value, _: FlushDiskType(value))
+    conv.register_structure_hook(HAProtocol, lambda value, _: HAProtocol(value))
     return conv
 
 

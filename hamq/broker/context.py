@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -12,6 +13,7 @@ from hamq.broker.long_polling import PullHoldService
 from hamq.broker.offsets import ConsumerOffsetManager
 from hamq.broker.subscriptions import SubscriptionGroupManager
 from hamq.broker.topics import TopicConfigManager
+from hamq.ha import HAService
 from hamq.protocol.message import MessageIdGenerator
 from hamq.remoting import format_address
 from hamq.store import MessageStore
@@ -33,11 +35,21 @@ class BrokerContext:
     pull_holds: PullHoldService | None = None
     #: the port the broker listens on (known once bound: the configuration may say 0)
     port: int = 0
+    #: a master's HA service (None on a slave)
+    ha: HAService | None = None
+    #: the HA port (known once bound on a master)
+    ha_port: int = 0
+    #: what GET_BROKER_HA_STATUS answers (the node fills it in)
+    ha_status: Callable[[], dict[str, Any]] = lambda: {}
 
     @property
     def address(self) -> str:
         """``ip:port`` of this broker as clients reach it (STOREHOST)."""
         return format_address(self.config.advertised_host, self.port)
+
+    @property
+    def ha_address(self) -> str:
+        return format_address(self.config.advertised_host, self.ha_port or self.config.ha_port)
 
     @property
     def store_host(self) -> tuple[str, int]:

@@ -1,10 +1,12 @@
 """BrokerNode: one broker as one Trio nursery.
 
-Start-up, in order: the message store (recovery first), the managers' JSON state, the
-processors, the remoting server (reporting its port), an embedded nameserver when no
-nameserver address is configured, registration with every nameserver, and the
-background services (long polling, notifications, client housekeeping, persisting
-state). ``await nursery.start(node.run)`` returns once all of them serve.
+Start-up, in order: the message store (recovery first), the managers' JSON state, an
+embedded nameserver when no nameserver address is configured, replication (a master
+starts a new epoch and its HA service on the HA port), the remoting server (reporting
+its port), the background services (long polling, notifications, client housekeeping,
+persisting state), registration with every nameserver, and on a slave the HA client
+and the metadata sync, which follow the master the registration names.
+``await nursery.start(node.run)`` returns once all of them serve.
 
 Shutdown (``run`` cancelled): everything but the store stops first; then the state is
 written, the broker unregisters from its nameservers, and only then the store stops
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
@@ -31,10 +34,20 @@ from hamq.broker.processors.clients import ClientProcessor
 from hamq.broker.processors.pull import PullProcessor
 from hamq.broker.processors.send import SendProcessor
 from hamq.broker.registration import Notifier, Registrar
+from hamq.broker.slave_sync import SlaveSync
 from hamq.broker.subscriptions import SubscriptionGroupManager
 from hamq.broker.topics import TopicConfigManager
+from hamq.ha import EpochFile, HAClient, HAService
+from hamq.ha.epoch import FILE_NAME as EPOCH_FILE_NAME
 from hamq.protocol.message import MessageIdGenerator
-from hamq.remoting import Connection, Dispatcher, RemotingClient, RemotingServer, format_address
+from hamq.remoting import (
+    Connection,
+    Dispatcher,
+    RemotingClient,
+    RemotingServer,
+    format_address,
+    parse_address,
+)
 from hamq.store import MessageStore
 from hamq.store.message_store import wall_clock_ms
 from nameserver import NameServer, NameServerConfig
@@ -65,7 +78,35 @@ class BrokerNode:
         self.config = config
         self._clock = clock
         store_dir = Path(config.store.store_dir)
-        self.store = MessageStore(config.store, clock=self._clock)
+        self.store = MessageStore(
+            config.store,
+            clock=self._clock,
+            retention_floor=self._retention_floor,
+            confirm_offset=self._confirm_offset,
+        )
+        self.epochs = EpochFile(store_dir / EPOCH_FILE_NAME)
+        self.ha_service: HAService | None = None
+        self.ha_client: HAClient | None = None
+        self.slave_sync: SlaveSync | None = None
+        if config.is_master:
+            self.ha_service = HAService(
+                self.store,
+                config.ha,
+                self.epochs,
+                host=config.listen_host,
+                port=config.ha_port,
+                format_address=format_address,
+            )
+            self.store.append_listeners.append(self.ha_service.notify_appended)
+        else:
+            self.ha_client = HAClient(
+                self.store,
+                config.ha,
+                self.epochs,
+                broker_id=config.broker_id,
+                master_address=self._master_ha_address,
+                parse_address=parse_address,
+            )
         consumers = ConsumerManager()
         self.notifier = Notifier(consumers)
         self.ctx = BrokerContext(
@@ -88,7 +129,9 @@ class BrokerNode:
             locks=RebalanceLockManager(int(config.rebalance_lock_max_live_s * 1000)),
             clock=self._clock,
             ids=MessageIdGenerator(config.advertised_host),
+            ha=self.ha_service,
         )
+        self.ctx.ha_status = self.ha_status
         self.dispatcher = Dispatcher()
         self.pull = PullProcessor(self.ctx)
         for processor in (
@@ -116,6 +159,32 @@ class BrokerNode:
     @property
     def address(self) -> str:
         return self.ctx.address
+
+    # ------------------------------------------------------------------ replication
+    def _master_ha_address(self) -> str | None:
+        """Where a slave replicates from: configured, else what the nameservers say."""
+        if self.config.ha_master_address:
+            return self.config.ha_master_address
+        return self.registrar.master_ha_addr if self.registrar else None
+
+    def _master_address(self) -> str | None:
+        return self.registrar.master_addr if self.registrar else None
+
+    def _retention_floor(self) -> int:
+        return self.ha_service.floor() if self.ha_service else self.store.commitlog_max_offset
+
+    def _confirm_offset(self) -> int:
+        if self.ha_service is not None:
+            return self.ha_service.confirm_offset
+        return self.ha_client.confirm_offset if self.ha_client else 0
+
+    async def _start_replication(self, nursery: trio.Nursery) -> None:
+        """A master starts a new epoch and listens for slaves; a slave's client and
+        metadata sync start once it is registered (they wait for the master's address)."""
+        await trio.to_thread.run_sync(self.epochs.load)
+        if self.ha_service is not None:
+            await self.epochs.append(self.epochs.last_epoch + 1, self.store.commitlog_max_offset)
+            self.ctx.ha_port = await nursery.start(self.ha_service.run)
 
     def _connection_closed(self, conn: Connection) -> None:
         self.ctx.consumers.connection_closed(conn)
@@ -156,6 +225,7 @@ class BrokerNode:
                 port = await nursery.start(self.nameserver.run)
                 namesrv_addrs = [format_address(self.config.advertised_host, port)]
                 self.namesrv_addrs = namesrv_addrs
+            await self._start_replication(nursery)
             ctx.port = await nursery.start(self.server.run)
             await nursery.start(ctx.pull_holds.run)
             await nursery.start(self.notifier.run)
@@ -167,6 +237,12 @@ class BrokerNode:
                     # the registrar's tasks end inside the client's block, never after
                     async with trio.open_nursery() as registering:
                         await registering.start(self.registrar.run)
+                        if self.ha_client is not None:
+                            self.slave_sync = SlaveSync(
+                                ctx, client, self._master_address, self._state_changed.set
+                            )
+                            await registering.start(self.ha_client.run)
+                            await registering.start(self.slave_sync.run)
                         log.info(
                             "broker %s (%s, cluster %s) serving on %s, nameservers %s",
                             self.config.broker_name,
@@ -207,6 +283,23 @@ class BrokerNode:
             now = self._clock()
             self.ctx.consumers.scan_expired(now, timeout_ms)
             self.ctx.producers.scan_expired(now, timeout_ms)
+
+    def ha_status(self) -> dict[str, Any]:
+        """The replication side of this broker (GET_BROKER_HA_STATUS, ``hamq admin ha-status``)."""
+        status: dict[str, Any] = {
+            "broker": self.config.broker_name,
+            "brokerId": self.config.broker_id,
+            "address": self.ctx.address,
+            "role": self.config.role.value,
+            "epochs": [[e.epoch, e.start_offset] for e in self.epochs.entries],
+        }
+        if self.ha_service is not None:
+            status["master"] = attrs.asdict(self.ha_service.statistics())
+        if self.ha_client is not None:
+            status["slave"] = attrs.asdict(self.ha_client.statistics())
+        if self.slave_sync is not None:
+            status["metadataSync"] = attrs.asdict(self.slave_sync.statistics())
+        return status
 
     def statistics(self) -> BrokerStatistics:
         holds = self.ctx.pull_holds

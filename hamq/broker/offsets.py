@@ -39,3 +39,19 @@ class ConsumerOffsetManager(StateFile[ConsumerOffsetSerializeWrapper]):
     def query(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, -1 if the group never committed one for this queue."""
         return self.table.get(f"{topic}{TOPIC_GROUP_SEPARATOR}{group}", {}).get(queue_id, -1)
+
+    def merge_newer(self, wrapper: ConsumerOffsetSerializeWrapper) -> int:
+        """A slave takes its master's offsets, never going back: an offset already past
+        the master's (committed here while the master was away) stays. RocketMQ slaves
+        overwrite, which consumes again what was consumed from the slave. Returns how
+        many offsets moved."""
+        moved = 0
+        for key, queues in wrapper.offset_table.items():
+            mine = self.table.setdefault(key, {})
+            for queue_id, offset in queues.items():
+                if offset > mine.get(queue_id, -1):
+                    mine[queue_id] = offset
+                    moved += 1
+        if moved:
+            self.mark_dirty()
+        return moved

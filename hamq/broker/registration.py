@@ -26,7 +26,7 @@ from hamq.protocol.headers import (
     RegisterBrokerResponseHeader,
     UnregisterBrokerRequestHeader,
 )
-from hamq.remoting import RemotingClient, RemotingError, format_address
+from hamq.remoting import RemotingClient, RemotingError
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Registrar:
             broker_name=config.broker_name,
             broker_addr=self.ctx.address,
             cluster_name=config.cluster_name,
-            ha_server_addr=format_address(config.advertised_host, self.ctx.port + 1),
+            ha_server_addr=self.ctx.ha_address,
             broker_id=config.broker_id,
             heartbeat_timeout_millis=None,
             compressed=False,

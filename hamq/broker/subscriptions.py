@@ -33,6 +33,13 @@ class SubscriptionGroupManager(StateFile[SubscriptionGroupWrapper]):
         if saved is not None:
             self.table = dict(saved.subscription_group_table)
 
+    def replace_all(self, wrapper: SubscriptionGroupWrapper) -> None:
+        """A slave takes its master's subscription groups."""
+        table = dict(wrapper.subscription_group_table)
+        if table != self.table:
+            self.table = table
+            self.mark_dirty()
+
     def snapshot(self) -> SubscriptionGroupWrapper:
         return SubscriptionGroupWrapper({k: attrs.evolve(v) for k, v in self.table.items()})
 

@@ -65,6 +65,17 @@ class TopicConfigManager(StateFile[TopicConfigSerializeWrapper]):
                 self.table[name] = config
                 self._changed()
 
+    def replace_all(self, wrapper: TopicConfigSerializeWrapper) -> bool:
+        """A slave takes its master's topic table (system topics stay its own); True if
+        anything changed (the change listeners then run once)."""
+        table = {k: v for k, v in wrapper.topic_config_table.items() if k not in self._system}
+        table.update(self._system)
+        if table == self.table:
+            return False
+        self.table = table
+        self._changed()
+        return True
+
     def snapshot(self) -> TopicConfigSerializeWrapper:
         return TopicConfigSerializeWrapper(
             {name: attrs.evolve(c) for name, c in self.table.items()}, self.data_version

@@ -15,11 +15,12 @@ their TAGS (brokers filter by tag hash, which can collide); and the offset reque
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any
 
-from hamq.client.errors import BrokerError, ClientError, InvalidArgumentError
+from hamq.client.errors import NETWORK_ERRORS, BrokerError, ClientError, InvalidArgumentError
 from hamq.client.instance import ClientConfig, ClientInstance, InstanceOwner, client_config
 from hamq.client.message import PullResult, PullStatus, check_topic, inflate
 from hamq.protocol import RequestCode, ResponseCode
@@ -37,6 +38,7 @@ from hamq.protocol.headers import (
     UpdateConsumerOffsetRequestHeader,
 )
 from hamq.protocol.message import MessageFormatError, decode_messages, parse_tags
+from hamq.remoting import RemotingError
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +94,16 @@ class PullCaller:
             subscription=expression,
             expression_type="TAG",
         )
-        response = await self.instance.invoke(
-            addr, self.instance.request(RequestCode.PULL_MESSAGE, header), timeout_s
-        )
+        try:
+            response = await self.instance.invoke(
+                addr, self.instance.request(RequestCode.PULL_MESSAGE, header), timeout_s
+            )
+        except RemotingError:
+            # the broker may be gone: a fresh route lets the next pull go to another
+            # (a slave, when the master is down)
+            with contextlib.suppress(*NETWORK_ERRORS):
+                await self.instance.update_route(queue.topic)
+            raise
         status = _PULL_STATUSES.get(response.code)
         if status is None:
             raise BrokerError(response.code, response.remark, addr)

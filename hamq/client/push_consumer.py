@@ -468,9 +468,9 @@ class PushConsumer:
     async def _commit(self, states: list[_QueueState]) -> None:
         assert self._caller is not None
         for state in states:
+            # every queue, changed or not (as RocketMQ's persistAll): after a master was
+            # down and its consumers committed to the slave, the master learns them back
             offset = state.offset
-            if offset == state.committed:
-                continue
             try:
                 await self._caller.commit_offset(state.queue, offset)
                 state.committed = offset

@@ -49,12 +49,12 @@ from hamq.store.checkpoint import Checkpoint, load_checkpoint
 from hamq.store.commitlog import AppendResult, CommitLog
 from hamq.store.config import FlushDiskType, StoreConfig
 from hamq.store.dispatcher import ConsumeQueueTable, ReputService
-from hamq.store.files import DirectoryLock, fsync_directory
+from hamq.store.files import DirectoryLock, fsync_directory, write_atomically
 from hamq.store.flush import FlushService
 from hamq.store.index import IndexService
 from hamq.store.recovery import RecoveryReport, recover
 from hamq.store.retention import RetentionService
-from hamq.store.schedule import ScheduleService
+from hamq.store.schedule import ScheduleService, encode_delay_offsets
 from hamq.store.segment import StoreCorruptionError, StoreError
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,9 @@ class GetMessageResult:
     max_offset: int
     #: the records found, zero-copy views of the CommitLog, in queue order
     messages: tuple[memoryview, ...] = ()
+    #: how far the last record found is behind the CommitLog's end, in bytes (a master
+    #: sends consumers this far behind to a slave, slaveReadEnable)
+    lag_bytes: int = 0
 
     @property
     def body(self) -> bytes:
@@ -185,6 +188,8 @@ class MessageStore:
         )
         self.reput = ReputService(self.commitlog, self.queues, self.index, self._delay_levels_ms)
         self._retention_floor = retention_floor or (lambda: self.commitlog.max_offset)
+        #: called after every append (the HA master wakes its writers)
+        self.append_listeners: list[Callable[[], None]] = []
         self._confirm_offset = confirm_offset
         self._lock = DirectoryLock(config.store_dir)
         self._abort_path = config.store_dir / "abort"
@@ -444,6 +449,8 @@ class MessageStore:
             log.error("append to the commitlog failed: %s", exc)
             return self._refuse(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
         self.reput.wake()
+        for listener in self.append_listeners:
+            listener()
         return PutMessageResult(PutMessageStatus.PUT_OK, appended)
 
     async def _deliver_delayed(
@@ -547,7 +554,7 @@ class MessageStore:
         byte_budget = max_bytes or self.config.max_transfer_bytes
         commitlog_min = self.commitlog.min_offset
         found: list[memoryview] = []
-        total = 0
+        total = last_physical = 0
         next_offset = offset
         removed = filtered = 0
         while next_offset < high and len(found) < max_count:
@@ -563,23 +570,26 @@ class MessageStore:
                     filtered += 1
                 else:
                     if found and total + size > byte_budget:
-                        return self._found(found, next_offset, low, high)
+                        return self._found(found, next_offset, low, high, last_physical)
                     found.append(self.commitlog.read(physical_offset, size))
+                    last_physical = physical_offset
                     total += size
                 next_offset += 1
                 if len(found) >= max_count:
                     break
         if found:
-            return self._found(found, next_offset, low, high)
+            return self._found(found, next_offset, low, high, last_physical)
         if filtered:
             return result(GetMessageStatus.NO_MATCHED_MESSAGE, next_offset)
         if removed:
             return result(GetMessageStatus.MESSAGE_WAS_REMOVING, next_offset)
         return result(GetMessageStatus.OFFSET_FOUND_NULL, next_offset)
 
-    @staticmethod
-    def _found(found: list[memoryview], next_offset: int, low: int, high: int) -> GetMessageResult:
-        return GetMessageResult(GetMessageStatus.FOUND, next_offset, low, high, tuple(found))
+    def _found(
+        self, found: list[memoryview], next_offset: int, low: int, high: int, last_physical: int
+    ) -> GetMessageResult:
+        lag = self.commitlog.max_offset - last_physical
+        return GetMessageResult(GetMessageStatus.FOUND, next_offset, low, high, tuple(found), lag)
 
     def max_offset_in_queue(self, topic: str, queue_id: int) -> int:
         queue = self.queues.get(topic, queue_id)
@@ -683,6 +693,16 @@ class MessageStore:
     @property
     def commitlog_max_offset(self) -> int:
         return self.commitlog.max_offset
+
+    async def replace_delay_offsets(self, offsets: dict[int, int]) -> None:
+        """A slave's copy of its master's delay offsets (config/delayOffset.json), kept
+        for the day it serves as master; a master's own are its scheduler's."""
+        if self.schedule is not None:
+            raise StoreError("a master keeps its own delay offsets")
+        data = encode_delay_offsets(offsets)
+        await trio.to_thread.run_sync(
+            write_atomically, self.config.config_dir / "delayOffset.json", data
+        )
 
     def delay_offsets(self) -> dict[int, int]:
         return dict(self.schedule.offsets) if self.schedule else {}

@@ -45,18 +45,29 @@ RETRY_DELIVERY_S = 1.0
 def load_delay_offsets(path: Path) -> dict[int, int]:
     """Offsets by level from ``delayOffset.json``; ValueError names a malformed file."""
     try:
-        data = json.loads(path.read_text())
+        data = path.read_bytes()
     except FileNotFoundError:
         return {}
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not JSON: {exc}") from None
-    table = data.get("offsetTable") if isinstance(data, dict) else None
+    try:
+        return decode_delay_offsets(data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def decode_delay_offsets(data: bytes) -> dict[int, int]:
+    """Offsets by level from RocketMQ's ``{"offsetTable": {"1": 5, ...}}`` (the file, and
+    GET_ALL_DELAY_OFFSET's body); ValueError names what is wrong."""
+    try:
+        parsed = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    table = parsed.get("offsetTable") if isinstance(parsed, dict) else None
     if not isinstance(table, dict):
-        raise ValueError(f"{path} has no offsetTable object")
+        raise ValueError("no offsetTable object")
     offsets = {}
     for level, offset in table.items():
         if not str(level).isdigit() or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"{path}: bad entry {level!r}: {offset!r}")
+            raise ValueError(f"bad entry {level!r}: {offset!r}")
         offsets[int(level)] = offset
     return offsets
 

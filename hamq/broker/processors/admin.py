@@ -3,7 +3,8 @@
 UPDATE_AND_CREATE_TOPIC (17), DELETE_TOPIC_IN_BROKER (215), GET_ALL_TOPIC_CONFIG (21),
 GET_ALL_CONSUMER_OFFSET (43), GET_ALL_DELAY_OFFSET (45),
 GET_ALL_SUBSCRIPTIONGROUP_CONFIG (201), UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (200),
-QUERY_MESSAGE (12), VIEW_MESSAGE_BY_ID (33), GET_BROKER_RUNTIME_INFO (28).
+QUERY_MESSAGE (12), VIEW_MESSAGE_BY_ID (33), GET_BROKER_RUNTIME_INFO (28),
+GET_BROKER_HA_STATUS (907: the replication side, as JSON).
 Topic changes re-register the broker with its nameservers at once (the topic
 manager's change listeners).
 """
@@ -52,6 +53,7 @@ class AdminProcessor:
         d.register(RequestCode.QUERY_MESSAGE, self.query_message)
         d.register(RequestCode.VIEW_MESSAGE_BY_ID, self.view_message)
         d.register(RequestCode.GET_BROKER_RUNTIME_INFO, self.runtime_info)
+        d.register(RequestCode.GET_BROKER_HA_STATUS, self.ha_status)
 
     def create_topic(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         header = request.header(CreateTopicRequestHeader)
@@ -146,3 +148,6 @@ class AdminProcessor:
         table = {key: str(value) for key, value in stats.items()}
         table["brokerAddr"] = self.ctx.address
         return request.response_to(body=json.dumps({"table": table}).encode())
+
+    def ha_status(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        return request.response_to(body=json.dumps(self.ctx.ha_status()).encode())

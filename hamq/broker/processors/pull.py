@@ -9,6 +9,9 @@
   MESSAGE_WAS_REMOVING 20; an empty queue or an offset one past the end 19 (21 if the
   offset was not 0 for an empty queue); offsets out of range 21. The remark is the
   status name; the body is the records back to back.
+- suggestWhichBrokerId: the master, unless slave reads are on and the consumer is far
+  behind the head (``slave_read_lag_bytes``): then a slave. A slave serves pulls too
+  (consumers come when their master is down); it never commits a pull's offset.
 - Suspend flag (0x2): a pull that would answer 19 waits in the hold service until a
   message arrives or its timeout passes (long polling).
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 from hamq.broker.context import BrokerContext
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
-from hamq.protocol.bodies import PERM_READ
+from hamq.protocol.bodies import MASTER_ID, PERM_READ, SubscriptionGroupConfig, TopicConfig
 from hamq.protocol.headers import (
     PULL_FLAG_COMMIT_OFFSET,
     PULL_FLAG_SUBSCRIPTION,
@@ -79,6 +82,11 @@ class PullProcessor:
                 f"subscription group no permission, {header.consumer_group}",
             )
         topic = ctx.topics.get(header.topic)
+        if topic is None and not ctx.config.is_master:
+            # replicated messages whose topic config the metadata sync has not copied yet
+            queue = ctx.store.queues.get(header.topic, header.queue_id)
+            if queue is not None:
+                topic = TopicConfig(header.topic, header.queue_id + 1, 0, PERM_READ)
         if topic is None:
             raise RequestError(
                 ResponseCode.TOPIC_NOT_EXIST,
@@ -139,7 +147,7 @@ class PullProcessor:
                 )
                 return None
         response_header = PullMessageResponseHeader(
-            suggest_which_broker_id=0,
+            suggest_which_broker_id=self._suggest(group, result.lag_bytes),
             next_begin_offset=result.next_begin_offset,
             min_offset=result.min_offset,
             max_offset=result.max_offset,
@@ -150,6 +158,17 @@ class PullProcessor:
             header=response_header,
             body=result.body if code == ResponseCode.SUCCESS else b"",
         )
+
+    def _suggest(self, group: SubscriptionGroupConfig, lag_bytes: int) -> int:
+        """Where the consumer should pull next (RocketMQ's rule): with slave reads on, a
+        consumer this far behind the head goes to a slave (the group's
+        ``which_broker_when_consume_slowly``), others to the group's broker id;
+        without, always the master."""
+        if not self.ctx.config.slave_read_enable:
+            return MASTER_ID
+        if lag_bytes > self.ctx.config.slave_read_lag_bytes:
+            return group.which_broker_when_consume_slowly
+        return group.broker_id
 
     def _filter(self, header: PullMessageRequestHeader) -> frozenset[int] | None:
         if header.sys_flag & PULL_FLAG_SUBSCRIPTION:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 import random
 
+import trio
+
 from hamq.broker.context import BrokerContext
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import PERM_WRITE
@@ -52,6 +54,7 @@ from hamq.protocol.message import (
 )
 from hamq.remoting import Connection, Dispatcher, Responder, parse_address
 from hamq.store import (
+    BrokerRole,
     FlushDiskType,
     MessageToStore,
     PutMessageResult,
@@ -91,6 +94,7 @@ class SendProcessor:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
         self._wait_for_flush = ctx.config.store.flush_disk_type is FlushDiskType.SYNC_FLUSH
+        self._wait_for_slave = ctx.config.store.role is BrokerRole.SYNC_MASTER
 
     def install(self, dispatcher: Dispatcher) -> None:
         for code in (
@@ -102,7 +106,17 @@ class SendProcessor:
         dispatcher.register(RequestCode.CONSUMER_SEND_MSG_BACK, self.send_back)
 
     # ------------------------------------------------------------------ send
+    def _refuse_on_slave(self) -> None:
+        config = self.ctx.config
+        if not config.is_master:
+            raise RequestError(
+                ResponseCode.NO_PERMISSION,
+                f"the broker[{config.broker_name} at {self.ctx.address}] is a slave "
+                f"(broker id {config.broker_id}): send to the master of {config.broker_name}",
+            )
+
     def send(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        self._refuse_on_slave()
         header = decode_send_header(request.ext_fields, v2=request.code != RequestCode.SEND_MESSAGE)
         batch = request.code == RequestCode.SEND_BATCH_MESSAGE or bool(header.batch)
         topic, queue_id = self._check(header)
@@ -236,10 +250,12 @@ class SendProcessor:
     def _store(
         self, request: RemotingCommand, conn: Connection, messages: list[MessageToStore]
     ) -> RemotingCommand | None:
-        # A send that waits for its fsync takes its place in flight first: refused for
-        # being one too many (SYSTEM_BUSY), it must not have been stored.
-        waits = self._wait_for_flush and messages[-1].properties.get(PROPERTY_WAIT) != "false"
-        responder = conn.defer(request) if waits else None
+        # A send that waits (for its fsync, for a slave's ack) takes its place in flight
+        # first: refused for being one too many (SYSTEM_BUSY), it must not be stored.
+        wait_store_ok = messages[-1].properties.get(PROPERTY_WAIT) != "false"
+        waits_flush = self._wait_for_flush and wait_store_ok
+        waits_slave = self._wait_for_slave and wait_store_ok
+        responder = conn.defer(request) if waits_flush or waits_slave else None
         if len(messages) == 1:
             results = [self.ctx.store.put_message_nowait(messages[0])]
         else:
@@ -265,19 +281,59 @@ class SendProcessor:
         response = self._response(request, messages, results)
         if responder is None:
             return response
-        conn.spawn(self._answer_when_flushed, responder, last.append.end_offset, response)
+        end_offset = last.append.end_offset
+        ha = self.ctx.ha
+        if waits_slave and ha is not None and not ha.in_sync():
+            # stored, but no slave to wait for: RocketMQ answers at once
+            waits_slave = False
+            response.code = ResponseCode.SLAVE_NOT_AVAILABLE
+            response.remark = "no slave in sync (none connected, or too far behind); stored"
+        if not waits_flush and not waits_slave:
+            responder.send(response)
+            return None
+        conn.spawn(
+            self._answer_when_safe, responder, end_offset, response, waits_flush, waits_slave
+        )
         return None
 
-    async def _answer_when_flushed(
-        self, responder: Responder, end_offset: int, response: RemotingCommand
+    async def _answer_when_safe(
+        self,
+        responder: Responder,
+        end_offset: int,
+        response: RemotingCommand,
+        waits_flush: bool,
+        waits_slave: bool,
     ) -> None:
-        flush = self.ctx.store.flush
-        store_config = self.ctx.config.store
-        if flush is not None and not await flush.wait_flushed(
-            end_offset, store_config.sync_flush_timeout_s
-        ):
+        """Answer once the message is on disk (SYNC_FLUSH) and on a slave (SYNC_MASTER),
+        or say which did not happen in time: FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT.
+        Both waits run at once; the message is stored either way."""
+        config = self.ctx.config
+        flushed = replicated = True
+
+        async def flush() -> None:
+            nonlocal flushed
+            store_flush = self.ctx.store.flush
+            if store_flush is not None:
+                flushed = await store_flush.wait_flushed(
+                    end_offset, config.store.sync_flush_timeout_s
+                )
+
+        async def replicate() -> None:
+            nonlocal replicated
+            assert self.ctx.ha is not None
+            replicated = await self.ctx.ha.wait_for_ack(end_offset)
+
+        async with trio.open_nursery() as nursery:
+            if waits_flush:
+                nursery.start_soon(flush)
+            if waits_slave and self.ctx.ha is not None:
+                nursery.start_soon(replicate)
+        if not flushed:
             response.code = ResponseCode.FLUSH_DISK_TIMEOUT
-            response.remark = f"not on disk within {store_config.sync_flush_timeout_s:g}s; stored"
+            response.remark = f"not on disk within {config.store.sync_flush_timeout_s:g}s; stored"
+        elif not replicated:
+            response.code = ResponseCode.FLUSH_SLAVE_TIMEOUT
+            response.remark = f"no slave had it within {config.ha.sync_timeout_s:g}s; stored"
         responder.send(response)
 
     def _response(
@@ -304,6 +360,7 @@ class SendProcessor:
     def send_back(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         """A push consumer could not consume a message: store a copy in its group's retry
         topic, delayed by level, or in its dead-letter topic past its retries."""
+        self._refuse_on_slave()
         header = request.header(ConsumerSendMsgBackRequestHeader)
         group = self.ctx.subscriptions.find(header.group)
         if group is None:

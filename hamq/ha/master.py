@@ -1,0 +1,348 @@
+"""The master's side of the HA channel: accept slaves, push CommitLog bytes, count acks.
+
+Per connected slave, two tasks under the connection's nursery:
+- the reader takes the slave's messages: in the auto-switch protocol first a
+  HANDSHAKE (answered with the master's max offset and epoch table), then reports of
+  the slave's max offset. The first report sets where sending starts (0: the start
+  of the master's last segment, or its first retained byte when
+  ``sync_from_last_file`` is off; a slave past the master's log end is refused with
+  an error that says its log diverged). Every report is an ack: it wakes SYNC_MASTER
+  sends waiting for it (``AckWaiters``). A slave silent for ``housekeeping_interval_s``
+  (20 s) is dropped.
+- the writer sends CommitLog bytes from where the slave is, at most
+  ``transfer_batch_bytes`` (32 KiB) and one segment per transfer, never across an
+  epoch boundary, straight from the mapped segment (a memoryview, no copy); woken
+  by appends (``notify_appended``); a heartbeat transfer (no body) when idle for
+  ``heartbeat_interval_s`` (5 s).
+
+``in_sync`` and ``wait_for_ack`` are what sends on a SYNC_MASTER use; ``floor`` is
+what retention may not delete past (the furthest-behind slave's ack).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from hamq.ha.config import HAConfig
+from hamq.ha.epoch import EpochFile
+from hamq.ha.group_transfer import AckWaiters
+from hamq.protocol.ha_wire import (
+    HAProtocol,
+    HAProtocolError,
+    HAState,
+    MasterHandshake,
+    SlaveHandshake,
+    SlaveMessageDecoder,
+    SlaveReport,
+    encode_master_handshake,
+    encode_transfer_header,
+)
+from hamq.store import MessageStore, StoreError
+
+log = logging.getLogger(__name__)
+
+RECEIVE_BYTES = 4096
+
+
+class SlaveGone(Exception):
+    """The slave closed, went silent, sent something invalid or cannot be served."""
+
+
+@attrs.frozen
+class SlaveStatistics:
+    address: str
+    broker_id: int
+    state: str
+    ack_offset: int
+    lag_bytes: int
+    lag_s: float
+    in_sync: bool
+    bytes_sent: int
+
+
+@attrs.frozen
+class MasterHAStatistics:
+    address: str
+    protocol: str
+    max_offset: int
+    acked_offset: int
+    waiting_sends: int
+    slaves: tuple[SlaveStatistics, ...]
+
+
+class SlaveConnection:
+    def __init__(self, service: HAService, stream: trio.SocketStream, peer: str) -> None:
+        self.service = service
+        self.stream = stream
+        self.peer = peer
+        self.protocol = service.config.protocol
+        classic = self.protocol is HAProtocol.CLASSIC
+        self.state = HAState.TRANSFER if classic else HAState.HANDSHAKE
+        self.broker_id = -1
+        self.sync_from_last_file = service.config.sync_from_last_file
+        self.ack_offset = -1
+        #: where the writer sends from (None until the first report)
+        self.next_offset: int | None = None
+        self._started = trio.Event()
+        self._send_lock = trio.Lock()
+        self.bytes_sent = 0
+        self.caught_up_at = trio.current_time()
+
+    async def serve(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._reader)
+                nursery.start_soon(self._writer)
+        except* (SlaveGone, HAProtocolError, trio.BrokenResourceError, OSError) as group:
+            log.warning("HA slave %s dropped: %s", self.peer, group.exceptions[0])
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self.stream)
+
+    # ------------------------------------------------------------------ reading
+    async def _reader(self) -> None:
+        decoder = SlaveMessageDecoder(self.protocol)
+        idle_s = self.service.config.housekeeping_interval_s
+        while True:
+            with trio.move_on_after(idle_s) as silent:
+                data = await self.stream.receive_some(RECEIVE_BYTES)
+            if silent.cancelled_caught:
+                raise SlaveGone(f"silent for {idle_s:g}s")
+            if not data:
+                raise SlaveGone("closed the connection")
+            decoder.feed(data)
+            report = None
+            while (event := decoder.next_event()) is not None:
+                if isinstance(event, SlaveHandshake):
+                    await self._handshake(event)
+                else:
+                    report = event  # only the newest report matters
+            if report is not None:
+                self._report(report)
+
+    async def _handshake(self, handshake: SlaveHandshake) -> None:
+        if self.state is not HAState.HANDSHAKE:
+            raise SlaveGone(f"a HANDSHAKE in state {self.state.name}")
+        self.broker_id = handshake.broker_id
+        self.sync_from_last_file = handshake.sync_from_last_file
+        service = self.service
+        reply = MasterHandshake(
+            service.store.commitlog_max_offset,
+            service.epochs.last_epoch,
+            tuple(service.epochs.entries),
+        )
+        await self._send(encode_master_handshake(reply))
+        self.state = HAState.TRANSFER
+        log.info("HA slave %s (broker id %d) shook hands", self.peer, self.broker_id)
+
+    def _report(self, report: SlaveReport) -> None:
+        if self.state is not HAState.TRANSFER:
+            raise SlaveGone("reported its offset before the handshake")
+        store = self.service.store
+        offset = report.max_offset
+        if self.next_offset is None:
+            master_max = store.commitlog_max_offset
+            if offset > master_max:
+                raise SlaveGone(
+                    f"its log ends at {offset}, past this master's log end {master_max}: it "
+                    "has bytes this master does not have (an older master's tail); the "
+                    "auto-switch protocol truncates such a slave, classic replication "
+                    "cannot — clear the slave's store or use ha_protocol = 'autoswitch'"
+                )
+            if offset == 0:
+                offset = self._start_for_empty_slave()
+            self.next_offset = offset
+            self._started.set()
+            log.info("HA slave %s: sending from commitlog offset %d", self.peer, offset)
+        self.ack_offset = report.max_offset
+        if self.ack_offset >= store.commitlog_max_offset:
+            self.caught_up_at = trio.current_time()
+        self.service.acked(self)
+
+    def _start_for_empty_slave(self) -> int:
+        store = self.service.store
+        if self.sync_from_last_file:
+            segment = store.config.commitlog_segment_bytes
+            last_file_start = store.commitlog_max_offset - store.commitlog_max_offset % segment
+            return max(last_file_start, store.commitlog_min_offset)
+        return store.commitlog_min_offset
+
+    # ------------------------------------------------------------------ writing
+    async def _send(self, *parts: bytes | memoryview) -> None:
+        async with self._send_lock:
+            for part in parts:
+                await self.stream.send_all(part)
+
+    async def _writer(self) -> None:
+        await self._started.wait()
+        service = self.service
+        config = service.config
+        last_sent = trio.current_time()
+        while True:
+            assert self.next_offset is not None
+            offset = self.next_offset
+            max_offset = service.store.commitlog_max_offset
+            if offset < max_offset:
+                await self._transfer(offset, max_offset)
+                last_sent = trio.current_time()
+                continue
+            quiet_until = last_sent + config.heartbeat_interval_s
+            with trio.move_on_at(quiet_until):
+                await service.wait_appended()
+            if trio.current_time() >= quiet_until and self.next_offset >= (
+                service.store.commitlog_max_offset
+            ):
+                await self._send(self._header(offset, 0))  # a heartbeat
+                last_sent = trio.current_time()
+
+    async def _transfer(self, offset: int, max_offset: int) -> None:
+        service = self.service
+        limit = min(service.config.transfer_batch_bytes, max_offset - offset)
+        epoch = service.epochs.entry_at(offset)
+        if epoch is not None:  # never across an epoch boundary
+            limit = min(limit, service.epochs.end_of(epoch, max_offset) - offset)
+        try:
+            data = service.store.get_data(offset, limit)
+        except StoreError as exc:
+            raise SlaveGone(f"cannot read commitlog offset {offset} for it: {exc}") from None
+        if not data:
+            raise SlaveGone(f"no commitlog data at offset {offset} (deleted?)")
+        await self._send(self._header(offset, len(data)), data)
+        self.next_offset = offset + len(data)
+        self.bytes_sent += len(data)
+
+    def _header(self, offset: int, size: int) -> bytes:
+        service = self.service
+        epoch = service.epochs.entry_at(offset) if size else service.epochs.last
+        return encode_transfer_header(
+            self.protocol,
+            offset,
+            size,
+            epoch=epoch.epoch if epoch else 0,
+            epoch_start_offset=epoch.start_offset if epoch else 0,
+            confirm_offset=service.confirm_offset,
+        )
+
+    def statistics(self) -> SlaveStatistics:
+        max_offset = self.service.store.commitlog_max_offset
+        lag = max(0, max_offset - self.ack_offset) if self.ack_offset >= 0 else max_offset
+        return SlaveStatistics(
+            address=self.peer,
+            broker_id=self.broker_id,
+            state=self.state.name,
+            ack_offset=self.ack_offset,
+            lag_bytes=lag,
+            lag_s=0.0 if lag == 0 else round(trio.current_time() - self.caught_up_at, 3),
+            in_sync=self.service.slave_in_sync(self),
+            bytes_sent=self.bytes_sent,
+        )
+
+
+class HAService:
+    def __init__(
+        self,
+        store: MessageStore,
+        config: HAConfig,
+        epochs: EpochFile,
+        *,
+        host: str,
+        port: int,
+        format_address: Callable[[str, int], str],
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.epochs = epochs
+        self.host = host
+        self.port = port
+        self._format_address = format_address
+        self.connections: set[SlaveConnection] = set()
+        self.acks = AckWaiters()
+        self._appended = trio.lowlevel.ParkingLot()
+
+    @property
+    def address(self) -> str:
+        return self._format_address(self.host, self.port)
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot listen for HA on {self.address}: {exc.strerror or exc}"
+            ) from None
+        self.port = listeners[0].socket.getsockname()[1]
+        log.info("HA service (%s) listening on %s", self.config.protocol.value, self.address)
+        async with trio.open_nursery() as nursery:
+            task_status.started(self.port)
+            await trio.serve_listeners(self._serve, listeners, handler_nursery=nursery)
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        try:
+            host, port = stream.socket.getpeername()[:2]
+            peer = self._format_address(host, port)
+        except OSError:
+            peer = "?"
+        log.info("HA slave connected from %s", peer)
+        connection = SlaveConnection(self, stream, peer)
+        self.connections.add(connection)
+        try:
+            await connection.serve()
+        finally:
+            self.connections.discard(connection)
+
+    # ------------------------------------------------------------------ appends and acks
+    def notify_appended(self) -> None:
+        """Store append listener: wake the writers."""
+        if self._appended.statistics().tasks_waiting:
+            self._appended.unpark_all()
+
+    async def wait_appended(self) -> None:
+        await self._appended.park()
+
+    def acked(self, connection: SlaveConnection) -> None:
+        self.acks.acked(connection.ack_offset)
+
+    @property
+    def confirm_offset(self) -> int:
+        """What every in-sync replica has: the least ack of in-sync slaves (the master's
+        own end when none is)."""
+        acks = [c.ack_offset for c in self.connections if self.slave_in_sync(c)]
+        return min([*acks, self.store.commitlog_max_offset])
+
+    def slave_in_sync(self, connection: SlaveConnection) -> bool:
+        return (
+            connection.state is HAState.TRANSFER
+            and connection.ack_offset >= 0
+            and self.store.commitlog_max_offset - connection.ack_offset
+            < self.config.max_gap_not_in_sync_bytes
+        )
+
+    def in_sync(self) -> bool:
+        """A slave is connected and less than ``max_gap_not_in_sync_bytes`` behind (RocketMQ's
+        isSlaveOK): a SYNC_MASTER send may wait for it."""
+        return any(self.slave_in_sync(c) for c in self.connections)
+
+    async def wait_for_ack(self, end_offset: int, timeout_s: float | None = None) -> bool:
+        """True once a slave acks ``end_offset``; False after the sync timeout."""
+        return await self.acks.wait(end_offset, timeout_s or self.config.sync_timeout_s)
+
+    def floor(self) -> int:
+        """Retention may not delete what a connected slave still needs."""
+        acks = [c.ack_offset for c in self.connections if c.ack_offset >= 0]
+        return min(acks) if acks else self.store.commitlog_max_offset
+
+    def statistics(self) -> MasterHAStatistics:
+        return MasterHAStatistics(
+            address=self.address,
+            protocol=self.config.protocol.value,
+            max_offset=self.store.commitlog_max_offset,
+            acked_offset=self.acks.acked_offset,
+            waiting_sends=self.acks.waiting,
+            slaves=tuple(
+                sorted((c.statistics() for c in self.connections), key=lambda s: s.address)
+            ),
+        )

@@ -1,0 +1,279 @@
+"""The slave's side of the HA channel: connect to the master, take its CommitLog bytes.
+
+A loop of sessions, each a TCP connection to the master's HA address (learnt from the
+nameservers' registration answers, or configured). A session:
+1. auto-switch: HANDSHAKE — the master answers its max offset and epoch table; the
+   slave truncates its log to the last offset both agree on by epoch (nothing if its
+   own epoch table is empty), then
+2. TRANSFER — reports its max offset, appends every transfer whose offset is its max
+   offset (``append_raw``; the store's reput task builds consume queues from them),
+   records new epochs as data crosses into them, and reports again after each batch
+   and every ``heartbeat_interval_s`` (5 s).
+A transfer at another offset, an invalid message, or a master silent for
+``housekeeping_interval_s`` (20 s) ends the session; the next one starts after a pause
+that doubles from ``reconnect_initial_s`` up to ``reconnect_max_s``. Every state change
+is logged (states.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from hamq.ha.config import HAConfig
+from hamq.ha.epoch import EpochFile, consistent_point
+from hamq.ha.states import StateMachine
+from hamq.protocol.ha_wire import (
+    HAProtocol,
+    HAProtocolError,
+    HAState,
+    MasterHandshake,
+    MasterMessageDecoder,
+    SlaveHandshake,
+    Transfer,
+    encode_report,
+    encode_slave_handshake,
+)
+from hamq.store import MessageStore, StoreError
+
+log = logging.getLogger(__name__)
+
+RECEIVE_BYTES = 256 * 1024
+
+
+class SessionEnded(Exception):
+    """Why a session with the master ended (it is logged, and another one starts)."""
+
+
+@attrs.frozen
+class SlaveHAStatistics:
+    state: str
+    master_address: str | None
+    max_offset: int
+    confirm_offset: int
+    bytes_received: int
+    sessions: int
+    last_error: str | None
+
+
+class HAClient:
+    def __init__(
+        self,
+        store: MessageStore,
+        config: HAConfig,
+        epochs: EpochFile,
+        *,
+        broker_id: int,
+        master_address: Callable[[], str | None],
+        parse_address: Callable[[str], tuple[str, int]],
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.epochs = epochs
+        self.broker_id = broker_id
+        self._master_address = master_address
+        self._parse_address = parse_address
+        self.machine = StateMachine("HA slave")
+        self.confirm_offset = 0
+        self.bytes_received = 0
+        self.sessions = 0
+        self.last_error: str | None = None
+        self._connected_to: str | None = None
+        self._resume = trio.Event()
+
+    @property
+    def state(self) -> HAState:
+        return self.machine.state
+
+    # ------------------------------------------------------------------ the loop
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        pause = self.config.reconnect_initial_s
+        try:
+            while True:
+                if self.state is HAState.SUSPEND:
+                    await self._resume.wait()
+                    continue
+                addr = self._master_address()
+                if addr is None:
+                    await trio.sleep(pause)  # not known yet: the registration tells
+                    continue
+                try:
+                    await self._session(addr)
+                except (SessionEnded, HAProtocolError, OSError, trio.BrokenResourceError) as exc:
+                    self.last_error = f"{addr}: {exc}"
+                    log.warning("HA session with master %s ended: %s", addr, exc)
+                else:
+                    pause = self.config.reconnect_initial_s
+                finally:
+                    self._connected_to = None
+                    if self.state in (HAState.HANDSHAKE, HAState.TRANSFER):
+                        self.machine.set(HAState.READY, "disconnected")
+                await trio.sleep(pause)
+                pause = min(pause * 2, self.config.reconnect_max_s)
+        finally:
+            self.machine.set(HAState.SHUTDOWN)
+
+    def suspend(self) -> None:
+        """Stop replicating (the current session ends at its next step)."""
+        if self.state is HAState.READY:
+            self.machine.set(HAState.SUSPEND, "suspended")
+            self._resume = trio.Event()
+
+    def resume(self) -> None:
+        if self.state is HAState.SUSPEND:
+            self.machine.set(HAState.READY, "resumed")
+            self._resume.set()
+
+    # ------------------------------------------------------------------ one session
+    async def _session(self, addr: str) -> None:
+        host, port = self._parse_address(addr)
+        with trio.fail_after(self.config.connect_timeout_s):
+            stream = await trio.open_tcp_stream(host, port)
+        self.sessions += 1
+        self._connected_to = addr
+        async with stream:
+            decoder = MasterMessageDecoder(self.config.protocol)
+            if self.config.protocol is HAProtocol.AUTOSWITCH:
+                self.machine.set(HAState.HANDSHAKE, f"connected to {addr}")
+                await stream.send_all(
+                    encode_slave_handshake(
+                        SlaveHandshake(self.config.sync_from_last_file, False, self.broker_id)
+                    )
+                )
+                handshake = await self._receive_handshake(stream, decoder)
+                await self._truncate_to_agreement(handshake)
+                self.machine.set(HAState.TRANSFER, "epochs agreed")
+            else:
+                self.machine.set(HAState.TRANSFER, f"connected to {addr}")
+            await self._transfer_loop(stream, decoder)
+
+    async def _receive(self, stream: trio.SocketStream) -> bytes:
+        idle_s = self.config.housekeeping_interval_s
+        with trio.move_on_after(idle_s) as silent:
+            data = await stream.receive_some(RECEIVE_BYTES)
+        if silent.cancelled_caught:
+            raise SessionEnded(f"the master was silent for {idle_s:g}s")
+        if not data:
+            raise SessionEnded("the master closed the connection")
+        return data
+
+    async def _receive_handshake(
+        self, stream: trio.SocketStream, decoder: MasterMessageDecoder
+    ) -> MasterHandshake:
+        while True:
+            decoder.feed(await self._receive(stream))
+            event = decoder.next_event()
+            if isinstance(event, MasterHandshake):
+                return event
+            if event is not None:
+                raise SessionEnded("the master sent a transfer before its handshake")
+
+    async def _truncate_to_agreement(self, handshake: MasterHandshake) -> None:
+        own_max = self.store.commitlog_max_offset
+        if not self.epochs.entries:
+            log.info("HA slave: no epochs of its own; nothing to truncate (max %d)", own_max)
+            return
+        point = consistent_point(
+            self.epochs.entries, own_max, handshake.epochs, handshake.max_offset
+        )
+        if point < 0:
+            raise SessionEnded(
+                f"no epoch in common with the master (ours {self.epochs.entries}, the "
+                f"master's {list(handshake.epochs)}): this log cannot be reconciled; clear "
+                "the slave's store to copy the master afresh"
+            )
+        if point < own_max:
+            log.warning(
+                "HA slave: log diverged from the master after offset %d: truncating [%d, %d)",
+                point,
+                point,
+                own_max,
+            )
+            await self.store.truncate(point)
+            await self.epochs.truncate(point)
+
+    async def _transfer_loop(
+        self, stream: trio.SocketStream, decoder: MasterMessageDecoder
+    ) -> None:
+        """Receive transfers and append them; report after each batch and when nothing
+        was reported for ``heartbeat_interval_s``; end when the master is silent for
+        ``housekeeping_interval_s``. One task: only the receive is cancelled (safely)
+        when a report is due, never a send."""
+        config = self.config
+        last_report = last_heard = trio.current_time()
+
+        async def report() -> None:
+            nonlocal last_report
+            offset = self.store.commitlog_max_offset
+            await stream.send_all(encode_report(config.protocol, offset))
+            last_report = trio.current_time()
+
+        await report()
+        while True:
+            if self.state is not HAState.TRANSFER:
+                raise SessionEnded(f"left TRANSFER for {self.state.name}")
+            silent_at = last_heard + config.housekeeping_interval_s
+            data = None
+            with trio.move_on_at(min(last_report + config.heartbeat_interval_s, silent_at)):
+                data = await stream.receive_some(RECEIVE_BYTES)
+            if data is None:  # nothing came in time: a heartbeat is due, or the master is gone
+                if trio.current_time() >= silent_at:
+                    raise SessionEnded(
+                        f"the master was silent for {config.housekeeping_interval_s:g}s"
+                    )
+                await report()
+                continue
+            if not data:
+                raise SessionEnded("the master closed the connection")
+            last_heard = trio.current_time()
+            decoder.feed(data)
+            if await self._take(decoder):
+                await report()
+
+    async def _take(self, decoder: MasterMessageDecoder) -> bool:
+        """Append every whole transfer received; True if any carried data."""
+        appended = False
+        while (event := decoder.next_event()) is not None:
+            if not isinstance(event, Transfer):
+                raise SessionEnded("the master sent a second handshake")
+            if event.body:
+                await self._append(event)
+                appended = True
+            elif event.confirm_offset:
+                self.confirm_offset = min(event.confirm_offset, self.store.commitlog_max_offset)
+        return appended
+
+    async def _append(self, transfer: Transfer) -> None:
+        store = self.store
+        own_max = store.commitlog_max_offset
+        empty = own_max == 0 and store.commitlog_min_offset == 0
+        if transfer.offset != own_max and not empty:
+            raise SessionEnded(
+                f"the master sent offset {transfer.offset}, this slave's log ends at {own_max}"
+            )
+        if self.config.protocol is HAProtocol.AUTOSWITCH and transfer.epoch != (
+            self.epochs.last_epoch
+        ):
+            await self.epochs.append(transfer.epoch, transfer.epoch_start_offset)
+        try:
+            store.append_raw(transfer.offset, transfer.body)
+        except StoreError as exc:
+            raise SessionEnded(f"appending at {transfer.offset} failed: {exc}") from None
+        self.bytes_received += len(transfer.body)
+        if self.config.protocol is HAProtocol.AUTOSWITCH:
+            self.confirm_offset = min(transfer.confirm_offset, store.commitlog_max_offset)
+
+    def statistics(self) -> SlaveHAStatistics:
+        return SlaveHAStatistics(
+            state=self.state.name,
+            master_address=self._connected_to or self._master_address(),
+            max_offset=self.store.commitlog_max_offset,
+            confirm_offset=self.confirm_offset,
+            bytes_received=self.bytes_received,
+            sessions=self.sessions,
+            last_error=self.last_error,
+        )

@@ -1,0 +1,280 @@
+"""The master/slave HA channel's wire formats, sans-IO (shared/PROTOCOL.md §7).
+
+Two protocols share the same TCP port (listen port + 1), chosen by configuration:
+
+Classic (RocketMQ 4.x, 5.x ``DefaultHAService``), big-endian:
+    slave -> master   report     int64 slaveMaxPhyOffset                      (8 bytes)
+    master -> slave   transfer   int64 phyOffset | int32 bodySize | body      (12 + n)
+
+Auto-switch (RocketMQ 5.x ``AutoSwitchHAClient`` / ``AutoSwitchHAConnection``):
+    slave -> master   HANDSHAKE  int32 state=1 | int16 isSyncFromLastFile |
+                                 int16 isAsyncLearner | int64 brokerId       (16 bytes)
+                      TRANSFER   int32 state=2 | int64 slaveMaxPhyOffset     (12 bytes)
+    master -> slave   HANDSHAKE  int32 state=1 | int32 bodySize | int64 maxPhyOffset |
+                                 int32 lastEpoch | body: (int32 epoch, int64 start)*n
+                      TRANSFER   int32 state=2 | int32 bodySize | int64 offset |
+                                 int32 epoch | int64 epochStartOffset |
+                                 int64 confirmOffset | body                  (36 + n)
+
+A transfer with bodySize 0 is a heartbeat. Decoders are incremental: ``feed(bytes)``,
+then take events until None (need more data). Anything that cannot be a valid message
+(an unknown state, a negative or oversized body, a handshake body that is not whole
+entries) raises ``HAProtocolError`` naming it, and poisons the decoder.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+
+import attrs
+
+#: the most bytes one transfer may carry (RocketMQ sends 32 KiB; a margin for others)
+MAX_TRANSFER_BODY = 64 * 1024 * 1024
+#: the most epoch entries a handshake may list
+MAX_EPOCH_ENTRIES = 1 << 20
+
+
+class HAProtocolError(Exception):
+    """Bytes on the HA channel that are not a valid message of its protocol."""
+
+
+class HAProtocol(enum.Enum):
+    CLASSIC = "classic"
+    AUTOSWITCH = "autoswitch"
+
+
+class HAState(enum.IntEnum):
+    """RocketMQ's HAConnectionState; the auto-switch headers carry these ordinals."""
+
+    READY = 0
+    HANDSHAKE = 1
+    TRANSFER = 2
+    SUSPEND = 3
+    SHUTDOWN = 4
+
+
+@attrs.frozen
+class EpochEntry:
+    """Data from ``start_offset`` on was written under ``epoch`` (until the next entry)."""
+
+    epoch: int
+    start_offset: int
+
+
+@attrs.frozen
+class SlaveReport:
+    """The slave's max CommitLog offset: where it wants data from, and its ack."""
+
+    max_offset: int
+
+
+@attrs.frozen
+class SlaveHandshake:
+    sync_from_last_file: bool
+    async_learner: bool
+    broker_id: int
+
+
+@attrs.frozen
+class MasterHandshake:
+    max_offset: int
+    last_epoch: int
+    epochs: tuple[EpochEntry, ...]
+
+
+@attrs.frozen
+class Transfer:
+    """CommitLog bytes from ``offset`` (empty: a heartbeat). The epoch fields are the
+    auto-switch protocol's (0 in classic)."""
+
+    offset: int
+    body: bytes
+    epoch: int = 0
+    epoch_start_offset: int = 0
+    confirm_offset: int = 0
+
+
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_Q = struct.Struct(">q")
+_CLASSIC_TRANSFER = struct.Struct(">qi")  # 12
+_SLAVE_HANDSHAKE = struct.Struct(">ihhq")  # 16
+_SLAVE_TRANSFER = struct.Struct(">iq")  # 12
+_MASTER_HANDSHAKE = struct.Struct(">iiqi")  # 20
+_EPOCH_ENTRY = struct.Struct(">iq")  # 12
+_MASTER_TRANSFER = struct.Struct(">iiqiqq")  # 36
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def encode_report(protocol: HAProtocol, max_offset: int) -> bytes:
+    if protocol is HAProtocol.CLASSIC:
+        return _Q.pack(max_offset)
+    return _SLAVE_TRANSFER.pack(HAState.TRANSFER, max_offset)
+
+
+def encode_slave_handshake(handshake: SlaveHandshake) -> bytes:
+    return _SLAVE_HANDSHAKE.pack(
+        HAState.HANDSHAKE,
+        int(handshake.sync_from_last_file),
+        int(handshake.async_learner),
+        handshake.broker_id,
+    )
+
+
+def encode_master_handshake(handshake: MasterHandshake) -> bytes:
+    body = b"".join(_EPOCH_ENTRY.pack(e.epoch, e.start_offset) for e in handshake.epochs)
+    return (
+        _MASTER_HANDSHAKE.pack(
+            HAState.HANDSHAKE, len(body), handshake.max_offset, handshake.last_epoch
+        )
+        + body
+    )
+
+
+def encode_transfer_header(
+    protocol: HAProtocol,
+    offset: int,
+    size: int,
+    *,
+    epoch: int = 0,
+    epoch_start_offset: int = 0,
+    confirm_offset: int = 0,
+) -> bytes:
+    """The header sent before ``size`` CommitLog bytes (sent as they are, after it)."""
+    if protocol is HAProtocol.CLASSIC:
+        return _CLASSIC_TRANSFER.pack(offset, size)
+    return _MASTER_TRANSFER.pack(
+        HAState.TRANSFER, size, offset, epoch, epoch_start_offset, confirm_offset
+    )
+
+
+# ---------------------------------------------------------------- decoding
+
+
+class _Decoder:
+    __slots__ = ("_buffer", "_error", "_pos", "protocol")
+
+    def __init__(self, protocol: HAProtocol) -> None:
+        self.protocol = protocol
+        self._buffer = bytearray()
+        self._pos = 0
+        self._error: HAProtocolError | None = None
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._pos:
+            del self._buffer[: self._pos]
+            self._pos = 0
+        self._buffer += data
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer) - self._pos
+
+    def _fail(self, message: str) -> HAProtocolError:
+        self._error = HAProtocolError(message)
+        return self._error
+
+    def _state(self) -> int | None:
+        if self.buffered < 4:
+            return None
+        state: int = _I32.unpack_from(self._buffer, self._pos)[0]
+        return state
+
+
+class SlaveMessageDecoder(_Decoder):
+    """What a master reads from a slave: reports (and, auto-switch, a handshake)."""
+
+    __slots__ = ()
+
+    def next_event(self) -> SlaveReport | SlaveHandshake | None:
+        if self._error is not None:
+            raise self._error
+        buffer, pos = self._buffer, self._pos
+        if self.protocol is HAProtocol.CLASSIC:
+            if self.buffered < 8:
+                return None
+            self._pos = pos + 8
+            return self._report(_Q.unpack_from(buffer, pos)[0])
+        state = self._state()
+        if state is None:
+            return None
+        if state == HAState.HANDSHAKE:
+            if self.buffered < _SLAVE_HANDSHAKE.size:
+                return None
+            _state, from_last_file, learner, broker_id = _SLAVE_HANDSHAKE.unpack_from(buffer, pos)
+            self._pos = pos + _SLAVE_HANDSHAKE.size
+            return SlaveHandshake(bool(from_last_file), bool(learner), broker_id)
+        if state == HAState.TRANSFER:
+            if self.buffered < _SLAVE_TRANSFER.size:
+                return None
+            self._pos = pos + _SLAVE_TRANSFER.size
+            return self._report(_SLAVE_TRANSFER.unpack_from(buffer, pos)[1])
+        raise self._fail(f"a slave message with state {state}, not HANDSHAKE(1) or TRANSFER(2)")
+
+    def _report(self, offset: int) -> SlaveReport:
+        if offset < 0:
+            raise self._fail(f"a slave reported offset {offset}")
+        return SlaveReport(offset)
+
+
+class MasterMessageDecoder(_Decoder):
+    """What a slave reads from a master: transfers (and, auto-switch, a handshake)."""
+
+    __slots__ = ("max_body",)
+
+    def __init__(self, protocol: HAProtocol, max_body: int = MAX_TRANSFER_BODY) -> None:
+        super().__init__(protocol)
+        self.max_body = max_body
+
+    def next_event(self) -> Transfer | MasterHandshake | None:
+        if self._error is not None:
+            raise self._error
+        buffer, pos = self._buffer, self._pos
+        if self.protocol is HAProtocol.CLASSIC:
+            if self.buffered < _CLASSIC_TRANSFER.size:
+                return None
+            offset, size = _CLASSIC_TRANSFER.unpack_from(buffer, pos)
+            body = self._body(pos + _CLASSIC_TRANSFER.size, offset, size)
+            return None if body is None else Transfer(offset, body)
+        state = self._state()
+        if state is None:
+            return None
+        if state == HAState.HANDSHAKE:
+            if self.buffered < _MASTER_HANDSHAKE.size:
+                return None
+            _state, size, max_offset, last_epoch = _MASTER_HANDSHAKE.unpack_from(buffer, pos)
+            if size % _EPOCH_ENTRY.size or not 0 <= size <= MAX_EPOCH_ENTRIES * _EPOCH_ENTRY.size:
+                raise self._fail(f"a handshake body of {size} bytes is not whole epoch entries")
+            start = pos + _MASTER_HANDSHAKE.size
+            if self.buffered < _MASTER_HANDSHAKE.size + size:
+                return None
+            epochs = tuple(
+                EpochEntry(*_EPOCH_ENTRY.unpack_from(buffer, at))
+                for at in range(start, start + size, _EPOCH_ENTRY.size)
+            )
+            self._pos = start + size
+            return MasterHandshake(max_offset, last_epoch, epochs)
+        if state == HAState.TRANSFER:
+            if self.buffered < _MASTER_TRANSFER.size:
+                return None
+            _state, size, offset, epoch, epoch_start, confirm = _MASTER_TRANSFER.unpack_from(
+                buffer, pos
+            )
+            body = self._body(pos + _MASTER_TRANSFER.size, offset, size)
+            if body is None:
+                return None
+            return Transfer(offset, body, epoch, epoch_start, confirm)
+        raise self._fail(f"a master message with state {state}, not HANDSHAKE(1) or TRANSFER(2)")
+
+    def _body(self, start: int, offset: int, size: int) -> bytes | None:
+        if not 0 <= size <= self.max_body:
+            raise self._fail(f"a transfer of {size} bytes (limit {self.max_body})")
+        if offset < 0:
+            raise self._fail(f"a transfer at offset {offset}")
+        if len(self._buffer) - start < size:
+            return None
+        self._pos = start + size
+        return bytes(self._buffer[start : start + size])

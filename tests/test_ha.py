@@ -1,0 +1,283 @@
+"""Master/slave replication in this process: copying, sync sends, restarts, divergence,
+metadata sync, slave reads. (Crash tests with real processes: test_ha_process.py.)"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from hamq.broker import BrokerNode
+from hamq.client import (
+    ConsumeResult,
+    Message,
+    MessageExt,
+    Producer,
+    PullConsumer,
+    PushConsumer,
+    SendStatus,
+)
+from hamq.store import MessageStore
+from tests.broker_support import running_broker, running_nameserver, virtual_ms, wait_for
+
+pytestmark = pytest.mark.slow
+
+PROTOCOLS = ["classic", "autoswitch"]
+
+
+def log_bytes(store: MessageStore) -> bytes:
+    out = bytearray()
+    offset = store.commitlog_min_offset
+    while offset < store.commitlog_max_offset:
+        chunk = store.get_data(offset, 1 << 20)
+        out += chunk
+        offset += len(chunk)
+    return bytes(out)
+
+
+@asynccontextmanager
+async def group(
+    tmp_path: Path, protocol: str = "classic", role: str = "ASYNC_MASTER", **options: Any
+) -> AsyncIterator[tuple[str, BrokerNode, BrokerNode]]:
+    """A nameserver, a master and a slave: (nameserver address, master, slave)."""
+    clock = options.pop("clock", None)
+    async with running_nameserver(**({"clock": clock} if clock else {})) as (_, ns):
+        common = {"namesrv_addrs": [ns], "ha": {"protocol": protocol}, **options}
+        if clock:
+            common["clock"] = clock
+        async with (
+            running_broker(tmp_path / "master", store={"role": role}, **common) as master,
+            running_broker(
+                tmp_path / "slave", broker_id=1, store={"role": "SLAVE"}, **common
+            ) as slave,
+        ):
+            assert master.ha_service is not None
+            await wait_for(master.ha_service.in_sync)
+            yield ns, master, slave
+
+
+async def caught_up(master: BrokerNode, slave: BrokerNode) -> None:
+    await wait_for(lambda: slave.store.commitlog_max_offset == master.store.commitlog_max_offset)
+    await slave.store.wait_dispatched()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_slave_copies_the_master_byte_for_byte(tmp_path: Path, protocol: str) -> None:
+    async with group(tmp_path, protocol) as (ns, master, slave), Producer("PG", ns) as producer:
+        for i in range(300):
+            await producer.send(Message("Copied", b"x" * (i * 37 % 3000 + 1), keys=[f"k{i}"]))
+        await caught_up(master, slave)
+        assert log_bytes(slave.store) == log_bytes(master.store)
+        for queue_id in range(4):  # the slave built its own consume queues
+            assert slave.store.max_offset_in_queue("Copied", queue_id) == (
+                master.store.max_offset_in_queue("Copied", queue_id)
+            )
+        assert slave.store.query_message("Copied", "k7", 1)  # and its index
+        status = master.ha_status()["master"]
+        assert status["slaves"][0]["lag_bytes"] == 0 and status["slaves"][0]["in_sync"]
+        assert slave.ha_status()["slave"]["state"] == "TRANSFER"
+        # a slave takes no sends
+        refused = await producer.instance.invoke(
+            slave.address,
+            producer.instance.request(310, body=b"x"),
+        )
+        assert refused.code == 16 and "is a slave" in (refused.remark or "")
+
+
+async def test_sync_master_waits_for_its_slave_and_says_when_there_is_none(tmp_path: Path) -> None:
+    async with (
+        running_nameserver() as (_, ns),
+        running_broker(tmp_path / "m", namesrv_addrs=[ns], store={"role": "SYNC_MASTER"}) as master,
+        Producer("PG", ns) as producer,
+    ):
+        alone = await producer.send(Message("Sync", b"no slave yet"))
+        assert alone.status is SendStatus.SLAVE_NOT_AVAILABLE  # at once, and stored
+        async with running_broker(
+            tmp_path / "s", namesrv_addrs=[ns], broker_id=1, store={"role": "SLAVE"}
+        ) as slave:
+            assert master.ha_service is not None
+            await wait_for(master.ha_service.in_sync)
+            results = [await producer.send(Message("Sync", f"m{i}")) for i in range(50)]
+            assert {r.status for r in results} == {SendStatus.SEND_OK}
+            # SEND_OK means the slave had it: nothing is missing there at that moment
+            assert slave.store.commitlog_max_offset >= (int(results[-1].offset_msg_id[16:], 16))
+        async with PullConsumer("check", ns) as puller:
+            kept = await puller.pull(alone.queue, alone.queue_offset, max_nums=1)
+            assert kept.messages[0].body == b"no slave yet"
+
+
+async def test_a_restarted_slave_continues_from_its_own_end(tmp_path: Path) -> None:
+    async with (
+        running_nameserver() as (_, ns),
+        running_broker(tmp_path / "m", namesrv_addrs=[ns]) as master,
+        Producer("PG", ns) as producer,
+    ):
+        slave_dir = tmp_path / "s"
+        async with running_broker(
+            slave_dir, namesrv_addrs=[ns], broker_id=1, store={"role": "SLAVE"}
+        ) as slave:
+            for i in range(100):
+                await producer.send(Message("Restart", f"first {i}"))
+            await caught_up(master, slave)
+            first_part = slave.store.commitlog_max_offset
+        for i in range(100):
+            await producer.send(Message("Restart", f"second {i}"))
+        async with running_broker(
+            slave_dir, namesrv_addrs=[ns], broker_id=1, store={"role": "SLAVE"}
+        ) as slave:
+            await caught_up(master, slave)
+            assert slave.ha_client is not None
+            # only what it did not have came over the wire
+            assert slave.ha_client.bytes_received == master.store.commitlog_max_offset - first_part
+            assert log_bytes(slave.store) == log_bytes(master.store)
+
+
+async def _diverge(tmp_path: Path, ns: str, protocol: str) -> tuple[int, int]:
+    """Broker a (master) and b (slave) share 20 messages; a writes 10 more alone.
+    Returns (where they agree, where a's log ends)."""
+    common = {"namesrv_addrs": [ns], "ha": {"protocol": protocol}}
+    async with running_broker(tmp_path / "a", **common) as a, Producer("PG", ns) as producer:
+        async with running_broker(
+            tmp_path / "b", broker_id=1, store={"role": "SLAVE"}, **common
+        ) as b:
+            for i in range(20):
+                await producer.send(Message("Div", f"shared {i}"))
+            await caught_up(a, b)
+            agreed = b.store.commitlog_max_offset
+        for i in range(10):
+            await producer.send(Message("Div", f"only on a {i}"))
+        return agreed, a.store.commitlog_max_offset
+
+
+async def test_autoswitch_truncates_a_slave_holding_an_old_masters_tail(tmp_path: Path) -> None:
+    async with running_nameserver() as (_, ns):
+        agreed, a_end = await _diverge(tmp_path, ns, "autoswitch")
+        common = {"namesrv_addrs": [ns], "ha": {"protocol": "autoswitch"}}
+        # now b is the master (a new epoch from where it ends) and a its slave
+        async with running_broker(tmp_path / "b", **common) as b, Producer("PG", ns) as producer:
+            for i in range(3):
+                await producer.send(Message("Div", f"b's own {i}"))
+            async with running_broker(
+                tmp_path / "a", broker_id=1, store={"role": "SLAVE"}, **common
+            ) as a:
+                await caught_up(b, a)
+                assert log_bytes(a.store) == log_bytes(b.store)  # a's tail [agreed, a_end) is gone
+                assert a.epochs.entries == b.epochs.entries
+                assert a.store.commitlog_max_offset != a_end
+        assert [e.start_offset for e in b.epochs.entries][-1] == agreed
+
+
+async def test_classic_refuses_a_slave_with_bytes_the_master_does_not_have(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running_nameserver() as (_, ns):
+        await _diverge(tmp_path, ns, "classic")
+        common = {"namesrv_addrs": [ns]}
+        async with (
+            running_broker(tmp_path / "b", **common) as b,
+            running_broker(tmp_path / "a", broker_id=1, store={"role": "SLAVE"}, **common) as a,
+        ):
+            await wait_for(lambda: "past this master's log end" in caplog.text)
+            assert a.ha_client is not None and a.ha_client.last_error is not None
+            assert b.ha_service is not None and not b.ha_service.in_sync()
+            assert "clear the slave's store or use ha_protocol = 'autoswitch'" in caplog.text
+
+
+async def test_a_slave_copies_metadata_every_ten_seconds(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        group(tmp_path, clock=virtual_ms()) as (ns, master, slave),
+        PullConsumer("G", ns) as puller,
+        Producer("PG", ns) as producer,
+    ):
+        await producer.send(Message("Meta", b"x"))  # auto-creates the topic
+        [queue] = [q for q in await puller.queues("Meta") if q.queue_id == 0]
+        await puller.commit_offset(queue, 7)
+        master.ctx.subscriptions.find("G2")
+        sync = slave.slave_sync
+        assert sync is not None
+        rounds = sync.rounds
+
+        def copied() -> bool:
+            return (
+                slave.ctx.topics.get("Meta") is not None
+                and slave.ctx.offsets.query("G", "Meta", 0) == 7
+                and "G2" in slave.ctx.subscriptions.table
+            )
+
+        assert not copied()  # a slave does not get them at once
+        await wait_for(copied, 60)
+        # but at the next 10 s tick (one may have been under way as they changed)
+        assert sync.rounds <= rounds + 2
+        # an offset the slave has that is newer (committed there) stays
+        slave.ctx.offsets.commit("G", "Meta", 0, 9)
+        await trio.sleep(21)
+        assert slave.ctx.offsets.query("G", "Meta", 0) == 9
+        assert sync.last_round_ok
+
+
+async def test_consumers_follow_the_master_to_the_slave_and_keep_going_without_it(
+    tmp_path: Path,
+) -> None:
+    async with running_nameserver() as (_, ns):
+        master_scope = trio.CancelScope()
+        nodes: dict[str, BrokerNode] = {}
+        ready, gone = trio.Event(), trio.Event()
+        common: dict[str, Any] = {
+            "namesrv_addrs": [ns],
+            "slave_read_enable": True,
+            "slave_read_lag_bytes": 0,
+        }
+
+        async def master() -> None:
+            with master_scope:
+                async with running_broker(tmp_path / "m", **common) as node:
+                    nodes["master"] = node
+                    ready.set()
+                    await trio.sleep_forever()
+            gone.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(master)
+            await ready.wait()
+            async with running_broker(
+                tmp_path / "s", broker_id=1, store={"role": "SLAVE"}, **common
+            ) as slave:
+                async with Producer("PG", ns) as producer:
+                    for i in range(100):
+                        await producer.send(Message("Far", f"m{i}"))
+                await caught_up(nodes["master"], slave)
+                got: list[bytes] = []
+                release = trio.Event()
+
+                async def handle(messages: list[MessageExt]) -> ConsumeResult:
+                    got.extend(m.body for m in messages)
+                    if len(got) >= 50:
+                        await release.wait()
+                    return ConsumeResult.SUCCESS
+
+                consumer = PushConsumer(
+                    "FG", ns, consume_from="FIRST_OFFSET", persist_offset_interval_s=0.2
+                )
+                consumer.subscribe("Far")
+                async with consumer.consuming(handle):
+                    # behind the head (threshold 0): the master sends pulls to the slave
+                    await wait_for(lambda: slave.store.statistics().messages_got > 0)
+                    await wait_for(lambda: len(got) >= 50)
+                    master_scope.cancel()  # the master goes away
+                    await gone.wait()
+                    release.set()
+                    await wait_for(lambda: len(set(got)) == 100, 30)
+                    # offsets were committed to the slave meanwhile
+                    await wait_for(
+                        lambda: (
+                            sum(slave.ctx.offsets.query("FG", "Far", q) for q in range(4)) == 100
+                        )
+                    )
+        assert set(got) == {f"m{i}".encode() for i in range(100)}

@@ -1,0 +1,223 @@
+"""Replication with real processes on loopback: kill -9 a master, stop a slave.
+
+A nameserver, a master and a slave run as ``hamq`` processes (free ports, stores under
+tmp_path, small store files); the producers and the checks run here. Every wait is
+bounded; every process is killed by PID at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from hamq.client import Message, Producer, PullConsumer, SendError, SendResult, SendStatus
+from hamq.protocol import RemotingCommand, RequestCode
+from hamq.remoting import RemotingClient
+from tests.broker_support import SMALL_STORE
+from tests.processes import hamq_server, write_toml
+
+pytestmark = pytest.mark.slow
+
+READY = "hamq broker ready: broker {name} at "
+
+
+async def ha_status(addr: str) -> dict[str, Any]:
+    async with RemotingClient() as client:
+        response = await client.invoke(
+            addr, RemotingCommand.request(RequestCode.GET_BROKER_HA_STATUS), 5
+        )
+    status: dict[str, Any] = json.loads(response.body)
+    return status
+
+
+def broker_addr(line: str) -> str:
+    return line.split(" at ", 1)[1].split(",", 1)[0]
+
+
+@asynccontextmanager
+async def broker_group(
+    tmp_path: Path, role: str, ha: dict[str, Any] | None = None
+) -> AsyncIterator[tuple[str, tuple[trio.Process, str], tuple[trio.Process, str]]]:
+    """(nameserver, (master process, address), (slave process, address))."""
+    async with hamq_server("nameserver", "--port", "0") as (_, ns_line):
+        ns = ns_line.rsplit(" ", 1)[1]
+        configs = {}
+        for name, broker_id, broker_role in (("master", 0, role), ("slave", 1, "SLAVE")):
+            configs[name] = write_toml(
+                tmp_path / f"{name}.toml",
+                {
+                    "broker_name": "broker-a",
+                    "broker_id": broker_id,
+                    "listen_port": 0,
+                    "namesrv_addrs": [ns],
+                    "store": {
+                        "store_dir": str(tmp_path / name),
+                        "role": broker_role,
+                        **SMALL_STORE,
+                    },
+                    "ha": ha or {},
+                },
+            )
+        async with (
+            hamq_server("broker", "-c", str(configs["master"])) as (master, master_line),
+            hamq_server("broker", "-c", str(configs["slave"])) as (slave, slave_line),
+        ):
+            master_addr = broker_addr(master_line)
+            with trio.fail_after(30):
+                while True:  # the slave connected and caught up
+                    slaves = (await ha_status(master_addr))["master"]["slaves"]
+                    if slaves and slaves[0]["in_sync"]:
+                        break
+                    await trio.sleep(0.05)
+            yield ns, (master, master_addr), (slave, broker_addr(slave_line))
+
+
+def log_prefix(store_dir: Path, length: int) -> bytes:
+    """The first ``length`` bytes of a CommitLog, read from its segment files."""
+    out = bytearray()
+    for segment in sorted((store_dir / "commitlog").iterdir()):
+        out += segment.read_bytes()[: length - len(out)]
+        if len(out) >= length:
+            break
+    return bytes(out)
+
+
+async def produce_until_killed(
+    ns: str, master: trio.Process, total: int, kill_after: int
+) -> tuple[dict[bytes, SendResult], int]:
+    """8 producers send ``total`` messages; the master is killed (-9) once
+    ``kill_after`` are acknowledged. Returns (acknowledged by body, sends cut short)."""
+    acked: dict[bytes, SendResult] = {}
+    failed = 0
+    numbers = iter(range(total))
+    killed = trio.Event()
+
+    async with Producer("PG", ns, send_timeout_s=3, retry_times_when_send_failed=0) as producer:
+
+        async def sender() -> None:
+            nonlocal failed
+            for i in numbers:
+                body = f"message {i} ".encode() + bytes([i % 251]) * (i % 700)
+                try:
+                    result = await producer.send(Message("Durable", body))
+                except SendError:
+                    failed += 1
+                    if killed.is_set():
+                        return
+                    continue
+                if result.status is SendStatus.SEND_OK:
+                    acked[body] = result
+                if len(acked) >= kill_after and not killed.is_set():
+                    killed.set()
+
+        async def killer() -> None:
+            await killed.wait()
+            os.kill(master.pid, signal.SIGKILL)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(killer)
+            for _ in range(8):
+                nursery.start_soon(sender)
+    return acked, failed
+
+
+async def read_back(ns: str, topic: str) -> dict[bytes, tuple[int, int, str]]:
+    """Every message of ``topic`` as the slave serves it: body -> (queue, offset, id)."""
+    found = {}
+    async with PullConsumer("reader", ns) as puller:
+        with trio.fail_after(30):
+            while True:  # the nameserver drops the killed master: only the slave is left
+                queues = await puller.queues(topic)
+                if queues:
+                    break
+        for queue in queues:
+            offset = 0
+            while True:
+                result = await puller.pull(queue, offset, max_nums=256)
+                for m in result.messages:
+                    found[m.body] = (m.queue_id, m.queue_offset, m.msg_id)
+                if result.next_begin_offset == offset:
+                    break
+                offset = result.next_begin_offset
+    return found
+
+
+async def test_a_sync_master_killed_mid_run_loses_no_acknowledged_message(
+    tmp_path: Path, report: Any
+) -> None:
+    async with broker_group(tmp_path, "SYNC_MASTER") as (ns, (master, _), (_, slave_addr)):
+        acked, cut_short = await produce_until_killed(ns, master, total=20_000, kill_after=8_000)
+        on_slave = await read_back(ns, "Durable")
+        missing = [body for body in acked if body not in on_slave]
+        assert not missing, f"{len(missing)} acknowledged messages are not on the slave"
+        for body, result in acked.items():
+            queue_id, queue_offset, msg_id = on_slave[body]
+            assert (queue_id, queue_offset, msg_id) == (
+                result.queue.queue_id,
+                result.queue_offset,
+                result.msg_id,
+            )
+        slave_end = (await ha_status(slave_addr))["slave"]["max_offset"]
+        # byte for byte what the master wrote (its files outlive the kill)
+        assert log_prefix(tmp_path / "slave", slave_end) == log_prefix(
+            tmp_path / "master", slave_end
+        )
+        report(
+            f"SYNC_MASTER killed after {len(acked)} acknowledged sends: 0 lost; "
+            f"{cut_short} send(s) in flight at the kill got an error; "
+            f"{len(on_slave) - len(acked)} unacknowledged message(s) reached the slave anyway"
+        )
+
+
+async def test_an_async_master_killed_mid_run_loses_at_most_its_replication_lag(
+    tmp_path: Path, report: Any
+) -> None:
+    async with broker_group(tmp_path, "ASYNC_MASTER") as (ns, (master, _), (_, slave_addr)):
+        acked, cut_short = await produce_until_killed(ns, master, total=20_000, kill_after=8_000)
+        on_slave = await read_back(ns, "Durable")
+        lost = [body for body in acked if body not in on_slave]
+        slave_end = (await ha_status(slave_addr))["slave"]["max_offset"]
+        master_log = log_prefix(tmp_path / "master", 1 << 40)
+        master_end = len(master_log.rstrip(b"\0"))  # (a record never ends in a zero byte here)
+        assert log_prefix(tmp_path / "slave", slave_end) == master_log[:slave_end]
+        for body in set(acked) - set(lost):
+            assert on_slave[body][2] == acked[body].msg_id
+        report(
+            f"ASYNC_MASTER killed after {len(acked)} acknowledged sends: {len(lost)} lost "
+            f"(the slave was {max(0, master_end - slave_end)} bytes behind the master's log); "
+            f"{cut_short} send(s) in flight got an error"
+        )
+
+
+async def test_a_stopped_slave_means_flush_slave_timeout_until_it_resumes(tmp_path: Path) -> None:
+    async with (
+        broker_group(tmp_path, "SYNC_MASTER", ha={"sync_timeout_s": 1.0}) as (
+            ns,
+            (_, master_addr),
+            (slave, _),
+        ),
+        Producer("PG", ns) as producer,
+    ):
+        first = await producer.send(Message("Stop", b"before"))
+        assert first.status is SendStatus.SEND_OK
+        os.kill(slave.pid, signal.SIGSTOP)
+        try:
+            stalled = [await producer.send(Message("Stop", f"stalled {i}")) for i in range(3)]
+            assert {r.status for r in stalled} == {SendStatus.FLUSH_SLAVE_TIMEOUT}
+        finally:
+            os.kill(slave.pid, signal.SIGCONT)
+        with trio.fail_after(20):
+            while True:
+                again = await producer.send(Message("Stop", b"after"))
+                if again.status is SendStatus.SEND_OK:
+                    break
+        status = (await ha_status(master_addr))["master"]
+        assert status["slaves"][0]["ack_offset"] == status["max_offset"]  # it caught up
