@@ -19,13 +19,14 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 run: $(STAMP)
-	@echo "Starting a broker with its own nameserver on 127.0.0.1:9876; data in ./data."
+	@echo "Starting broker group broker-a: a SYNC_MASTER (127.0.0.1:10911, with the nameserver"
+	@echo "on 127.0.0.1:9876) and its SLAVE (127.0.0.1:10921); data in ./data, logs in ./data/logs."
 	@echo "In a second terminal:"
 	@echo "    . .venv/bin/activate"
 	@echo "    hamq produce --topic demo --count 1000"
 	@echo "    hamq consume --topic demo --group g"
-	@echo "Ctrl-C stops the broker (cleanly)."
-	@$(BIN)/hamq broker -c conf/broker.toml
+	@echo "Ctrl-C stops both (cleanly: the slave first)."
+	@$(BIN)/hamq cluster up --profile 1m-1s-sync
 
 test: lint typecheck pytest
 

@@ -56,3 +56,14 @@ def produce_consume(
     """Producer and consumer throughput and latency against a broker in its own process."""
     args = ["--quick"] if quick else ["--rounds", str(rounds)]
     _run("produce_consume", [*args, "--pin"] if pin else args)
+
+
+@app.command()
+def replication(
+    quick: Annotated[
+        bool, typer.Option(help="A 128 MiB catch-up log, fewer messages, one round.")
+    ] = False,
+    rounds: Annotated[int, typer.Option(min=1, help="Measurements per figure (median).")] = 3,
+) -> None:
+    """SYNC_MASTER vs ASYNC_MASTER sends with a slave, slave catch-up against loopback TCP."""
+    _run("replication", ["--quick"] if quick else ["--rounds", str(rounds)])

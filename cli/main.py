@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from cli import bench, clients, servers, topic
+from cli import bench, clients, cluster, servers, topic
 
 app = typer.Typer(
     name="hamq",
@@ -26,6 +26,7 @@ app.command()(clients.consume)
 app.add_typer(topic.app, name="topic")
 app.add_typer(topic.admin_app, name="admin")
 app.add_typer(bench.app, name="bench")
+app.add_typer(cluster.app, name="cluster")
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 

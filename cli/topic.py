@@ -145,3 +145,62 @@ def cluster(namesrv: NamesrvOption = DEFAULT_NAMESRV) -> None:
         console.print(table)
 
     run(main)
+
+
+@admin_app.command("ha-status")
+def ha_status(
+    broker: Annotated[
+        str | None, typer.Option("--broker", help="One broker (host:port); default: all.")
+    ] = None,
+    namesrv: NamesrvOption = DEFAULT_NAMESRV,
+) -> None:
+    """Replication: each master's slaves (ack, lag, in sync) and each slave's state."""
+
+    async def main() -> None:
+        async with AdminClient(namesrv) as admin:
+            if broker is not None:
+                addrs = [broker]
+            else:
+                info = await admin.cluster_info()
+                addrs = sorted(
+                    addr
+                    for data in info.broker_addr_table.values()
+                    for addr in data.broker_addrs.values()
+                )
+            statuses = [await admin.ha_status(addr) for addr in addrs]
+        table = Table(title="replication")
+        for column in ("broker", "id", "address", "role", "epoch", "replication"):
+            table.add_column(column)
+        for status in statuses:
+            epochs = status.get("epochs") or []
+            table.add_row(
+                str(status.get("broker")),
+                str(status.get("brokerId")),
+                str(status.get("address")),
+                str(status.get("role")),
+                str(epochs[-1][0]) if epochs else "-",
+                _describe_ha(status),
+            )
+        console.print(table)
+
+    run(main)
+
+
+def _describe_ha(status: dict[str, object]) -> str:
+    master = status.get("master")
+    if isinstance(master, dict):
+        slaves = master.get("slaves") or []
+        if not slaves:
+            return f"no slave connected (log end {master.get('max_offset')})"
+        return "\n".join(
+            f"slave {s['address']}: ack {s['ack_offset']}, {s['lag_bytes']} B / "
+            f"{s['lag_s']} s behind, {'in sync' if s['in_sync'] else 'NOT in sync'}"
+            for s in slaves
+        )
+    slave = status.get("slave")
+    if isinstance(slave, dict):
+        error = f", last error: {slave['last_error']}" if slave.get("last_error") else ""
+        return (
+            f"{slave['state']} from {slave['master_address']}, log end {slave['max_offset']}{error}"
+        )
+    return "-"

@@ -186,6 +186,16 @@ async def test_classic_refuses_a_slave_with_bytes_the_master_does_not_have(
             assert a.ha_client is not None and a.ha_client.last_error is not None
             assert b.ha_service is not None and not b.ha_service.in_sync()
             assert "clear the slave's store or use ha_protocol = 'autoswitch'" in caplog.text
+            a_end = a.store.commitlog_max_offset
+            # the master grows past the slave's end: still refused (the end falls
+            # inside one of its records), never counted as an ack
+            async with Producer("PG", ns) as producer:
+                while b.store.commitlog_max_offset <= a_end + 2000:
+                    result = await producer.send(Message("Div", b"b" * 997))
+                    assert result.status is SendStatus.SEND_OK  # ASYNC_MASTER
+            await wait_for(lambda: "inside a record of this master's log" in caplog.text)
+            assert not b.ha_service.in_sync()
+            assert a.store.commitlog_max_offset == a_end  # nothing was appended to it
 
 
 async def test_a_slave_copies_metadata_every_ten_seconds(

@@ -7,11 +7,8 @@ bounded; every process is killed by PID at the end.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,75 +16,11 @@ import pytest
 import trio
 
 from hamq.client import Message, Producer, PullConsumer, SendError, SendResult, SendStatus
-from hamq.protocol import RemotingCommand, RequestCode
-from hamq.remoting import RemotingClient
-from tests.broker_support import SMALL_STORE
-from tests.processes import hamq_server, write_toml
+from hamq.remoting import RemotingError
+from tests.ha_support import broker_group, ha_status, log_prefix
+from tests.processes import hamq_command
 
 pytestmark = pytest.mark.slow
-
-READY = "hamq broker ready: broker {name} at "
-
-
-async def ha_status(addr: str) -> dict[str, Any]:
-    async with RemotingClient() as client:
-        response = await client.invoke(
-            addr, RemotingCommand.request(RequestCode.GET_BROKER_HA_STATUS), 5
-        )
-    status: dict[str, Any] = json.loads(response.body)
-    return status
-
-
-def broker_addr(line: str) -> str:
-    return line.split(" at ", 1)[1].split(",", 1)[0]
-
-
-@asynccontextmanager
-async def broker_group(
-    tmp_path: Path, role: str, ha: dict[str, Any] | None = None
-) -> AsyncIterator[tuple[str, tuple[trio.Process, str], tuple[trio.Process, str]]]:
-    """(nameserver, (master process, address), (slave process, address))."""
-    async with hamq_server("nameserver", "--port", "0") as (_, ns_line):
-        ns = ns_line.rsplit(" ", 1)[1]
-        configs = {}
-        for name, broker_id, broker_role in (("master", 0, role), ("slave", 1, "SLAVE")):
-            configs[name] = write_toml(
-                tmp_path / f"{name}.toml",
-                {
-                    "broker_name": "broker-a",
-                    "broker_id": broker_id,
-                    "listen_port": 0,
-                    "namesrv_addrs": [ns],
-                    "store": {
-                        "store_dir": str(tmp_path / name),
-                        "role": broker_role,
-                        **SMALL_STORE,
-                    },
-                    "ha": ha or {},
-                },
-            )
-        async with (
-            hamq_server("broker", "-c", str(configs["master"])) as (master, master_line),
-            hamq_server("broker", "-c", str(configs["slave"])) as (slave, slave_line),
-        ):
-            master_addr = broker_addr(master_line)
-            with trio.fail_after(30):
-                while True:  # the slave connected and caught up
-                    slaves = (await ha_status(master_addr))["master"]["slaves"]
-                    if slaves and slaves[0]["in_sync"]:
-                        break
-                    await trio.sleep(0.05)
-            yield ns, (master, master_addr), (slave, broker_addr(slave_line))
-
-
-def log_prefix(store_dir: Path, length: int) -> bytes:
-    """The first ``length`` bytes of a CommitLog, read from its segment files."""
-    out = bytearray()
-    for segment in sorted((store_dir / "commitlog").iterdir()):
-        out += segment.read_bytes()[: length - len(out)]
-        if len(out) >= length:
-            break
-    return bytes(out)
 
 
 async def produce_until_killed(
@@ -133,20 +66,21 @@ async def read_back(ns: str, topic: str) -> dict[bytes, tuple[int, int, str]]:
     """Every message of ``topic`` as the slave serves it: body -> (queue, offset, id)."""
     found = {}
     async with PullConsumer("reader", ns) as puller:
-        with trio.fail_after(30):
-            while True:  # the nameserver drops the killed master: only the slave is left
-                queues = await puller.queues(topic)
-                if queues:
-                    break
-        for queue in queues:
-            offset = 0
-            while True:
-                result = await puller.pull(queue, offset, max_nums=256)
-                for m in result.messages:
-                    found[m.body] = (m.queue_id, m.queue_offset, m.msg_id)
-                if result.next_begin_offset == offset:
-                    break
-                offset = result.next_begin_offset
+        with trio.fail_after(60):
+            queues = await puller.queues(topic)
+            for queue in queues:
+                offset = 0
+                while True:
+                    try:
+                        result = await puller.pull(queue, offset, max_nums=256)
+                    except RemotingError:  # the route still named the killed master
+                        await trio.sleep(0.2)  # (a failed pull looks the route up again)
+                        continue
+                    for m in result.messages:
+                        found[m.body] = (m.queue_id, m.queue_offset, m.msg_id)
+                    if result.next_begin_offset == offset:
+                        break
+                    offset = result.next_begin_offset
     return found
 
 
@@ -221,3 +155,6 @@ async def test_a_stopped_slave_means_flush_slave_timeout_until_it_resumes(tmp_pa
                     break
         status = (await ha_status(master_addr))["master"]
         assert status["slaves"][0]["ack_offset"] == status["max_offset"]  # it caught up
+        shown = await hamq_command("admin", "ha-status", "-n", ns)
+        assert shown.returncode == 0, shown.stderr
+        assert b"in sync" in shown.stdout and b"TRANSFER from" in shown.stdout

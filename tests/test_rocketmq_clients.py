@@ -13,6 +13,7 @@ import collections
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import zlib
@@ -26,6 +27,7 @@ import trio
 from hamq.client import ConsumeResult, Message, MessageExt, Producer, PullConsumer, PushConsumer
 from hamq.protocol.message import SYSFLAG_COMPRESSED
 from tests.broker_support import wait_for
+from tests.ha_support import broker_group
 from tests.processes import broker_process
 
 if platform.system() != "Linux" or platform.machine() != "x86_64":  # the wheel's only build
@@ -335,3 +337,32 @@ def test_an_orderly_push_consumer_locks_its_queues_and_keeps_order(
     for key in (1, 2):
         steps = [m["body"] for m in messages_of(lines) if m["body"].startswith(f"key{key} ")]
         assert steps == [f"key{key} step {i}" for i in range(15)]
+
+
+async def test_rocketmq_consumers_read_from_the_slave_while_the_master_is_down(
+    tmp_path: Path,
+) -> None:
+    async with broker_group(tmp_path, "SYNC_MASTER") as (ns, (master, _), _slave):
+
+        def run(*args: str) -> list[dict[str, Any]]:
+            return rocketmq(tmp_path, *args)
+
+        sent = await trio.to_thread.run_sync(
+            lambda: run("send", ns, "--topic", "Replicated", "--count", "20")
+        )
+        assert [r["status"] for r in sent[:-1]] == ["OK"] * 20  # SYNC_MASTER: on the slave
+        os.kill(master.pid, signal.SIGKILL)
+        with trio.fail_after(10):
+            await master.wait()
+        pulled = await trio.to_thread.run_sync(
+            lambda: run("pull", ns, "--topic", "Replicated", "--group", "AfterMaster")
+        )
+        assert sorted(m["body"] for m in messages_of(pulled)) == sorted(
+            f"body {i}" for i in range(20)
+        )
+        pushed = await trio.to_thread.run_sync(
+            lambda: run(
+                "push", ns, "--topic", "Replicated", "--group", "PushAfter", "--count", "20"
+            )
+        )
+        assert len(messages_of(pushed)) == 20

@@ -83,6 +83,7 @@ class BrokerNode:
             clock=self._clock,
             retention_floor=self._retention_floor,
             confirm_offset=self._confirm_offset,
+            on_recovered=self._recovered,
         )
         self.epochs = EpochFile(store_dir / EPOCH_FILE_NAME)
         self.ha_service: HAService | None = None
@@ -178,12 +179,19 @@ class BrokerNode:
             return self.ha_service.confirm_offset
         return self.ha_client.confirm_offset if self.ha_client else 0
 
-    async def _start_replication(self, nursery: trio.Nursery) -> None:
-        """A master starts a new epoch and listens for slaves; a slave's client and
-        metadata sync start once it is registered (they wait for the master's address)."""
+    async def _recovered(self) -> None:
+        """Store hook, before anything is appended: a master starts a new epoch at the
+        end of its recovered log. (Statically configured masters number epochs
+        themselves; two masters of one group started apart could pick the same epoch —
+        the controller, with automatic failover, is the single authority that avoids it.)"""
         await trio.to_thread.run_sync(self.epochs.load)
         if self.ha_service is not None:
             await self.epochs.append(self.epochs.last_epoch + 1, self.store.commitlog_max_offset)
+
+    async def _start_replication(self, nursery: trio.Nursery) -> None:
+        """A master listens for slaves; a slave's client and metadata sync start once it
+        is registered (they wait for the master's address)."""
+        if self.ha_service is not None:
             self.ctx.ha_port = await nursery.start(self.ha_service.run)
 
     def _connection_closed(self, conn: Connection) -> None:
@@ -239,7 +247,7 @@ class BrokerNode:
                         await registering.start(self.registrar.run)
                         if self.ha_client is not None:
                             self.slave_sync = SlaveSync(
-                                ctx, client, self._master_address, self._state_changed.set
+                                ctx, client, self._master_address, self._persist_soon
                             )
                             await registering.start(self.ha_client.run)
                             await registering.start(self.slave_sync.run)
@@ -260,7 +268,10 @@ class BrokerNode:
     def _topics_changed(self) -> None:
         if self.registrar is not None:
             self.registrar.topics_changed()
-        self._state_changed.set()
+        self._persist_soon()
+
+    def _persist_soon(self) -> None:
+        self._state_changed.set()  # (the persist loop replaces the event every round)
 
     async def _persist_state(self) -> None:
         for state in (self.ctx.topics, self.ctx.offsets, self.ctx.subscriptions):

@@ -100,6 +100,22 @@ class AdminClient(InstanceOwner):
         table = json.loads(response.body or b"{}").get("table", {})
         return {str(k): str(v) for k, v in table.items()}
 
+    async def ha_status(self, addr: str) -> dict[str, Any]:
+        """A broker's replication status (GET_BROKER_HA_STATUS): its role and epochs; a
+        master's slaves with their acks, lag and whether they are in sync; a slave's
+        state, master and progress."""
+        instance = self.instance
+        response = await instance.invoke_ok(
+            addr, instance.request(RequestCode.GET_BROKER_HA_STATUS)
+        )
+        try:
+            status = json.loads(response.body)
+        except ValueError as exc:
+            raise BrokerError(0, f"the HA status is not JSON: {exc}", addr) from None
+        if not isinstance(status, dict):
+            raise BrokerError(0, "the HA status is not a JSON object", addr)
+        return status
+
     async def _masters(self, cluster: str | None) -> list[str]:
         info = await self.cluster_info()
         if cluster is not None and cluster not in info.cluster_addr_table:

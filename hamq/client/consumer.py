@@ -99,10 +99,11 @@ class PullCaller:
                 addr, self.instance.request(RequestCode.PULL_MESSAGE, header), timeout_s
             )
         except RemotingError:
-            # the broker may be gone: a fresh route lets the next pull go to another
-            # (a slave, when the master is down)
+            # the broker may be gone: the next pull goes to the master again, and a
+            # fresh route lets it go to another (a slave, when the master is down)
+            self.suggested.pop(queue, None)
             with contextlib.suppress(*NETWORK_ERRORS):
-                await self.instance.update_route(queue.topic)
+                await self.instance.refresh_route_after_failure(queue.topic)
             raise
         status = _PULL_STATUSES.get(response.code)
         if status is None:
@@ -144,12 +145,15 @@ class PullCaller:
             raise BrokerError(response.code, response.remark, addr)
         return response.header(OffsetResponseHeader).offset
 
-    async def commit_offset(self, queue: MessageQueue, offset: int) -> None:
+    async def commit_offset(self, queue: MessageQueue, offset: int) -> str:
+        """Commit at the queue's master (a slave when the master is gone); the address
+        it went to."""
         addr = await self.instance.find_broker_addr(queue)
         header = UpdateConsumerOffsetRequestHeader(self.group, queue.topic, queue.queue_id, offset)
         await self.instance.invoke_ok(
             addr, self.instance.request(RequestCode.UPDATE_CONSUMER_OFFSET, header)
         )
+        return addr
 
     async def _offset(self, code: RequestCode, queue: MessageQueue, header: Any) -> int:
         addr = await self.instance.find_broker_addr(queue)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import random
 import time
@@ -135,6 +136,7 @@ class ClientInstance:
         self.producer_groups: set[str] = set()
         self.consumers: dict[str, GroupMember] = {}
         self._namesrv_index = random.randrange(len(config.namesrv_addrs))
+        self._refreshed_after_failure: dict[str, float] = {}
         self._stack: contextlib.AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
 
@@ -227,6 +229,15 @@ class ClientInstance:
             if topic in self._publish:
                 self._publish[topic] = publish_info(topic, route)
         return route
+
+    async def refresh_route_after_failure(self, topic: str) -> None:
+        """Look a topic's route up again after a broker failed, at most once a second
+        (many queues failing at once ask the nameserver once)."""
+        now = trio.current_time()
+        if now - self._refreshed_after_failure.get(topic, -math.inf) < 1.0:
+            return
+        self._refreshed_after_failure[topic] = now
+        await self.update_route(topic)
 
     async def refresh_routes(self) -> None:
         for topic in sorted(set(self.routes) | set(self._publish)):

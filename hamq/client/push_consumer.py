@@ -116,6 +116,8 @@ class _QueueState:
     #: the next offset to pull
     pull_offset: int
     committed: int = -1
+    #: (offset, broker address) of the last commit that went through
+    committed_at: tuple[int, str | None] | None = None
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     finished: trio.Event = attrs.field(factory=trio.Event)
     locked_until: float = -math.inf
@@ -467,13 +469,18 @@ class PushConsumer:
 
     async def _commit(self, states: list[_QueueState]) -> None:
         assert self._caller is not None
+        assert self._instance is not None
         for state in states:
-            # every queue, changed or not (as RocketMQ's persistAll): after a master was
-            # down and its consumers committed to the slave, the master learns them back
+            # what changed, or what the broker it would go to has not had: after a master
+            # was down and consumers committed to the slave, the master learns them back
             offset = state.offset
+            target = self._instance.broker_addr(state.queue.broker_name)
+            if (offset, target) == state.committed_at:
+                continue
             try:
-                await self._caller.commit_offset(state.queue, offset)
+                addr = await self._caller.commit_offset(state.queue, offset)
                 state.committed = offset
+                state.committed_at = (offset, addr)
             except NETWORK_ERRORS as exc:
                 log.warning("committing offset %d of %s failed: %s", offset, state.queue, exc)
 

@@ -30,7 +30,9 @@ import trio
 from hamq.ha.config import HAConfig
 from hamq.ha.epoch import EpochFile
 from hamq.ha.group_transfer import AckWaiters
+from hamq.ha.states import StateMachine
 from hamq.protocol.ha_wire import (
+    EpochEntry,
     HAProtocol,
     HAProtocolError,
     HAState,
@@ -46,10 +48,16 @@ from hamq.store import MessageStore, StoreError
 log = logging.getLogger(__name__)
 
 RECEIVE_BYTES = 4096
+#: transfers gathered into one send while a slave is behind (32 x 32 KiB = 1 MiB)
+FRAMES_PER_SEND = 32
 
 
 class SlaveGone(Exception):
     """The slave closed, went silent, sent something invalid or cannot be served."""
+
+
+class SlaveClosed(SlaveGone):
+    """The slave closed the connection (a slave stopping: not a warning)."""
 
 
 @attrs.frozen
@@ -81,7 +89,9 @@ class SlaveConnection:
         self.peer = peer
         self.protocol = service.config.protocol
         classic = self.protocol is HAProtocol.CLASSIC
-        self.state = HAState.TRANSFER if classic else HAState.HANDSHAKE
+        self.machine = StateMachine(
+            f"HA connection {peer}", HAState.TRANSFER if classic else HAState.HANDSHAKE
+        )
         self.broker_id = -1
         self.sync_from_last_file = service.config.sync_from_last_file
         self.ack_offset = -1
@@ -97,8 +107,16 @@ class SlaveConnection:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._reader)
                 nursery.start_soon(self._writer)
-        except* (SlaveGone, HAProtocolError, trio.BrokenResourceError, OSError) as group:
-            log.warning("HA slave %s dropped: %s", self.peer, group.exceptions[0])
+        except* (
+            SlaveGone,
+            HAProtocolError,
+            trio.BrokenResourceError,
+            trio.TooSlowError,
+            OSError,
+        ) as group:
+            reason = group.exceptions[0]
+            level = logging.INFO if isinstance(reason, SlaveClosed) else logging.WARNING
+            log.log(level, "HA slave %s dropped: %s", self.peer, reason)
         finally:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self.stream)
@@ -113,7 +131,7 @@ class SlaveConnection:
             if silent.cancelled_caught:
                 raise SlaveGone(f"silent for {idle_s:g}s")
             if not data:
-                raise SlaveGone("closed the connection")
+                raise SlaveClosed("closed the connection")
             decoder.feed(data)
             report = None
             while (event := decoder.next_event()) is not None:
@@ -125,8 +143,8 @@ class SlaveConnection:
                 self._report(report)
 
     async def _handshake(self, handshake: SlaveHandshake) -> None:
-        if self.state is not HAState.HANDSHAKE:
-            raise SlaveGone(f"a HANDSHAKE in state {self.state.name}")
+        if self.machine.state is not HAState.HANDSHAKE:
+            raise SlaveGone(f"a HANDSHAKE in state {self.machine.state.name}")
         self.broker_id = handshake.broker_id
         self.sync_from_last_file = handshake.sync_from_last_file
         service = self.service
@@ -136,23 +154,16 @@ class SlaveConnection:
             tuple(service.epochs.entries),
         )
         await self._send(encode_master_handshake(reply))
-        self.state = HAState.TRANSFER
+        self.machine.set(HAState.TRANSFER, "handshake answered")
         log.info("HA slave %s (broker id %d) shook hands", self.peer, self.broker_id)
 
     def _report(self, report: SlaveReport) -> None:
-        if self.state is not HAState.TRANSFER:
+        if self.machine.state is not HAState.TRANSFER:
             raise SlaveGone("reported its offset before the handshake")
         store = self.service.store
         offset = report.max_offset
         if self.next_offset is None:
-            master_max = store.commitlog_max_offset
-            if offset > master_max:
-                raise SlaveGone(
-                    f"its log ends at {offset}, past this master's log end {master_max}: it "
-                    "has bytes this master does not have (an older master's tail); the "
-                    "auto-switch protocol truncates such a slave, classic replication "
-                    "cannot — clear the slave's store or use ha_protocol = 'autoswitch'"
-                )
+            self._check_start(offset)
             if offset == 0:
                 offset = self._start_for_empty_slave()
             self.next_offset = offset
@@ -161,7 +172,27 @@ class SlaveConnection:
         self.ack_offset = report.max_offset
         if self.ack_offset >= store.commitlog_max_offset:
             self.caught_up_at = trio.current_time()
-        self.service.acked(self)
+        if self.bytes_sent:
+            # only what this connection sent counts: a slave's first report says where
+            # its log ends, not that it holds what this master wrote there
+            self.service.acks.acked(min(report.max_offset, self.next_offset))
+
+    def _check_start(self, offset: int) -> None:
+        """Refuse a slave whose log cannot continue this master's."""
+        store = self.service.store
+        master_max = store.commitlog_max_offset
+        if offset > master_max:
+            raise SlaveGone(
+                f"its log ends at {offset}, past this master's log end {master_max}: it "
+                "has bytes this master does not have (an older master's tail); the "
+                "auto-switch protocol truncates such a slave, classic replication "
+                "cannot — clear the slave's store or use ha_protocol = 'autoswitch'"
+            )
+        if offset and offset >= store.commitlog_min_offset and not store.is_record_boundary(offset):
+            raise SlaveGone(
+                f"its log ends at {offset}, inside a record of this master's log: the two "
+                "logs diverged; clear the slave's store or use ha_protocol = 'autoswitch'"
+            )
 
     def _start_for_empty_slave(self) -> int:
         store = self.service.store
@@ -173,9 +204,17 @@ class SlaveConnection:
 
     # ------------------------------------------------------------------ writing
     async def _send(self, *parts: bytes | memoryview) -> None:
-        async with self._send_lock:
-            for part in parts:
-                await self.stream.send_all(part)
+        """Send ``parts`` in order, gathered (sendmsg), without copying them."""
+        # a slave that reads nothing for housekeeping_interval_s is as good as gone
+        with trio.fail_after(self.service.config.housekeeping_interval_s):
+            async with self._send_lock:
+                pending = [memoryview(part) for part in parts]
+                while pending:
+                    sent = await self.stream.socket.sendmsg(pending)
+                    while pending and sent >= len(pending[0]):
+                        sent -= len(pending.pop(0))
+                    if sent:
+                        pending[0] = pending[0][sent:]
 
     async def _writer(self) -> None:
         await self._started.wait()
@@ -196,35 +235,51 @@ class SlaveConnection:
             if trio.current_time() >= quiet_until and self.next_offset >= (
                 service.store.commitlog_max_offset
             ):
-                await self._send(self._header(offset, 0))  # a heartbeat
+                heartbeat = self._header(offset, 0, service.epochs.last, service.confirm_offset)
+                await self._send(heartbeat)
                 last_sent = trio.current_time()
 
     async def _transfer(self, offset: int, max_offset: int) -> None:
+        """Send what the slave lacks: transfers of at most ``transfer_batch_bytes``, each
+        within one segment and one epoch, up to ``FRAMES_PER_SEND`` of them in one
+        gathered send (a slave catching up costs a syscall per megabyte, not per
+        transfer). The data goes out from the mapped segments as it is."""
         service = self.service
-        limit = min(service.config.transfer_batch_bytes, max_offset - offset)
-        epoch = service.epochs.entry_at(offset)
-        if epoch is not None:  # never across an epoch boundary
-            limit = min(limit, service.epochs.end_of(epoch, max_offset) - offset)
-        try:
-            data = service.store.get_data(offset, limit)
-        except StoreError as exc:
-            raise SlaveGone(f"cannot read commitlog offset {offset} for it: {exc}") from None
-        if not data:
-            raise SlaveGone(f"no commitlog data at offset {offset} (deleted?)")
-        await self._send(self._header(offset, len(data)), data)
-        self.next_offset = offset + len(data)
-        self.bytes_sent += len(data)
+        epochs = service.epochs
+        batch = service.config.transfer_batch_bytes
+        confirm = service.confirm_offset
+        buffers: list[bytes | memoryview] = []
+        start = offset
+        while offset < max_offset and len(buffers) < 2 * FRAMES_PER_SEND:
+            limit = min(batch, max_offset - offset)
+            epoch = epochs.entry_at(offset)
+            if epoch is not None:  # never across an epoch boundary
+                limit = min(limit, epochs.end_of(epoch, max_offset) - offset)
+            elif epochs.entries:  # data from before the first epoch stops at it
+                limit = min(limit, epochs.entries[0].start_offset - offset)
+            try:
+                data = service.store.get_data(offset, limit)
+            except StoreError as exc:
+                raise SlaveGone(f"cannot read commitlog offset {offset} for it: {exc}") from None
+            if not data:
+                raise SlaveGone(f"no commitlog data at offset {offset} (deleted?)")
+            buffers += (self._header(offset, len(data), epoch, confirm), data)
+            offset += len(data)
+        # counted before the send: the slave's ack can be read before the send returns
+        self.next_offset = offset
+        self.bytes_sent += offset - start
+        await self._send(*buffers)
 
-    def _header(self, offset: int, size: int) -> bytes:
-        service = self.service
-        epoch = service.epochs.entry_at(offset) if size else service.epochs.last
+    def _header(
+        self, offset: int, size: int, epoch: EpochEntry | None, confirm_offset: int
+    ) -> bytes:
         return encode_transfer_header(
             self.protocol,
             offset,
             size,
             epoch=epoch.epoch if epoch else 0,
             epoch_start_offset=epoch.start_offset if epoch else 0,
-            confirm_offset=service.confirm_offset,
+            confirm_offset=confirm_offset,
         )
 
     def statistics(self) -> SlaveStatistics:
@@ -233,7 +288,7 @@ class SlaveConnection:
         return SlaveStatistics(
             address=self.peer,
             broker_id=self.broker_id,
-            state=self.state.name,
+            state=self.machine.state.name,
             ack_offset=self.ack_offset,
             lag_bytes=lag,
             lag_s=0.0 if lag == 0 else round(trio.current_time() - self.caught_up_at, 3),
@@ -277,6 +332,7 @@ class HAService:
         self.port = listeners[0].socket.getsockname()[1]
         log.info("HA service (%s) listening on %s", self.config.protocol.value, self.address)
         async with trio.open_nursery() as nursery:
+            await nursery.start(self.acks.run)
             task_status.started(self.port)
             await trio.serve_listeners(self._serve, listeners, handler_nursery=nursery)
 
@@ -297,14 +353,11 @@ class HAService:
     # ------------------------------------------------------------------ appends and acks
     def notify_appended(self) -> None:
         """Store append listener: wake the writers."""
-        if self._appended.statistics().tasks_waiting:
+        if len(self._appended):
             self._appended.unpark_all()
 
     async def wait_appended(self) -> None:
         await self._appended.park()
-
-    def acked(self, connection: SlaveConnection) -> None:
-        self.acks.acked(connection.ack_offset)
 
     @property
     def confirm_offset(self) -> int:
@@ -315,7 +368,7 @@ class HAService:
 
     def slave_in_sync(self, connection: SlaveConnection) -> bool:
         return (
-            connection.state is HAState.TRANSFER
+            connection.machine.state is HAState.TRANSFER
             and connection.ack_offset >= 0
             and self.store.commitlog_max_offset - connection.ack_offset
             < self.config.max_gap_not_in_sync_bytes
@@ -328,11 +381,14 @@ class HAService:
 
     async def wait_for_ack(self, end_offset: int, timeout_s: float | None = None) -> bool:
         """True once a slave acks ``end_offset``; False after the sync timeout."""
-        return await self.acks.wait(end_offset, timeout_s or self.config.sync_timeout_s)
+        timeout = self.config.sync_timeout_s if timeout_s is None else timeout_s
+        return await self.acks.wait(end_offset, timeout)
 
     def floor(self) -> int:
-        """Retention may not delete what a connected slave still needs."""
-        acks = [c.ack_offset for c in self.connections if c.ack_offset >= 0]
+        """Retention may not delete what an in-sync slave still needs. (A slave further
+        behind than max_gap_not_in_sync_bytes does not hold the disk hostage; if what it
+        needs is deleted, it must be rebuilt from an empty store.)"""
+        acks = [c.ack_offset for c in self.connections if self.slave_in_sync(c)]
         return min(acks) if acks else self.store.commitlog_max_offset
 
     def statistics(self) -> MasterHAStatistics:

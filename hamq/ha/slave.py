@@ -41,7 +41,11 @@ from hamq.store import MessageStore, StoreError
 
 log = logging.getLogger(__name__)
 
-RECEIVE_BYTES = 256 * 1024
+RECEIVE_BYTES = 1024 * 1024
+#: a read at least this large means the master has a backlog for this slave; the
+#: store's dispatching then waits this long for more (see ReputService.defer_for)
+CATCH_UP_READ_BYTES = 256 * 1024
+CATCH_UP_DEFER_S = 0.05
 
 
 class SessionEnded(Exception):
@@ -82,7 +86,8 @@ class HAClient:
         self.sessions = 0
         self.last_error: str | None = None
         self._connected_to: str | None = None
-        self._resume = trio.Event()
+        #: the current session received data
+        self._transferred = False
 
     @property
     def state(self) -> HAState:
@@ -94,48 +99,47 @@ class HAClient:
         pause = self.config.reconnect_initial_s
         try:
             while True:
-                if self.state is HAState.SUSPEND:
-                    await self._resume.wait()
-                    continue
                 addr = self._master_address()
                 if addr is None:
                     await trio.sleep(pause)  # not known yet: the registration tells
                     continue
+                self._transferred = False
                 try:
                     await self._session(addr)
-                except (SessionEnded, HAProtocolError, OSError, trio.BrokenResourceError) as exc:
+                except (
+                    SessionEnded,
+                    HAProtocolError,
+                    OSError,
+                    trio.BrokenResourceError,
+                    trio.TooSlowError,
+                    ValueError,  # a master address that does not parse
+                ) as exc:
                     self.last_error = f"{addr}: {exc}"
                     log.warning("HA session with master %s ended: %s", addr, exc)
-                else:
-                    pause = self.config.reconnect_initial_s
                 finally:
                     self._connected_to = None
                     if self.state in (HAState.HANDSHAKE, HAState.TRANSFER):
                         self.machine.set(HAState.READY, "disconnected")
+                if self._transferred:  # it worked for a while: try again soon
+                    pause = self.config.reconnect_initial_s
                 await trio.sleep(pause)
                 pause = min(pause * 2, self.config.reconnect_max_s)
         finally:
             self.machine.set(HAState.SHUTDOWN)
 
-    def suspend(self) -> None:
-        """Stop replicating (the current session ends at its next step)."""
-        if self.state is HAState.READY:
-            self.machine.set(HAState.SUSPEND, "suspended")
-            self._resume = trio.Event()
-
-    def resume(self) -> None:
-        if self.state is HAState.SUSPEND:
-            self.machine.set(HAState.READY, "resumed")
-            self._resume.set()
-
     # ------------------------------------------------------------------ one session
     async def _session(self, addr: str) -> None:
         host, port = self._parse_address(addr)
-        with trio.fail_after(self.config.connect_timeout_s):
+        with trio.fail_after(self.config.connect_timeout_s):  # TooSlowError: next session
             stream = await trio.open_tcp_stream(host, port)
         self.sessions += 1
         self._connected_to = addr
         async with stream:
+            try:
+                # transfers are cut anywhere: continue from a record boundary
+                await self.store.trim_partial_tail()
+            except StoreError as exc:
+                raise SessionEnded(f"this slave's log cannot continue: {exc}") from None
             decoder = MasterMessageDecoder(self.config.protocol)
             if self.config.protocol is HAProtocol.AUTOSWITCH:
                 self.machine.set(HAState.HANDSHAKE, f"connected to {addr}")
@@ -175,7 +179,12 @@ class HAClient:
     async def _truncate_to_agreement(self, handshake: MasterHandshake) -> None:
         own_max = self.store.commitlog_max_offset
         if not self.epochs.entries:
-            log.info("HA slave: no epochs of its own; nothing to truncate (max %d)", own_max)
+            if own_max > self.store.commitlog_min_offset:
+                raise SessionEnded(
+                    f"this slave's log ([{self.store.commitlog_min_offset}, {own_max})) has "
+                    "no epochs (written before auto-switch replication?): it cannot be "
+                    "checked against the master's; clear the slave's store to copy afresh"
+                )
             return
         point = consistent_point(
             self.epochs.entries, own_max, handshake.epochs, handshake.max_offset
@@ -193,8 +202,14 @@ class HAClient:
                 point,
                 own_max,
             )
-            await self.store.truncate(point)
-            await self.epochs.truncate(point)
+            try:
+                await self.store.truncate(point)
+            except StoreError as exc:
+                raise SessionEnded(
+                    f"cannot truncate this slave's log to {point}, where it agrees with the "
+                    f"master: {exc}; clear the slave's store to copy afresh"
+                ) from None
+        await self.epochs.truncate(point)  # epochs past the agreement go, data or not
 
     async def _transfer_loop(
         self, stream: trio.SocketStream, decoder: MasterMessageDecoder
@@ -208,8 +223,12 @@ class HAClient:
 
         async def report() -> None:
             nonlocal last_report
+            failure = self.store.reput.failure
+            if failure is not None:  # what came does not read as records: no ack for it
+                raise SessionEnded(f"replicated data does not dispatch: {failure}")
             offset = self.store.commitlog_max_offset
-            await stream.send_all(encode_report(config.protocol, offset))
+            with trio.fail_after(config.housekeeping_interval_s):
+                await stream.send_all(encode_report(config.protocol, offset))
             last_report = trio.current_time()
 
         await report()
@@ -230,6 +249,8 @@ class HAClient:
             if not data:
                 raise SessionEnded("the master closed the connection")
             last_heard = trio.current_time()
+            if len(data) >= CATCH_UP_READ_BYTES:  # a backlog: the log first, queues after
+                self.store.reput.defer_for(CATCH_UP_DEFER_S)
             decoder.feed(data)
             if await self._take(decoder):
                 await report()
@@ -240,21 +261,28 @@ class HAClient:
         while (event := decoder.next_event()) is not None:
             if not isinstance(event, Transfer):
                 raise SessionEnded("the master sent a second handshake")
+            self._check_offset(event.offset)
             if event.body:
                 await self._append(event)
                 appended = True
+                self._transferred = True
             elif event.confirm_offset:
                 self.confirm_offset = min(event.confirm_offset, self.store.commitlog_max_offset)
         return appended
 
-    async def _append(self, transfer: Transfer) -> None:
+    def _check_offset(self, offset: int) -> None:
+        """Every transfer, heartbeats too, must be at this slave's log end (an empty log
+        takes what the master starts it with)."""
         store = self.store
         own_max = store.commitlog_max_offset
-        empty = own_max == 0 and store.commitlog_min_offset == 0
-        if transfer.offset != own_max and not empty:
+        empty = own_max == store.commitlog_min_offset == 0
+        if offset != own_max and not empty:
             raise SessionEnded(
-                f"the master sent offset {transfer.offset}, this slave's log ends at {own_max}"
+                f"the master sent offset {offset}, this slave's log ends at {own_max}"
             )
+
+    async def _append(self, transfer: Transfer) -> None:
+        store = self.store
         if self.config.protocol is HAProtocol.AUTOSWITCH and transfer.epoch != (
             self.epochs.last_epoch
         ):

@@ -4,8 +4,9 @@
     READY ──connect (auto-switch)──▶ HANDSHAKE ──epochs agreed──▶ TRANSFER
     HANDSHAKE ──drop──▶ READY        READY ◀──▶ SUSPEND        any ──▶ SHUTDOWN
 
-SUSPEND: the broker asked it to stop replicating for now (a role change); READY: not
-connected, connecting; SHUTDOWN: stopped for good. The ordinals are RocketMQ's
+READY: not connected, connecting; SUSPEND: replication paused (RocketMQ's; reserved for
+role changes); SHUTDOWN: stopped for good. A master's connection goes HANDSHAKE ->
+TRANSFER (auto-switch) or starts in TRANSFER (classic). The ordinals are RocketMQ's
 HAConnectionState, which the auto-switch headers carry.
 """
 

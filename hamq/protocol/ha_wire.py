@@ -83,13 +83,14 @@ class MasterHandshake:
     epochs: tuple[EpochEntry, ...]
 
 
-@attrs.frozen
+@attrs.frozen(hash=False)
 class Transfer:
     """CommitLog bytes from ``offset`` (empty: a heartbeat). The epoch fields are the
-    auto-switch protocol's (0 in classic)."""
+    auto-switch protocol's (0 in classic). ``body`` is a read-only view into what was
+    received (no copy); it stays valid, the decoder never reuses its buffers."""
 
     offset: int
-    body: bytes
+    body: bytes | memoryview
     epoch: int = 0
     epoch_start_offset: int = 0
     confirm_offset: int = 0
@@ -155,19 +156,24 @@ def encode_transfer_header(
 
 
 class _Decoder:
+    """Holds received bytes. A buffer is never changed once decoding started on it:
+    ``feed`` makes a new one (received bytes as they are when everything before was
+    used up), so views handed out stay valid."""
+
     __slots__ = ("_buffer", "_error", "_pos", "protocol")
 
     def __init__(self, protocol: HAProtocol) -> None:
         self.protocol = protocol
-        self._buffer = bytearray()
+        self._buffer: bytes | bytearray = b""
         self._pos = 0
         self._error: HAProtocolError | None = None
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
-        if self._pos:
-            del self._buffer[: self._pos]
-            self._pos = 0
-        self._buffer += data
+        if self._pos >= len(self._buffer):
+            self._buffer = data if isinstance(data, bytes) else bytes(data)
+        else:
+            self._buffer = self._buffer[self._pos :] + data
+        self._pos = 0
 
     @property
     def buffered(self) -> int:
@@ -269,7 +275,7 @@ class MasterMessageDecoder(_Decoder):
             return Transfer(offset, body, epoch, epoch_start, confirm)
         raise self._fail(f"a master message with state {state}, not HANDSHAKE(1) or TRANSFER(2)")
 
-    def _body(self, start: int, offset: int, size: int) -> bytes | None:
+    def _body(self, start: int, offset: int, size: int) -> memoryview | None:
         if not 0 <= size <= self.max_body:
             raise self._fail(f"a transfer of {size} bytes (limit {self.max_body})")
         if offset < 0:
@@ -277,4 +283,4 @@ class MasterMessageDecoder(_Decoder):
         if len(self._buffer) - start < size:
             return None
         self._pos = start + size
-        return bytes(self._buffer[start : start + size])
+        return memoryview(self._buffer)[start : start + size].toreadonly()

@@ -36,6 +36,9 @@ from hamq.store.segment import Segment, SegmentQueue, StoreError
 
 log = logging.getLogger(__name__)
 
+#: replicated chunks at least this big are written with pwrite, not through the map
+BULK_BYTES = 16 * 1024
+
 _BLANK = struct.Struct(">ii")  # int32 size (or bytes remaining), int32 magic
 
 
@@ -149,10 +152,17 @@ class CommitLog:
                 f"{len(data)} replicated bytes at {offset} would cross the end of segment "
                 f"{segment.path.name} ({segment.remaining} bytes left)"
             )
-        segment.write(data)
+        if len(data) >= BULK_BYTES:
+            segment.write_bulk(data)
+        else:
+            segment.write(data)
 
-    def truncate(self, offset: int) -> tuple[int, int] | None:
-        """Drop everything at and after ``offset``; returns the dropped range, logged."""
+    def truncate(self, offset: int, *, partial_tail: bool = False) -> tuple[int, int] | None:
+        """Drop everything at and after ``offset``; returns the dropped range, logged.
+
+        ``offset`` must be where a record (or a blank marker) starts; ``partial_tail``
+        says the caller knows it is where the log's last, incomplete record starts
+        (a replica's log can end anywhere)."""
         end = self.max_offset
         if offset >= end:
             if offset > end:
@@ -161,7 +171,7 @@ class CommitLog:
         if offset < self.min_offset:
             raise StoreError(f"cannot truncate to {offset}: the log starts at {self.min_offset}")
         holder = self.segments.find(offset)
-        if holder is not None and offset > holder.start:
+        if holder is not None and offset > holder.start and not partial_tail:
             magic = _BLANK.unpack_from(holder.buffer, offset - holder.start)[1]
             if magic not in (MAGIC_V1, MAGIC_V2, BLANK_MAGIC):
                 raise StoreError(f"cannot truncate to {offset}: no record starts there")
@@ -177,6 +187,19 @@ class CommitLog:
             end - offset,
         )
         return offset, end
+
+    def is_boundary(self, offset: int) -> bool:
+        """True if ``offset`` is where a record or a blank marker starts, or the log's
+        start or end: where a replica's log may end when it agrees with this one."""
+        if offset in (self.min_offset, self.max_offset):
+            return True
+        segment = self.segments.find(offset)
+        if segment is None or offset - segment.start + 8 > segment.wrote:
+            return False
+        if offset == segment.start:
+            return True
+        magic = _BLANK.unpack_from(segment.buffer, offset - segment.start)[1]
+        return magic in (MAGIC_V1, MAGIC_V2, BLANK_MAGIC)
 
     # ------------------------------------------------------------------ reading
     def read(self, offset: int, size: int) -> memoryview:

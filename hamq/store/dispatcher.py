@@ -16,6 +16,7 @@ and for each one adds a consume-queue entry and index keys, then tells the liste
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 import struct
 from collections.abc import Callable
@@ -49,6 +50,8 @@ log = logging.getLogger(__name__)
 
 #: how long the reput task waits before trying again after a disk error
 RETRY_AFTER_FAILURE_S = 1.0
+#: while a replica catches up, its queues are brought up to date at least this often
+CATCH_UP_DEFER_S = 1.0
 
 _SIZE_MAGIC = struct.Struct(">ii")
 
@@ -130,10 +133,23 @@ class ReputService:
         self.failure_is_transient = False
         self._wakeup = trio.Event()
         self._progress = trio.Event()
+        #: a replica taking a backlog from its master defers dispatching (``defer_for``)
+        #: while large transfers keep coming, so that the log — what durability depends
+        #: on — gets the core first; queues are still brought up to date at least every
+        #: CATCH_UP_DEFER_S
+        self._defer_until = -math.inf
 
     def wake(self) -> None:
         """New bytes are in the CommitLog."""
         self._wakeup.set()
+
+    def defer_for(self, seconds: float) -> None:
+        """A replica is catching up: hold dispatching for ``seconds`` more."""
+        self._defer_until = max(self._defer_until, trio.current_time() + seconds)
+
+    @property
+    def deferring(self) -> bool:
+        return trio.current_time() < self._defer_until
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -142,6 +158,9 @@ class ReputService:
                 await trio.sleep(RETRY_AFTER_FAILURE_S)
                 log.info("reput retrying after: %s", self.failure)
                 self.failure = None
+            longest = trio.current_time() + CATCH_UP_DEFER_S
+            while (until := min(self._defer_until, longest)) > trio.current_time():  # noqa: ASYNC110 - a moving deadline, not a condition to signal
+                await trio.sleep_until(until)  # the deferral may have been extended
             # a fresh event before each pass: appends after it wake the next pass,
             # appends before it are in the CommitLog this pass reads
             self._wakeup = trio.Event()

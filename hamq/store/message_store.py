@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 
 import attrs
 import trio
@@ -175,6 +175,7 @@ class MessageStore:
         clock: Callable[[], int] = wall_clock_ms,
         retention_floor: Callable[[], int] | None = None,
         confirm_offset: Callable[[], int] = lambda: 0,
+        on_recovered: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.config = config
         self._clock = clock
@@ -191,6 +192,9 @@ class MessageStore:
         #: called after every append (the HA master wakes its writers)
         self.append_listeners: list[Callable[[], None]] = []
         self._confirm_offset = confirm_offset
+        #: awaited once the log is recovered, before anything may append to it (a master
+        #: records its new epoch there, before delayed messages come due)
+        self._on_recovered = on_recovered
         self._lock = DirectoryLock(config.store_dir)
         self._abort_path = config.store_dir / "abort"
         self.recovery: RecoveryReport | None = None
@@ -233,6 +237,8 @@ class MessageStore:
                 )
             )
             await trio.to_thread.run_sync(self._mark_running)
+            if self._on_recovered is not None:
+                await self._on_recovered()
             self.flush = FlushService(
                 config,
                 self.commitlog,
@@ -498,14 +504,14 @@ class MessageStore:
         self.commitlog.append_raw(offset, data)
         self.reput.wake()
 
-    async def truncate(self, offset: int) -> tuple[int, int] | None:
+    async def truncate(self, offset: int, *, partial_tail: bool = False) -> tuple[int, int] | None:
         """Drop every record at and after ``offset`` in the CommitLog, consume queues and
         index alike (an HA slave that diverged); the dropped range is logged, and the
         cut is on disk (zeroed tails synced, checkpoint written) when this returns."""
         if self.flush is None:
             raise StoreError("the store is not running")
         async with self.flush.exclusive():
-            dropped = self.commitlog.truncate(offset)
+            dropped = self.commitlog.truncate(offset, partial_tail=partial_tail)
             if dropped is None:
                 return None
             for queue in self.queues.queues.values():
@@ -518,6 +524,22 @@ class MessageStore:
                 self.schedule.correct_offsets()
         await self.flush.flush_queues_and_checkpoint()
         return dropped
+
+    async def trim_partial_tail(self) -> int:
+        """A replica's log may end inside a record (transfers are cut anywhere): drop
+        that incomplete record, so that the log ends where a record does. Returns the
+        new end. StoreError if the log does not dispatch (it is not a valid log)."""
+        self.reput.dispatch_available()
+        if self.reput.failure is not None:
+            raise StoreError(f"the log does not read as records: {self.reput.failure}")
+        end = self.reput.offset
+        if end < self.commitlog.max_offset:
+            await self.truncate(end, partial_tail=True)
+        return end
+
+    def is_record_boundary(self, offset: int) -> bool:
+        """Whether a replica whose log ends at ``offset`` can continue from there."""
+        return self.commitlog.is_boundary(offset)
 
     # ------------------------------------------------------------------ reading
     def get_message(

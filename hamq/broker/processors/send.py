@@ -2,9 +2,12 @@
 CONSUMER_SEND_MSG_BACK (36). Shapes and codes: shared/PROTOCOL.md §5.1-5.2, §5.9, §6.6.
 
 Appends run inline, in the order requests arrive on a connection (ordered messages
-stay ordered). A put that must wait — SYNC_FLUSH and the message's WAIT is not
-"false" — is answered from a task once its fsync is done, with FLUSH_DISK_TIMEOUT
-if that takes longer than the store's sync_flush_timeout_s.
+stay ordered). A put that must wait — SYNC_FLUSH, or a SYNC_MASTER, and the
+message's WAIT is not "false" — takes its place in flight before it is stored and is
+answered from a task once its fsync is done and a slave has acked it:
+FLUSH_DISK_TIMEOUT or FLUSH_SLAVE_TIMEOUT if that takes too long, SLAVE_NOT_AVAILABLE
+at once when no slave is in sync; the message is stored in every case. A slave
+refuses sends (NO_PERMISSION).
 
 What is checked, each refusal with RocketMQ's code and a remark that names it: the
 topic's name, sending to system topics, the topic's existence (auto-created from
@@ -291,6 +294,18 @@ class SendProcessor:
         if not waits_flush and not waits_slave:
             responder.send(response)
             return None
+        if waits_slave and not waits_flush and ha is not None:
+            # the common SYNC_MASTER case: no task, the ack (or its timeout) answers
+            timeout_s = self.ctx.config.ha.sync_timeout_s
+
+            def answer(acked: bool) -> None:
+                if not acked:
+                    response.code = ResponseCode.FLUSH_SLAVE_TIMEOUT
+                    response.remark = f"no slave had it within {timeout_s:g}s; stored"
+                responder.send(response)
+
+            ha.acks.notify(end_offset, answer, timeout_s)
+            return None
         conn.spawn(
             self._answer_when_safe, responder, end_offset, response, waits_flush, waits_slave
         )
@@ -305,8 +320,10 @@ class SendProcessor:
         waits_slave: bool,
     ) -> None:
         """Answer once the message is on disk (SYNC_FLUSH) and on a slave (SYNC_MASTER),
-        or say which did not happen in time: FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT.
-        Both waits run at once; the message is stored either way."""
+        or say which did not happen in time: FLUSH_SLAVE_TIMEOUT (or the
+        SLAVE_NOT_AVAILABLE already set) before FLUSH_DISK_TIMEOUT. Both waits run at
+        once; the message is stored either way. (CONSUMER_SEND_MSG_BACK's copies do not
+        wait: the consumer's retry is not an acknowledged send.)"""
         config = self.ctx.config
         flushed = replicated = True
 
@@ -328,12 +345,13 @@ class SendProcessor:
                 nursery.start_soon(flush)
             if waits_slave and self.ctx.ha is not None:
                 nursery.start_soon(replicate)
-        if not flushed:
-            response.code = ResponseCode.FLUSH_DISK_TIMEOUT
-            response.remark = f"not on disk within {config.store.sync_flush_timeout_s:g}s; stored"
-        elif not replicated:
+        # the replica's status wins over the disk's, as in RocketMQ (thenCombine)
+        if not replicated:
             response.code = ResponseCode.FLUSH_SLAVE_TIMEOUT
             response.remark = f"no slave had it within {config.ha.sync_timeout_s:g}s; stored"
+        elif not flushed and response.code == ResponseCode.SUCCESS:
+            response.code = ResponseCode.FLUSH_DISK_TIMEOUT
+            response.remark = f"not on disk within {config.store.sync_flush_timeout_s:g}s; stored"
         responder.send(response)
 
     def _response(

@@ -1,0 +1,545 @@
+"""``hamq cluster up``: nameservers and broker groups of a profile, as child processes.
+
+A profile is a directory: one broker TOML per broker (``hamq broker -c``'s format; any
+``*.toml`` but ``cluster.toml``) and optionally ``cluster.toml`` with
+``nameserver_ports = [9876, 9877]`` (one ``hamq nameserver --port N`` each, on
+127.0.0.1). ``--profile NAME`` is a directory under the source checkout's conf/
+(conf/README.md lists them); anything else is taken as a path.
+
+Order: nameservers, then masters (broker_id 0), then slaves start, each awaited until
+its one ``hamq ... ready:`` line (at most READY_TIMEOUT_S). They stop in reverse
+kind order: slaves, then masters, then nameservers; SIGTERM, then at most
+STOP_TIMEOUT_S per group, then SIGKILL.
+
+Invariants: every child is recorded the moment it is spawned and is waited for before
+``up`` returns, on every path (a child that fails, a bad start, Ctrl-C, a second
+Ctrl-C). Children run in their own process group, so a terminal's Ctrl-C reaches only
+``up``, which stops them in order. Children's stderr, and anything they print after
+the ready line, goes to ``<log-dir>/<profile>-<child>.log`` (truncated at each start).
+Exit codes: 0 after a clean stop, 1 when a child failed or had to be killed, 2 for a
+bad profile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import re
+import signal
+import subprocess
+import sys
+import tomllib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any, BinaryIO
+
+import attrs
+import trio
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cli.common import fail
+from hamq.broker import BrokerConfig, ConfigError, build_config
+
+app = typer.Typer(help="Run a whole cluster from a profile (see conf/).", no_args_is_help=True)
+console = Console()
+
+#: profiles by name: the conf/ directory of the source checkout
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CLUSTER_FILE = "cluster.toml"
+NAMESERVER_HOST = "127.0.0.1"
+
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+#: how long a SIGKILLed child is waited for (it cannot refuse; this only bounds a hang)
+KILL_WAIT_S = 5.0
+#: how much of a child's log an error shows
+LOG_TAIL_LINES = 15
+LOG_TAIL_BYTES = 16 * 1024
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used; the text names the file or the profile."""
+
+
+class Kind(enum.Enum):
+    NAMESERVER = "nameserver"
+    MASTER = "master"
+    SLAVE = "slave"
+
+
+#: the order children start in; they stop in the reverse one
+START_ORDER = (Kind.NAMESERVER, Kind.MASTER, Kind.SLAVE)
+
+
+@attrs.frozen
+class ChildSpec:
+    name: str
+    kind: Kind
+    #: the ``hamq`` command line after the global options
+    args: tuple[str, ...]
+    role: str = "-"
+    broker_id: int | None = None
+
+
+@attrs.frozen
+class Profile:
+    name: str
+    directory: Path
+    #: in start order
+    children: tuple[ChildSpec, ...]
+
+
+# ---------------------------------------------------------------- loading a profile
+def profile_names() -> list[str]:
+    if not CONF_DIR.is_dir():
+        return []
+    return sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and any(p.glob("*.toml")))
+
+
+def resolve_profile(profile: str) -> Path:
+    """conf/<profile> for a plain name, else the directory ``profile``."""
+    if profile and "/" not in profile and profile not in (".", ".."):
+        named = CONF_DIR / profile
+        if named.is_dir():
+            return named
+    directory = Path(profile).expanduser()
+    if directory.is_dir():
+        return directory
+    known = ", ".join(profile_names()) or "none"
+    raise ProfileError(
+        f"profile {profile!r} not found: not a directory, nor a profile of {CONF_DIR} "
+        f"(known: {known})"
+    )
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ProfileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{path} is not valid TOML: {exc}") from None
+
+
+def _nameserver_ports(path: Path) -> list[int]:
+    data = _read_toml(path)
+    unknown = sorted(set(data) - {"nameserver_ports"})
+    if unknown:
+        raise ProfileError(f"{path}: unknown key(s) {', '.join(unknown)}; only nameserver_ports")
+    ports = data.get("nameserver_ports", [])
+    if not isinstance(ports, list) or not all(
+        isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536 for p in ports
+    ):
+        raise ProfileError(f"{path}: nameserver_ports must be a list of ports (1-65535)")
+    if len(set(ports)) != len(ports):
+        raise ProfileError(f"{path}: nameserver_ports lists a port twice")
+    return list(ports)
+
+
+def _check_distinct(
+    brokers: list[tuple[Path, BrokerConfig]], ns_ports: list[int], cluster_file: Path
+) -> None:
+    """No two children may share a port, a store or a (broker_name, broker_id)."""
+    owners: dict[tuple[str, object], Path] = {("port", port): cluster_file for port in ns_ports}
+    for path, config in brokers:
+        ports = {config.listen_port}
+        if config.is_master:
+            ports.add(config.ha_port)
+        if not config.namesrv_addrs:
+            ports.add(config.embedded_namesrv_port)
+        keys: list[tuple[str, object]] = [
+            ("broker_name and broker_id", f"{config.broker_name} {config.broker_id}"),
+            ("store_dir", config.store.store_dir.resolve()),
+            *(("port", port) for port in sorted(ports) if port),
+        ]
+        for key in keys:
+            if key in owners:
+                raise ProfileError(f"{path}: {key[0]} {key[1]} is also {owners[key]}'s")
+            owners[key] = path
+
+
+def load_profile(profile: str) -> Profile:
+    """Read and check every file of ``profile``; raises ProfileError naming the bad one."""
+    directory = resolve_profile(profile)
+    cluster_file = directory / CLUSTER_FILE
+    ns_ports = _nameserver_ports(cluster_file) if cluster_file.exists() else []
+    brokers: list[tuple[Path, BrokerConfig]] = []
+    for path in sorted(directory.glob("*.toml")):
+        if path.name == CLUSTER_FILE:
+            continue
+        try:
+            brokers.append((path, build_config(_read_toml(path))))
+        except ConfigError as exc:
+            raise ProfileError(f"{path}: {exc}") from None
+    if not brokers:
+        raise ProfileError(f"profile {directory} has no broker (no *.toml but {CLUSTER_FILE})")
+    _check_distinct(brokers, ns_ports, cluster_file)
+    name = directory.resolve().name
+    children = [
+        ChildSpec(f"nameserver-{port}", Kind.NAMESERVER, ("nameserver", "--port", str(port)))
+        for port in ns_ports
+    ]
+    for kind in (Kind.MASTER, Kind.SLAVE):
+        children += [
+            ChildSpec(
+                path.stem,
+                kind,
+                ("broker", "-c", str(path.resolve())),
+                role=config.role.value,
+                broker_id=config.broker_id,
+            )
+            for path, config in brokers
+            if (kind is Kind.MASTER) == (config.broker_id == 0)
+        ]
+    return Profile(name, directory, tuple(children))
+
+
+# ---------------------------------------------------------------- running it
+@attrs.define(eq=False)
+class Child:
+    spec: ChildSpec
+    process: trio.Process
+    log_path: Path
+    #: the parent's handle on the log (the child writes its stderr through its own)
+    log: BinaryIO
+    address: str = "-"
+    #: the nameservers a broker's ready line names
+    namesrvs: list[str] = attrs.Factory(list)
+    #: how it ended, for the stop report
+    outcome: str = ""
+
+    @property
+    def title(self) -> str:
+        return f"{self.spec.name} ({self.spec.kind.value}, pid {self.process.pid})"
+
+    def write_log(self, data: bytes | bytearray) -> None:
+        if data and not self.log.closed:
+            self.log.write(data)
+            self.log.flush()
+
+
+class ChildFailed(Exception):
+    def __init__(self, child: Child, what: str) -> None:
+        super().__init__(f"{child.title} {what}")
+        self.child = child
+
+
+def _open_log(path: Path) -> BinaryIO:
+    # append mode: the child's stderr and our copies of its stdout never overwrite each other
+    path.write_bytes(b"")
+    return path.open("ab")
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - LOG_TAIL_BYTES))
+            data = f.read()
+    except OSError as exc:
+        return [f"(cannot read {path}: {exc.strerror or exc})"]
+    return data.decode(errors="replace").splitlines()[-lines:]
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+_BROKER_READY = re.compile(r"^hamq broker ready: .* at (\S+), nameserver (\S+)")
+_NAMESERVER_READY = re.compile(r"^hamq nameserver ready: (\S+)")
+
+
+def _say(message: str, *, err: bool = False) -> None:
+    """Print, but never let a closed terminal or pipe stop the cluster from stopping."""
+    try:
+        typer.echo(message, err=err)
+    except OSError:
+        pass
+
+
+class Cluster:
+    """Starts, watches and stops the children of one profile (``run`` does all)."""
+
+    def __init__(self, profile: Profile, log_dir: Path, log_level: str) -> None:
+        self.profile = profile
+        self.log_dir = log_dir
+        self.log_level = log_level
+        self.children: list[Child] = []
+        self.exit_code = 0
+        #: a second signal while stopping: SIGKILL whatever is left, now
+        self._hurry = False
+        self._stop_wait: trio.CancelScope | None = None
+
+    async def run(self) -> int:
+        """Up until a signal or a child's failure, then down; the exit code."""
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._until_signalled, signals, nursery.cancel_scope)
+                    await self._up(nursery)
+                    await trio.sleep_forever()  # the watchers raise ChildFailed
+            except* ChildFailed as group:
+                for exc in _leaves(group):
+                    assert isinstance(exc, ChildFailed)
+                    self._report_failure(exc)
+                self.exit_code = 1
+            except* OSError as group:  # a log file or a spawn that failed
+                for exc in _leaves(group):
+                    _say(f"error: {exc}", err=True)
+                self.exit_code = 1
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._down(signals)
+        return self.exit_code
+
+    async def _until_signalled(self, signals: AsyncIterator[int], scope: trio.CancelScope) -> None:
+        async for signum in signals:
+            _say(f"{signal.Signals(signum).name}: stopping the cluster", err=True)
+            scope.cancel()
+            return
+
+    # ------------------------------------------------------------ up
+    async def _up(self, nursery: trio.Nursery) -> None:
+        p = self.profile
+        _say(
+            f"starting profile {p.name} ({p.directory}): {len(p.children)} process(es); "
+            f"logs in {self.log_dir}/{p.name}-<name>.log"
+        )
+        for spec in p.children:
+            child = await self._start(spec)
+            nursery.start_soon(self._watch, child)
+        self._print_table()
+
+    async def _start(self, spec: ChildSpec) -> Child:
+        log_path = self.log_dir / f"{self.profile.name}-{spec.name}.log"
+        log = _open_log(log_path)
+        command = [sys.executable, "-m", "cli.main", "--log-level", self.log_level, *spec.args]
+        try:
+            with trio.CancelScope(shield=True):  # spawned means recorded
+                process = await trio.lowlevel.open_process(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    process_group=0,  # a terminal's Ctrl-C is for us, not for the children
+                )
+        except BaseException:
+            log.close()
+            raise
+        child = Child(spec, process, log_path, log)
+        self.children.append(child)
+        started = trio.current_time()
+        try:
+            with trio.fail_after(READY_TIMEOUT_S):
+                line = await self._ready_line(child)
+        except trio.TooSlowError:
+            raise ChildFailed(child, f"was not ready after {READY_TIMEOUT_S:.0f} s") from None
+        if line is None:
+            with trio.move_on_after(KILL_WAIT_S):
+                await process.wait()
+            code = process.returncode
+            how = describe_exit(code) if code is not None else "its output closed"
+            raise ChildFailed(child, f"ended before it was ready ({how})")
+        match = _BROKER_READY.match(line) or _NAMESERVER_READY.match(line)
+        if match:
+            child.address = match.group(1).rstrip(",")
+            if match.re is _BROKER_READY:
+                child.namesrvs = [a.strip(",") for a in match.group(2).split(";") if a.strip(",")]
+        _say(
+            f"  {spec.name}: {spec.kind.value} ready at {child.address} "
+            f"in {trio.current_time() - started:.1f} s (pid {process.pid})"
+        )
+        return child
+
+    async def _ready_line(self, child: Child) -> str | None:
+        """The child's ``hamq ... ready:`` line; None if its stdout ends first. Other
+        lines, and what follows the ready line in the same read, go to its log."""
+        stream = child.process.stdout
+        assert stream is not None
+        buffer = b""
+        while True:
+            chunk = await stream.receive_some(4096)
+            if not chunk:
+                child.write_log(buffer)
+                return None
+            buffer += chunk
+            while b"\n" in buffer:
+                raw, buffer = buffer.split(b"\n", 1)
+                line = raw.decode(errors="replace").strip()
+                if line.startswith("hamq ") and " ready: " in line:
+                    child.write_log(raw + b"\n" + buffer)
+                    return line
+                child.write_log(raw + b"\n")
+
+    async def _watch(self, child: Child) -> None:
+        """Copy the child's stdout to its log until it exits; an exit now is a failure."""
+        stream = child.process.stdout
+        assert stream is not None
+        async for chunk in stream:
+            child.write_log(chunk)
+        code = await child.process.wait()
+        raise ChildFailed(child, f"exited unexpectedly ({describe_exit(code)})")
+
+    def _print_table(self) -> None:
+        columns = ("name", "kind", "role", "broker id", "address", "pid")
+        rows = [
+            (
+                child.spec.name,
+                child.spec.kind.value,
+                child.spec.role,
+                "-" if child.spec.broker_id is None else str(child.spec.broker_id),
+                child.address,
+                str(child.process.pid),
+            )
+            for child in self.children
+        ]
+        table = Table(title=f"hamq cluster {self.profile.name}")
+        for column in columns:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*row)
+        # never cut a name, an address or a pid short, however narrow the output (a pipe
+        # counts as 80 columns): each column as wide as its widest cell, plus the borders
+        widths = [len(column) for column in columns]
+        for row in rows:
+            widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+        width = max(console.width, sum(widths) + 3 * len(widths) + 1)
+        with contextlib.suppress(OSError):
+            Console(width=width).print(table)
+        namesrvs: list[str] = []
+        for child in self.children:
+            for addr in [child.address] if child.spec.kind is Kind.NAMESERVER else child.namesrvs:
+                if addr != "-" and addr not in namesrvs:
+                    namesrvs.append(addr)
+        namesrv = ";".join(namesrvs)
+        _say(f"clients: --namesrv {namesrv if len(namesrvs) < 2 else repr(namesrv)}")
+        _say(
+            f"hamq cluster ready: {self.profile.name}, {len(self.children)} process(es); "
+            f"logs in {self.log_dir}; Ctrl-C stops them all"
+        )
+
+    def _report_failure(self, exc: ChildFailed) -> None:
+        child = exc.child
+        lines = log_tail(child.log_path)
+        _say(f"error: {exc}; the last lines of {child.log_path}:", err=True)
+        for line in lines or ["(empty)"]:
+            _say(f"    {line}", err=True)
+
+    # ------------------------------------------------------------ down
+    async def _down(self, signals: AsyncIterator[int]) -> None:
+        """Stop every child: slaves, masters, nameservers; report how each ended."""
+        if self.children:
+            _say("stopping: slaves, then masters, then nameservers")
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._hurry_on_signal, signals)
+                for kind in reversed(START_ORDER):
+                    group = [c for c in self.children if c.spec.kind is kind]
+                    if group:
+                        await self._stop_group(group)
+                nursery.cancel_scope.cancel()
+        finally:
+            for child in self.children:
+                child.log.close()
+                if child.process.stdout is not None:
+                    await child.process.stdout.aclose()
+
+    async def _hurry_on_signal(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            _say(f"{signal.Signals(signum).name} again: killing what is left", err=True)
+            self._hurry = True
+            if self._stop_wait is not None:
+                self._stop_wait.cancel()
+
+    async def _stop_group(self, group: list[Child]) -> None:
+        """SIGTERM (SIGKILL in a hurry) to each, at most STOP_TIMEOUT_S, then SIGKILL."""
+        running = []
+        for child in group:
+            code = child.process.returncode
+            if code is None:
+                running.append(child)
+            elif not child.outcome:
+                child.outcome = f"had already ended ({describe_exit(code)})"
+                self.exit_code = 1
+        sig = signal.SIGKILL if self._hurry else signal.SIGTERM
+        started = trio.current_time()
+        took: dict[int, float] = {}
+
+        async def wait(child: Child) -> None:
+            await child.process.wait()
+            took[id(child)] = trio.current_time() - started
+
+        for child in running:
+            child.process.send_signal(sig)
+        with trio.move_on_after(STOP_TIMEOUT_S) as self._stop_wait:
+            async with trio.open_nursery() as waiting:
+                for child in running:
+                    waiting.start_soon(wait, child)
+        self._stop_wait = None
+        waited = trio.current_time() - started
+        stubborn = [c for c in running if c.process.returncode is None]
+        for child in stubborn:
+            child.process.kill()
+        with trio.move_on_after(KILL_WAIT_S):
+            async with trio.open_nursery() as waiting:
+                for child in stubborn:
+                    waiting.start_soon(child.process.wait)
+        for child in running:
+            code = child.process.returncode
+            if code is None:
+                child.outcome = f"still running after SIGKILL (pid {child.process.pid})"
+            elif child in stubborn:
+                child.outcome = f"still running {waited:.1f} s after {sig.name}; SIGKILLed"
+            else:
+                seconds = took.get(id(child), waited)
+                child.outcome = f"ended {seconds:.1f} s after {sig.name} ({describe_exit(code)})"
+            if code not in (0, -signal.SIGTERM):  # (SIGTERM before its handler was set)
+                self.exit_code = 1
+        for child in group:
+            _say(f"  {child.title}: {child.outcome}")
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return out
+
+
+# ---------------------------------------------------------------- the command
+@app.command()
+def up(
+    ctx: typer.Context,
+    profile: Annotated[
+        str,
+        typer.Option(
+            "--profile",
+            "-p",
+            help="A profile under conf/ (1m-1s-sync, 2m-2s-sync, 2m-2s-async) or a directory.",
+        ),
+    ],
+    log_dir: Annotated[
+        Path, typer.Option("--log-dir", help="Where the children's logs go.")
+    ] = Path("data/logs"),
+) -> None:
+    """Start a profile's nameservers, masters and slaves; Ctrl-C stops them all (slaves
+    first)."""
+    try:
+        loaded = load_profile(profile)
+    except ProfileError as exc:
+        raise fail(str(exc), 2) from None
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise fail(f"--log-dir {log_dir}: {exc.strerror or exc}", 2) from None
+    log_level = (ctx.obj or {}).get("log_level", "info")
+    code = trio.run(Cluster(loaded, log_dir, log_level).run)
+    if code:
+        raise typer.Exit(code)

@@ -1,0 +1,341 @@
+"""``hamq cluster up``: a profile's nameserver, master and slave as real processes.
+
+The profiles are written into tmp_path with ports found free at run time (sockets bound
+to 127.0.0.1:0 and closed just before the start) and small store files. ``cluster up``
+runs as a child process; its children are found from the table it prints (and, should
+a test fail early, from /proc), and every one is killed by PID in ``finally``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+from typer.testing import CliRunner
+
+from cli.main import app
+from hamq.client import Message, Producer, PullConsumer, SendStatus
+from tests.broker_support import SMALL_STORE
+from tests.processes import HAMQ, hamq_command, write_toml
+
+READY_S = 30
+STOP_S = 30
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free right now (the sockets are closed on return)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+        return ports
+
+
+@attrs.frozen
+class Ports:
+    namesrv: int
+    master: int
+    master_ha: int
+    slave: int
+
+
+def write_profile(directory: Path, data: Path, ports: Ports) -> Path:
+    """A nameserver, a SYNC_MASTER and its SLAVE (broker group ``broker-t``)."""
+    directory.mkdir()
+    ns = f"127.0.0.1:{ports.namesrv}"
+    write_toml(directory / "cluster.toml", {"nameserver_ports": [ports.namesrv]})
+    write_toml(
+        directory / "master.toml",
+        {
+            "broker_name": "broker-t",
+            "broker_id": 0,
+            "listen_port": ports.master,
+            "ha_listen_port": ports.master_ha,
+            "namesrv_addrs": [ns],
+            "store": {"store_dir": str(data / "master"), "role": "SYNC_MASTER", **SMALL_STORE},
+        },
+    )
+    write_toml(
+        directory / "slave.toml",
+        {
+            "broker_name": "broker-t",
+            "broker_id": 1,
+            "listen_port": ports.slave,
+            "namesrv_addrs": [ns],
+            "store": {"store_dir": str(data / "slave"), "role": "SLAVE", **SMALL_STORE},
+        },
+    )
+    return directory
+
+
+def child_pids(pid: int) -> set[int]:
+    """The children of ``pid`` (any of its threads may have spawned them)."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                found |= {int(p) for p in (task / "children").read_text().split()}
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@attrs.define
+class ClusterUp:
+    proc: trio.Process
+    stderr: Path
+    out: bytearray = attrs.Factory(bytearray)
+
+    @property
+    def text(self) -> str:
+        return self.out.decode(errors="replace")
+
+    async def read_until(self, pattern: str, timeout_s: float) -> re.Match[str]:
+        """Read stdout until ``pattern`` matches a whole line (bounded)."""
+        stream = self.proc.stdout
+        assert stream is not None
+        with trio.fail_after(timeout_s):
+            while True:
+                match = re.search(pattern, self.text, re.MULTILINE)
+                if match:
+                    return match
+                chunk = await stream.receive_some(4096)
+                if not chunk:
+                    raise AssertionError(
+                        f"cluster up ended before {pattern!r}:\n{self.text}\n"
+                        + self.stderr.read_text()
+                    )
+                self.out += chunk
+
+    async def read_to_end(self, timeout_s: float) -> str:
+        stream = self.proc.stdout
+        assert stream is not None
+        with trio.fail_after(timeout_s):
+            async for chunk in stream:
+                self.out += chunk
+        return self.text
+
+    def table_pids(self) -> dict[str, int]:
+        """name -> pid, from the rows of the table ``up`` printed."""
+        rows = {}
+        for line in self.text.splitlines():
+            cells = [c.strip() for c in line.split("│")]
+            if len(cells) == 8 and cells[6].isdigit():
+                rows[cells[1]] = int(cells[6])
+        return rows
+
+
+@asynccontextmanager
+async def cluster_up(profile: Path, log_dir: Path) -> AsyncIterator[ClusterUp]:
+    stderr_path = log_dir.parent / "cluster-up.stderr"
+    with stderr_path.open("wb") as stderr:
+        proc = await trio.lowlevel.open_process(
+            [*HAMQ, "cluster", "up", "--profile", str(profile), "--log-dir", str(log_dir)],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
+    up = ClusterUp(proc, stderr_path)
+    spawned: set[int] = set()
+
+    async def note_children() -> None:
+        while True:
+            spawned.update(child_pids(proc.pid))
+            await trio.sleep(0.05)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(note_children)
+            yield up
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            spawned |= child_pids(proc.pid) | set(up.table_pids().values())
+            if proc.returncode is None:
+                proc.kill()
+            with trio.move_on_after(10):
+                await proc.wait()
+            for pid in spawned:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if proc.stdout is not None:
+                await proc.stdout.aclose()
+
+
+async def wait_gone(pids: list[int], timeout_s: float = 5) -> list[int]:
+    """The pids still alive after ``timeout_s`` (children of ``up`` are reaped by it)."""
+    with trio.move_on_after(timeout_s):
+        while True:
+            if not any(alive(pid) for pid in pids):
+                break
+            await trio.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]
+
+
+@pytest.mark.slow
+async def test_a_sync_group_comes_up_serves_and_stops_on_sigint(tmp_path: Path) -> None:
+    ports = Ports(*free_ports(4))
+    profile = write_profile(tmp_path / "sync-group", tmp_path / "data", ports)
+    ns = f"127.0.0.1:{ports.namesrv}"
+    async with cluster_up(profile, tmp_path / "logs") as up:
+        await up.read_until(r"^hamq cluster ready: sync-group, 3 process\(es\)", READY_S)
+        pids = up.table_pids()
+        assert set(pids) == {f"nameserver-{ports.namesrv}", "master", "slave"}, up.text
+        for row in (
+            rf"│ nameserver-{ports.namesrv} +│ nameserver +│ - +│ - +│ {ns} ",
+            rf"│ master +│ master +│ SYNC_MASTER +│ 0 +│ 127\.0\.0\.1:{ports.master} ",
+            rf"│ slave +│ slave +│ SLAVE +│ 1 +│ 127\.0\.0\.1:{ports.slave} ",
+        ):
+            assert re.search(row, up.text), (row, up.text)
+        assert f"clients: --namesrv {ns}" in up.text
+
+        async with Producer("PG", ns, send_timeout_s=3) as producer:
+            with trio.fail_after(15):  # SEND_OK once the slave is connected and in sync
+                while True:
+                    sent = await producer.send(Message("Demo", b"first"))
+                    if sent.status is SendStatus.SEND_OK:
+                        break
+                    await trio.sleep(0.1)
+            results = [await producer.send(Message("Demo", f"m{i}".encode())) for i in range(5)]
+        assert [r.status for r in results] == [SendStatus.SEND_OK] * 5
+
+        bodies = []
+        async with PullConsumer("CG", ns) as consumer:
+            with trio.fail_after(10):
+                for queue in await consumer.queues("Demo"):
+                    result = await consumer.pull(queue, 0, max_nums=32)
+                    bodies += [m.body for m in result.messages]
+        assert {f"m{i}".encode() for i in range(5)} <= set(bodies)
+
+        os.kill(up.proc.pid, signal.SIGINT)
+        with trio.fail_after(STOP_S):
+            code = await up.proc.wait()
+        text = await up.read_to_end(5)
+        assert code == 0, text + (tmp_path / "cluster-up.stderr").read_text()
+        assert not await wait_gone(list(pids.values())), text
+        # slaves first, then masters, then nameservers; each stopped by SIGTERM
+        order = [
+            re.search(rf"^  {name} \(.*\): ended .* after SIGTERM", text, re.M)
+            for name in (
+                "slave",
+                "master",
+                f"nameserver-{ports.namesrv}",
+            )
+        ]
+        assert all(order), text
+        starts = [m.start() for m in order if m]
+        assert starts == sorted(starts), text
+        logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
+        assert logs == [
+            "sync-group-master.log",
+            f"sync-group-nameserver-{ports.namesrv}.log",
+            "sync-group-slave.log",
+        ]
+        assert "hamq broker ready:" in (tmp_path / "logs" / "sync-group-slave.log").read_text()
+
+
+@pytest.mark.slow
+async def test_a_child_that_cannot_start_stops_the_others(tmp_path: Path) -> None:
+    ports = Ports(*free_ports(4))
+    profile = write_profile(tmp_path / "doomed", tmp_path / "data", ports)
+    with socket.socket() as taken:  # the slave's port is in use: the slave exits at once
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", ports.slave))
+        taken.listen()
+        async with cluster_up(profile, tmp_path / "logs") as up:
+            with trio.fail_after(READY_S + STOP_S):
+                code = await up.proc.wait()
+            text = await up.read_to_end(5)
+    errors = (tmp_path / "cluster-up.stderr").read_text()
+    assert code == 1, text + errors
+    assert re.search(r"error: slave \(slave, pid \d+\) ended before it was ready", errors), errors
+    assert "doomed-slave.log" in errors, errors
+    started = [int(pid) for pid in re.findall(r"ready at \S+ in [\d.]+ s \(pid (\d+)\)", text)]
+    assert len(started) == 2, text  # the nameserver and the master
+    assert re.search(r"^  master \(.*\): ended .* after SIGTERM \(exit code 0\)", text, re.M)
+    assert not await wait_gone(started), text
+
+
+@pytest.mark.slow
+async def test_a_profile_with_bad_toml_exits_2_naming_the_file(tmp_path: Path) -> None:
+    ports = Ports(*free_ports(4))
+    profile = write_profile(tmp_path / "broken", tmp_path / "data", ports)
+    (profile / "slave.toml").write_text('broker_name = "broker-t\n')
+    done = await hamq_command("cluster", "up", "--profile", str(profile), timeout_s=30)
+    assert done.returncode == 2, done
+    error = done.stderr.decode()
+    assert error.startswith(f"error: {profile / 'slave.toml'} is not valid TOML"), error
+    assert error.count("\n") == 1, error
+    assert not (tmp_path / "data").exists()  # nothing started
+
+
+runner = CliRunner()
+
+
+def test_an_unknown_profile_is_refused_listing_the_known_ones() -> None:
+    result = runner.invoke(app, ["cluster", "up", "--profile", "no-such-profile"])
+    assert result.exit_code == 2
+    assert "profile 'no-such-profile' not found" in result.output
+    assert "1m-1s-sync" in result.output
+
+
+def test_a_profile_without_brokers_is_refused(tmp_path: Path) -> None:
+    write_toml(tmp_path / "cluster.toml", {"nameserver_ports": [9876]})
+    result = runner.invoke(app, ["cluster", "up", "--profile", str(tmp_path)])
+    assert result.exit_code == 2
+    assert f"profile {tmp_path} has no broker" in result.output
+
+
+def test_a_bad_broker_setting_is_refused_naming_its_file(tmp_path: Path) -> None:
+    write_toml(tmp_path / "b.toml", {"broker_id": 1, "store": {"role": "SYNC_MASTER"}})
+    result = runner.invoke(app, ["cluster", "up", "--profile", str(tmp_path)])
+    assert result.exit_code == 2
+    assert f"{tmp_path / 'b.toml'}: broker_id 1 does not fit role SYNC_MASTER" in result.output
+
+
+def test_two_brokers_on_one_port_are_refused(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        write_toml(
+            tmp_path / f"{name}.toml",
+            {
+                "broker_name": name,
+                "listen_port": 20911,
+                "namesrv_addrs": ["127.0.0.1:9876"],
+                "store": {"store_dir": str(tmp_path / name)},
+            },
+        )
+    result = runner.invoke(app, ["cluster", "up", "--profile", str(tmp_path)])
+    assert result.exit_code == 2
+    assert f"{tmp_path / 'b.toml'}: port 20911 is also {tmp_path / 'a.toml'}'s" in result.output
+
+
+def test_the_shipped_profiles_load() -> None:
+    from cli.cluster import Kind, load_profile
+
+    kinds = {
+        name: [c.kind for c in load_profile(name).children]
+        for name in ("1m-1s-sync", "2m-2s-sync", "2m-2s-async")
+    }
+    assert kinds["1m-1s-sync"] == [Kind.MASTER, Kind.SLAVE]
+    assert (
+        kinds["2m-2s-sync"]
+        == kinds["2m-2s-async"]
+        == [Kind.NAMESERVER] * 2 + [Kind.MASTER] * 2 + [Kind.SLAVE] * 2
+    )
