@@ -46,6 +46,9 @@ RECEIVE_BYTES = 1024 * 1024
 #: store's dispatching then waits this long for more (see ReputService.defer_for)
 CATCH_UP_READ_BYTES = 256 * 1024
 CATCH_UP_DEFER_S = 0.05
+#: while transfers arrive back to back, reports go at most this often (each still acks
+#: everything appended before it)
+REPORT_EVERY_S = 0.005
 
 
 class SessionEnded(Exception):
@@ -252,27 +255,38 @@ class HAClient:
             if len(data) >= CATCH_UP_READ_BYTES:  # a backlog: the log first, queues after
                 self.store.reput.defer_for(CATCH_UP_DEFER_S)
             decoder.feed(data)
-            if await self._take(decoder):
+            if await self._take(decoder) and (
+                decoder.buffered == 0 or trio.current_time() - last_report >= REPORT_EVERY_S
+            ):
+                # (mid-transfer, more is on its way: one report per REPORT_EVERY_S)
                 await report()
 
     async def _take(self, decoder: MasterMessageDecoder) -> bool:
-        """Append every whole transfer received; True if any carried data."""
+        """Append every whole transfer received — consecutive ones of one epoch in one
+        write; True if any carried data. Every transfer, heartbeats too, must start where
+        this slave's log ends (an empty log takes what the master starts it with)."""
+        run: list[Transfer] = []
+        run_end = -1
         appended = False
         while (event := decoder.next_event()) is not None:
             if not isinstance(event, Transfer):
                 raise SessionEnded("the master sent a second handshake")
-            self._check_offset(event.offset)
+            if run and (event.offset != run_end or event.epoch != run[0].epoch):
+                await self._append(run)
+                run = []
+            if not run:
+                self._check_offset(event.offset)
             if event.body:
-                await self._append(event)
-                appended = True
-                self._transferred = True
+                run.append(event)
+                run_end = event.offset + len(event.body)
             elif event.confirm_offset:
                 self.confirm_offset = min(event.confirm_offset, self.store.commitlog_max_offset)
+        if run:
+            await self._append(run)
+            appended = self._transferred = True
         return appended
 
     def _check_offset(self, offset: int) -> None:
-        """Every transfer, heartbeats too, must be at this slave's log end (an empty log
-        takes what the master starts it with)."""
         store = self.store
         own_max = store.commitlog_max_offset
         empty = own_max == store.commitlog_min_offset == 0
@@ -281,19 +295,20 @@ class HAClient:
                 f"the master sent offset {offset}, this slave's log ends at {own_max}"
             )
 
-    async def _append(self, transfer: Transfer) -> None:
+    async def _append(self, run: list[Transfer]) -> None:
+        """Append consecutive transfers of one epoch (recorded first, if new)."""
         store = self.store
-        if self.config.protocol is HAProtocol.AUTOSWITCH and transfer.epoch != (
-            self.epochs.last_epoch
-        ):
-            await self.epochs.append(transfer.epoch, transfer.epoch_start_offset)
+        first = run[0]
+        autoswitch = self.config.protocol is HAProtocol.AUTOSWITCH
+        if autoswitch and first.epoch != self.epochs.last_epoch:
+            await self.epochs.append(first.epoch, first.epoch_start_offset)
         try:
-            store.append_raw(transfer.offset, transfer.body)
+            store.append_raw(first.offset, *(t.body for t in run))
         except StoreError as exc:
-            raise SessionEnded(f"appending at {transfer.offset} failed: {exc}") from None
-        self.bytes_received += len(transfer.body)
-        if self.config.protocol is HAProtocol.AUTOSWITCH:
-            self.confirm_offset = min(transfer.confirm_offset, store.commitlog_max_offset)
+            raise SessionEnded(f"appending at {first.offset} failed: {exc}") from None
+        self.bytes_received += sum(len(t.body) for t in run)
+        if autoswitch:
+            self.confirm_offset = min(run[-1].confirm_offset, store.commitlog_max_offset)
 
     def statistics(self) -> SlaveHAStatistics:
         return SlaveHAStatistics(

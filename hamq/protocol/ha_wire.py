@@ -24,6 +24,7 @@ entries) raises ``HAProtocolError`` naming it, and poisons the decoder.
 
 from __future__ import annotations
 
+import collections
 import enum
 import struct
 
@@ -156,35 +157,58 @@ def encode_transfer_header(
 
 
 class _Decoder:
-    """Holds received bytes. A buffer is never changed once decoding started on it:
-    ``feed`` makes a new one (received bytes as they are when everything before was
-    used up), so views handed out stay valid."""
+    """Holds received chunks without joining them: a message is parsed from the chunk it
+    starts in, and only a message that straddles two chunks is copied (just its own
+    bytes). Chunks are never changed, so the views handed out stay valid."""
 
-    __slots__ = ("_buffer", "_error", "_pos", "protocol")
+    __slots__ = ("_buffer", "_error", "_more", "_pos", "protocol")
 
     def __init__(self, protocol: HAProtocol) -> None:
         self.protocol = protocol
-        self._buffer: bytes | bytearray = b""
+        self._buffer: bytes | memoryview = b""  # the chunk being parsed
         self._pos = 0
+        self._more: collections.deque[memoryview] = collections.deque()  # chunks after it
         self._error: HAProtocolError | None = None
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
-        if self._pos >= len(self._buffer):
-            self._buffer = data if isinstance(data, bytes) else bytes(data)
-        else:
-            self._buffer = self._buffer[self._pos :] + data
-        self._pos = 0
+        view = memoryview(data if isinstance(data, bytes) else bytes(data))
+        if view:
+            self._more.append(view)
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer) - self._pos
+        return len(self._buffer) - self._pos + sum(len(c) for c in self._more)
+
+    def _have(self, n: int) -> bool:
+        """Make the next ``n`` bytes contiguous at ``self._pos``; False if not all here."""
+        avail = len(self._buffer) - self._pos
+        if avail >= n:
+            return True
+        if avail == 0 and self._more:  # the next chunk, as it is
+            self._buffer, self._pos = self._more.popleft(), 0
+            return self._have(n)
+        if avail + sum(len(c) for c in self._more) < n:
+            return False
+        parts = [memoryview(self._buffer)[self._pos :]]
+        need = n - avail
+        while need:
+            chunk = self._more[0]
+            if len(chunk) <= need:
+                parts.append(self._more.popleft())
+                need -= len(chunk)
+            else:
+                parts.append(chunk[:need])
+                self._more[0] = chunk[need:]
+                need = 0
+        self._buffer, self._pos = b"".join(parts), 0
+        return True
 
     def _fail(self, message: str) -> HAProtocolError:
         self._error = HAProtocolError(message)
         return self._error
 
     def _state(self) -> int | None:
-        if self.buffered < 4:
+        if not self._have(4):
             return None
         state: int = _I32.unpack_from(self._buffer, self._pos)[0]
         return state
@@ -198,26 +222,29 @@ class SlaveMessageDecoder(_Decoder):
     def next_event(self) -> SlaveReport | SlaveHandshake | None:
         if self._error is not None:
             raise self._error
-        buffer, pos = self._buffer, self._pos
         if self.protocol is HAProtocol.CLASSIC:
-            if self.buffered < 8:
+            if not self._have(8):
                 return None
-            self._pos = pos + 8
-            return self._report(_Q.unpack_from(buffer, pos)[0])
+            offset = _Q.unpack_from(self._buffer, self._pos)[0]
+            self._pos += 8
+            return self._report(offset)
         state = self._state()
         if state is None:
             return None
         if state == HAState.HANDSHAKE:
-            if self.buffered < _SLAVE_HANDSHAKE.size:
+            if not self._have(_SLAVE_HANDSHAKE.size):
                 return None
-            _state, from_last_file, learner, broker_id = _SLAVE_HANDSHAKE.unpack_from(buffer, pos)
-            self._pos = pos + _SLAVE_HANDSHAKE.size
+            _state, from_last_file, learner, broker_id = _SLAVE_HANDSHAKE.unpack_from(
+                self._buffer, self._pos
+            )
+            self._pos += _SLAVE_HANDSHAKE.size
             return SlaveHandshake(bool(from_last_file), bool(learner), broker_id)
         if state == HAState.TRANSFER:
-            if self.buffered < _SLAVE_TRANSFER.size:
+            if not self._have(_SLAVE_TRANSFER.size):
                 return None
-            self._pos = pos + _SLAVE_TRANSFER.size
-            return self._report(_SLAVE_TRANSFER.unpack_from(buffer, pos)[1])
+            offset = _SLAVE_TRANSFER.unpack_from(self._buffer, self._pos)[1]
+            self._pos += _SLAVE_TRANSFER.size
+            return self._report(offset)
         raise self._fail(f"a slave message with state {state}, not HANDSHAKE(1) or TRANSFER(2)")
 
     def _report(self, offset: int) -> SlaveReport:
@@ -238,49 +265,52 @@ class MasterMessageDecoder(_Decoder):
     def next_event(self) -> Transfer | MasterHandshake | None:
         if self._error is not None:
             raise self._error
-        buffer, pos = self._buffer, self._pos
         if self.protocol is HAProtocol.CLASSIC:
-            if self.buffered < _CLASSIC_TRANSFER.size:
+            header = _CLASSIC_TRANSFER
+            if not self._have(header.size):
                 return None
-            offset, size = _CLASSIC_TRANSFER.unpack_from(buffer, pos)
-            body = self._body(pos + _CLASSIC_TRANSFER.size, offset, size)
+            offset, size = header.unpack_from(self._buffer, self._pos)
+            body = self._body(header.size, offset, size)
             return None if body is None else Transfer(offset, body)
         state = self._state()
         if state is None:
             return None
         if state == HAState.HANDSHAKE:
-            if self.buffered < _MASTER_HANDSHAKE.size:
+            if not self._have(_MASTER_HANDSHAKE.size):
                 return None
-            _state, size, max_offset, last_epoch = _MASTER_HANDSHAKE.unpack_from(buffer, pos)
+            _state, size, max_offset, last_epoch = _MASTER_HANDSHAKE.unpack_from(
+                self._buffer, self._pos
+            )
             if size % _EPOCH_ENTRY.size or not 0 <= size <= MAX_EPOCH_ENTRIES * _EPOCH_ENTRY.size:
                 raise self._fail(f"a handshake body of {size} bytes is not whole epoch entries")
-            start = pos + _MASTER_HANDSHAKE.size
-            if self.buffered < _MASTER_HANDSHAKE.size + size:
+            if not self._have(_MASTER_HANDSHAKE.size + size):
                 return None
+            start = self._pos + _MASTER_HANDSHAKE.size
             epochs = tuple(
-                EpochEntry(*_EPOCH_ENTRY.unpack_from(buffer, at))
+                EpochEntry(*_EPOCH_ENTRY.unpack_from(self._buffer, at))
                 for at in range(start, start + size, _EPOCH_ENTRY.size)
             )
             self._pos = start + size
             return MasterHandshake(max_offset, last_epoch, epochs)
         if state == HAState.TRANSFER:
-            if self.buffered < _MASTER_TRANSFER.size:
+            if not self._have(_MASTER_TRANSFER.size):
                 return None
             _state, size, offset, epoch, epoch_start, confirm = _MASTER_TRANSFER.unpack_from(
-                buffer, pos
+                self._buffer, self._pos
             )
-            body = self._body(pos + _MASTER_TRANSFER.size, offset, size)
+            body = self._body(_MASTER_TRANSFER.size, offset, size)
             if body is None:
                 return None
             return Transfer(offset, body, epoch, epoch_start, confirm)
         raise self._fail(f"a master message with state {state}, not HANDSHAKE(1) or TRANSFER(2)")
 
-    def _body(self, start: int, offset: int, size: int) -> memoryview | None:
+    def _body(self, header_size: int, offset: int, size: int) -> memoryview | None:
         if not 0 <= size <= self.max_body:
             raise self._fail(f"a transfer of {size} bytes (limit {self.max_body})")
         if offset < 0:
             raise self._fail(f"a transfer at offset {offset}")
-        if len(self._buffer) - start < size:
+        if not self._have(header_size + size):
             return None
+        start = self._pos + header_size
         self._pos = start + size
         return memoryview(self._buffer)[start : start + size].toreadonly()

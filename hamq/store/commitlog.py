@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
@@ -132,30 +132,52 @@ class CommitLog:
         and so is data that would cross a segment boundary (a master sends within one
         segment, blank marker included).
         """
+        self.append_raw_many(offset, [data])
+
+    def append_raw_many(self, offset: int, chunks: Sequence[bytes | memoryview]) -> None:
+        """Append consecutive replicated chunks from ``offset`` on: those that fall in
+        one segment go to disk in one gathered write. Each chunk stays within a segment,
+        as ``append_raw`` requires."""
+        i = 0
+        while i < len(chunks):
+            segment = self._segment_for_raw(offset)
+            group: list[bytes | memoryview] = []
+            size = 0
+            while i < len(chunks) and size + len(chunks[i]) <= segment.remaining:
+                group.append(chunks[i])
+                size += len(chunks[i])
+                i += 1
+            if not group:
+                raise StoreError(
+                    f"{len(chunks[i])} replicated bytes at {offset} would cross the end of "
+                    f"segment {segment.path.name} ({segment.remaining} bytes left)"
+                )
+            if size >= BULK_BYTES:
+                segment.write_bulk(group)
+            else:
+                for chunk in group:
+                    segment.write(chunk)
+            offset += size
+
+    def _segment_for_raw(self, offset: int) -> Segment:
+        """The segment replicated bytes at ``offset`` go into (created when the log is
+        empty or its last segment is full); StoreError for a gap or an overlap."""
         segment = self.segments.last
         if segment is None:
             if offset % self.segment_size:
                 raise StoreError(
                     f"an empty log can only start at a segment boundary, not at {offset}"
                 )
-            segment = self.segments.create(offset)
-        elif offset != self.max_offset:
+            return self.segments.create(offset)
+        if offset != self.max_offset:
             kind = "gap" if offset > self.max_offset else "overlap"
             raise StoreError(
                 f"replicated data at {offset} does not continue the log at {self.max_offset} "
                 f"({kind} of {abs(offset - self.max_offset)} bytes)"
             )
-        elif segment.remaining == 0:
-            segment = self.segments.create(segment.end)
-        if len(data) > segment.remaining:
-            raise StoreError(
-                f"{len(data)} replicated bytes at {offset} would cross the end of segment "
-                f"{segment.path.name} ({segment.remaining} bytes left)"
-            )
-        if len(data) >= BULK_BYTES:
-            segment.write_bulk(data)
-        else:
-            segment.write(data)
+        if segment.remaining == 0:
+            return self.segments.create(segment.end)
+        return segment
 
     def truncate(self, offset: int, *, partial_tail: bool = False) -> tuple[int, int] | None:
         """Drop everything at and after ``offset``; returns the dropped range, logged.

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 #: how long the reput task waits before trying again after a disk error
 RETRY_AFTER_FAILURE_S = 1.0
 #: while a replica catches up, its queues are brought up to date at least this often
-CATCH_UP_DEFER_S = 1.0
+CATCH_UP_DEFER_S = 5.0
 
 _SIZE_MAGIC = struct.Struct(">ii")
 

@@ -499,9 +499,10 @@ class MessageStore:
         """Raw CommitLog bytes from ``offset`` (within one segment) for a replica."""
         return self.commitlog.get_data(offset, max_bytes)
 
-    def append_raw(self, offset: int, data: bytes | memoryview) -> None:
-        """Append replicated bytes at ``offset``; StoreError for a gap or an overlap."""
-        self.commitlog.append_raw(offset, data)
+    def append_raw(self, offset: int, *chunks: bytes | memoryview) -> None:
+        """Append replicated bytes (consecutive chunks) at ``offset``; StoreError for a
+        gap or an overlap."""
+        self.commitlog.append_raw_many(offset, chunks)
         self.reput.wake()
 
     async def truncate(self, offset: int, *, partial_tail: bool = False) -> tuple[int, int] | None:
