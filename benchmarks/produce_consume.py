@@ -42,6 +42,7 @@ from pathlib import Path
 
 import attrs
 import trio
+from support import cpu_seconds, percentile
 
 from hamq.client import (
     AdminClient,
@@ -95,16 +96,6 @@ class Figure:
 
 
 # =========================================================================== the broker
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and its threads (Linux /proc), else NaN."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _can_pin() -> bool:
@@ -301,14 +292,14 @@ async def run_round(
     figures: dict[str, Figure] = {}
 
     async def timed(scenario: str, messages: int, work: Callable[[], Awaitable[Outcome]]) -> None:
-        broker_before, client_before = _cpu_seconds(broker_pid), time.process_time()
+        broker_before, client_before = cpu_seconds(broker_pid), time.process_time()
         start = time.perf_counter()
         end, latencies = await work()
         figures[scenario] = Figure(
             messages,
             end - start,
             latencies,
-            _cpu_seconds(broker_pid) - broker_before,
+            cpu_seconds(broker_pid) - broker_before,
             time.process_time() - client_before,
         )
 
@@ -336,11 +327,6 @@ async def run_round(
 
 
 # =========================================================================== driver
-
-
-def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 def main() -> None:
@@ -405,8 +391,8 @@ def main() -> None:
         rate = statistics.median(f.messages / f.seconds for f in runs)
         rates[scenario] = rate
         if runs[0].latencies:
-            p50 = f"{statistics.median(_percentile(f.latencies, 0.5) for f in runs) * 1e3:9.2f}"
-            p99 = f"{statistics.median(_percentile(f.latencies, 0.99) for f in runs) * 1e3:9.2f}"
+            p50 = f"{statistics.median(percentile(f.latencies, 0.5) for f in runs) * 1e3:9.2f}"
+            p99 = f"{statistics.median(percentile(f.latencies, 0.99) for f in runs) * 1e3:9.2f}"
         else:
             p50 = p99 = f"{'-':>9}"
         broker_us = statistics.median(1e6 * f.broker_cpu / f.messages for f in runs)

@@ -63,6 +63,7 @@ from typing import Any
 
 import attrs
 import trio
+from support import cpu_seconds, median, percentile, write_toml
 
 from hamq.client import AdminClient, Message, Producer, SendError, SendStatus
 from hamq.client.errors import NoRouteError
@@ -159,36 +160,6 @@ class Group:
 
 
 # =========================================================================== processes
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and its threads (Linux /proc), else NaN."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return json.dumps(str(value))  # a JSON string is a TOML basic string
-
-
-def write_toml(path: Path, values: dict[str, Any]) -> Path:
-    """Top-level keys and one level of tables ([store], [ha])."""
-    lines = [f"{k} = {_toml_value(v)}" for k, v in values.items() if not isinstance(v, dict)]
-    for name, table in values.items():
-        if isinstance(table, dict):
-            lines += ["", f"[{name}]", *(f"{k} = {_toml_value(v)}" for k, v in table.items())]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 class Processes:
@@ -427,7 +398,7 @@ async def send_round(group: Group, round_no: int, count: int) -> SendFigure:
 
     async with Producer(f"{topic}-producer", group.namesrv) as producer, RemotingClient() as probe:
         await send(2 * IN_FLIGHT, record=False)  # warm up: route, connection, first writes
-        master_before, slave_before = _cpu_seconds(group.master_pid), _cpu_seconds(group.slave_pid)
+        master_before, slave_before = cpu_seconds(group.master_pid), cpu_seconds(group.slave_pid)
         client_before = time.process_time()
         start = time.perf_counter()
         async with trio.open_nursery() as nursery:
@@ -435,8 +406,8 @@ async def send_round(group: Group, round_no: int, count: int) -> SendFigure:
             await send(count, record=True)
             seconds = time.perf_counter() - start
             nursery.cancel_scope.cancel()
-        master_cpu = _cpu_seconds(group.master_pid) - master_before
-        slave_cpu = _cpu_seconds(group.slave_pid) - slave_before
+        master_cpu = cpu_seconds(group.master_pid) - master_before
+        slave_cpu = cpu_seconds(group.slave_pid) - slave_before
         client_cpu = time.process_time() - client_before
     (t0, first), (t1, last) = offsets[0], offsets[-1]
     return SendFigure(
@@ -500,7 +471,7 @@ async def catch_up(master_pid: int, slave: str, slave_pid: int, size: int) -> Ca
     """From now (the slave's ready line) until the slave has ``size`` bytes, and until
     it has dispatched them (spawn_seconds is left 0 for the caller)."""
     async with RemotingClient() as client:
-        master_before, slave_before = _cpu_seconds(master_pid), _cpu_seconds(slave_pid)
+        master_before, slave_before = cpu_seconds(master_pid), cpu_seconds(slave_pid)
         start = time.perf_counter()
         status = (await ha_status(client, slave))["slave"]
         first = status["max_offset"]
@@ -510,13 +481,13 @@ async def catch_up(master_pid: int, slave: str, slave_pid: int, size: int) -> Ca
                 await trio.sleep(CATCH_UP_POLL_S)
                 status = (await ha_status(client, slave))["slave"]
             received = time.perf_counter() - start
-            master_cpu = _cpu_seconds(master_pid) - master_before
+            master_cpu = cpu_seconds(master_pid) - master_before
             while dispatched < size:
                 dispatched = await dispatched_offset(client, slave)
                 if dispatched < size:
                     await trio.sleep(CATCH_UP_POLL_S)
             dispatch_seconds = time.perf_counter() - start
-            slave_cpu = _cpu_seconds(slave_pid) - slave_before
+            slave_cpu = cpu_seconds(slave_pid) - slave_before
         if dispatched < size:
             raise RuntimeError(
                 f"the slave did not catch up within {CATCH_UP_TIMEOUT_S:g} s: its HA status"
@@ -669,15 +640,6 @@ def loopback_threads(total: int) -> float:
 # =========================================================================== driver
 
 
-def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 def _verdict(ratio: float, goal: float) -> str:
     return "goal met" if ratio >= goal else "goal NOT met"
 
@@ -724,7 +686,7 @@ def main() -> None:
                     print(
                         f"round {round_no + 1}: {group.role:12} {figure.messages:,} sends"
                         f" {figure.messages / figure.seconds:>8,.0f} msgs/s"
-                        f" p99 {_percentile(figure.latencies, 0.99) * 1e3:.1f} ms"
+                        f" p99 {percentile(figure.latencies, 0.99) * 1e3:.1f} ms"
                         f" {dict(figure.statuses)}",
                         file=sys.stderr,
                         flush=True,
@@ -799,8 +761,8 @@ def print_sends(sends: dict[str, list[SendFigure]], rounds: int) -> None:
     for role, runs in sends.items():
         rate = statistics.median(f.messages / f.seconds for f in runs)
         rates[role] = rate
-        p50 = statistics.median(_percentile(f.latencies, 0.5) for f in runs) * 1e3
-        p99 = statistics.median(_percentile(f.latencies, 0.99) for f in runs) * 1e3
+        p50 = statistics.median(percentile(f.latencies, 0.5) for f in runs) * 1e3
+        p99 = statistics.median(percentile(f.latencies, 0.99) for f in runs) * 1e3
         master_us = statistics.median(1e6 * f.master_cpu / f.messages for f in runs)
         slave_us = statistics.median(1e6 * f.slave_cpu / f.messages for f in runs)
         client_us = statistics.median(1e6 * f.client_cpu / f.messages for f in runs)
@@ -812,9 +774,9 @@ def print_sends(sends: dict[str, list[SendFigure]], rounds: int) -> None:
         print(
             f"{role:14}{rate:>9,.0f}{rate * BODY_SIZE / MIB:>7.1f}{p50:>8.2f}{p99:>8.2f}"
             f"{master_us:>8.0f}{slave_us:>7.0f}{client_us:>8.0f}"
-            f"{_median([b / KIB for b in lag_b]):>6.0f}/{max(lag_b, default=0) / KIB:<5.0f}"
-            f"{_median(lag_ms):>7.1f}/{max(lag_ms, default=0):<5.1f}"
-            f"{_median(lag_s):>6.2f}/{max(lag_s, default=0):<5.2f}"
+            f"{median([b / KIB for b in lag_b]):>6.0f}/{max(lag_b, default=0) / KIB:<5.0f}"
+            f"{median(lag_ms):>7.1f}/{max(lag_ms, default=0):<5.1f}"
+            f"{median(lag_s):>6.2f}/{max(lag_s, default=0):<5.2f}"
         )
     for role, runs in sends.items():
         statuses: Counter[str] = Counter()

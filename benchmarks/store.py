@@ -27,13 +27,13 @@ import argparse
 import mmap
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import trio
+from support import median
 
 from hamq.protocol.message import encode_properties, make_record_template, pack_host
 from hamq.store import FlushDiskType, MessageStore, MessageToStore, StoreConfig
@@ -208,10 +208,6 @@ def mmap_vs_pread(path: Path, size: int, segment: int) -> dict[str, float]:
 # ---------------------------------------------------------------- driver
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -260,7 +256,7 @@ def main() -> None:
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
-    m: Callable[[str], float] = lambda key: _median(rows[key])  # noqa: E731
+    m: Callable[[str], float] = lambda key: median(rows[key])  # noqa: E731
     print(f"\nMessage store, median of {rounds} round(s)\n")
     print(
         f"{'async flush, 1 appender':24}{'appends/s':>11}{'MB/s':>7}{'plain MB/s':>12}"

@@ -376,6 +376,10 @@ class RecordTemplate:
         return bytes(out)
 
 
+_I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+
+
 def make_record_template(
     *,
     topic: str,
@@ -393,16 +397,26 @@ def make_record_template(
     """Encode everything of a record but its place in the log; MessageFormatError if it
     cannot be stored (a number out of its field's range, topic or properties too long, a
     host of the wrong size)."""
-    for name, value, bits in (
-        ("queue id", queue_id, 32),
-        ("flag", flag, 32),
-        ("sysFlag", sys_flag, 32),
-        ("reconsumeTimes", reconsume_times, 32),
-        ("bornTimestamp", born_timestamp, 64),
-        ("preparedTransactionOffset", prepared_transaction_offset, 64),
+    if not (  # one comparison chain on the hot path; the loop only to name the culprit
+        _I32_MIN <= queue_id <= _I32_MAX
+        and _I32_MIN <= flag <= _I32_MAX
+        and _I32_MIN <= sys_flag <= _I32_MAX
+        and _I32_MIN <= reconsume_times <= _I32_MAX
+        and _I64_MIN <= born_timestamp <= _I64_MAX
+        and _I64_MIN <= prepared_transaction_offset <= _I64_MAX
     ):
-        if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
-            raise MessageFormatError(f"{name} {value} does not fit in a signed {bits}-bit field")
+        for name, value, bits in (
+            ("queue id", queue_id, 32),
+            ("flag", flag, 32),
+            ("sysFlag", sys_flag, 32),
+            ("reconsumeTimes", reconsume_times, 32),
+            ("bornTimestamp", born_timestamp, 64),
+            ("preparedTransactionOffset", prepared_transaction_offset, 64),
+        ):
+            if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+                raise MessageFormatError(
+                    f"{name} {value} does not fit in a signed {bits}-bit field"
+                )
     topic_bytes = topic.encode()
     if not topic_bytes:
         raise MessageFormatError("topic is empty")
