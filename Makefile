@@ -15,7 +15,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install $(PIP_QUIET) --upgrade pip
-	$(BIN)/python -m pip install $(PIP_QUIET) -e '.[dev]'
+	$(BIN)/python -m pip install $(PIP_QUIET) -e '.[dev,spark]'
 	@touch $(STAMP)
 
 run: $(STAMP)

@@ -29,11 +29,8 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import selectors
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +39,7 @@ from pathlib import Path
 
 import attrs
 import trio
-from support import cpu_seconds, percentile
+from support import can_pin, cpu_seconds, percentile, start_broker, stop_broker
 
 from hamq.client import (
     AdminClient,
@@ -63,10 +60,6 @@ BATCH = 32
 IN_FLIGHT = 64
 QUEUES = 8
 PULL_BATCH = 32
-READY_PREFIX = "hamq broker ready:"
-READY_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 10.0
-REPO = Path(__file__).resolve().parent.parent
 
 SEQUENTIAL = "send, 1 in flight"
 CONCURRENT = f"send, {IN_FLIGHT} in flight"
@@ -93,80 +86,6 @@ class Figure:
     latencies: list[float]
     broker_cpu: float
     client_cpu: float
-
-
-# =========================================================================== the broker
-
-
-def _can_pin() -> bool:
-    return hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2
-
-
-def start_broker(
-    store_dir: Path, stderr_path: Path, *, pin: bool
-) -> tuple[subprocess.Popen[str], str]:
-    """The broker process and its (embedded) nameserver's address, once it serves."""
-    command = [
-        sys.executable,
-        "-m",
-        "cli.main",
-        "--log-level",
-        "warning",
-        "broker",
-        "--port",
-        "0",
-        "--namesrv-port",
-        "0",
-        "--store-dir",
-        str(store_dir),
-    ]
-    with open(stderr_path, "w") as stderr:
-        proc = subprocess.Popen(
-            command,
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            # every thread the broker starts inherits the pinning
-            preexec_fn=(lambda: os.sched_setaffinity(0, {1})) if pin else None,
-        )
-    try:
-        return proc, _wait_ready(proc)
-    except BaseException:
-        stop_broker(proc)
-        raise
-
-
-def _wait_ready(proc: subprocess.Popen[str]) -> str:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        while (left := deadline - time.monotonic()) > 0:
-            if not selector.select(left):
-                continue
-            line = proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"the broker exited (code {proc.wait()}) before serving")
-            if line.startswith(READY_PREFIX):
-                # "... at 127.0.0.1:PORT, nameserver 127.0.0.1:NSPORT (embedded), store ..."
-                return line.split(", nameserver ", 1)[1].split()[0].rstrip(",")
-    raise RuntimeError(f"the broker did not serve within {READY_TIMEOUT_S:g} s")
-
-
-def stop_broker(proc: subprocess.Popen[str]) -> int:
-    """SIGTERM, then SIGKILL if it has not stopped within STOP_TIMEOUT_S; its exit code."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            print(f"the broker did not stop within {STOP_TIMEOUT_S:g} s: killed", file=sys.stderr)
-            proc.kill()
-            proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
-    return proc.returncode
 
 
 # =========================================================================== scenarios
@@ -340,7 +259,7 @@ def main() -> None:
         "--pin", action="store_true", help="pin the broker to CPU 1 and this process to CPU 0"
     )
     args = parser.parse_args()
-    pin = args.pin and _can_pin()
+    pin = args.pin and can_pin()
     rounds = 1 if args.quick else args.rounds
     sizes = Sizes(2_000, 10_000, 300) if args.quick else Sizes(10_000, 60_000, 2_000)
     print(

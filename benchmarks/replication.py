@@ -47,7 +47,6 @@ import json
 import mmap
 import os
 import platform
-import selectors
 import shutil
 import signal
 import socket
@@ -63,7 +62,7 @@ from typing import Any
 
 import attrs
 import trio
-from support import cpu_seconds, median, percentile, write_toml
+from support import cpu_seconds, median, percentile, wait_ready, write_toml
 
 from hamq.client import AdminClient, Message, Producer, SendError, SendStatus
 from hamq.client.errors import NoRouteError
@@ -84,7 +83,6 @@ CATCH_UP_POLL_S = 0.02
 CHUNK = 32 * KIB  # plain-Trio baseline: one send_all per transfer_batch_bytes
 SINK_RECEIVE = 256 * KIB  # what the slave's receive_some asks for
 THREAD_CHUNK = 1 * MIB
-READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 CATCH_UP_TIMEOUT_S = 600.0
 GOAL_SYNC_RATIO = 0.5
@@ -182,7 +180,7 @@ class Processes:
             )
         self.started.append((name, proc))
         try:
-            return proc, _wait_ready(name, proc)
+            return proc, wait_ready(name, proc)
         except BaseException:
             self.stop(proc)
             raise
@@ -234,22 +232,6 @@ class Processes:
 def _expected(line: str) -> bool:
     """A master's warning that a slave this benchmark stopped has gone."""
     return "WARNING hamq.ha.master: HA slave" in line and "dropped: closed the connection" in line
-
-
-def _wait_ready(name: str, proc: subprocess.Popen[str]) -> str:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        while (left := deadline - time.monotonic()) > 0:
-            if not selector.select(left):
-                continue
-            line = proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"{name} exited (code {proc.wait()}) before it was ready")
-            if line.startswith("hamq ") and " ready: " in line:
-                return line.strip()
-    raise RuntimeError(f"{name} was not ready within {READY_TIMEOUT_S:g} s")
 
 
 def start_nameserver(procs: Processes, name: str) -> str:

@@ -8,9 +8,18 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
+import signal
 import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
+
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+REPO = Path(__file__).resolve().parent.parent
 
 
 def cpu_seconds(pid: int) -> float:
@@ -50,3 +59,70 @@ def write_toml(path: Path, values: dict[str, Any]) -> Path:
             lines += ["", f"[{name}]", *(f"{k} = {toml_value(v)}" for k, v in table.items())]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+# =========================================================================== a broker
+
+
+def can_pin() -> bool:
+    return hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2
+
+
+def start_broker(
+    store_dir: Path, stderr_path: Path, *, pin: bool = False, config: Path | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """A broker process (embedded nameserver, free ports, ``config`` if given) and its
+    nameserver's address, once it serves; ``pin``: on CPU 1."""
+    command = [sys.executable, "-m", "cli.main", "--log-level", "warning", "broker"]
+    command += ["--port", "0", "--namesrv-port", "0", "--store-dir", str(store_dir)]
+    if config is not None:
+        command += ["-c", str(config)]
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen(
+            command,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            # every thread the broker starts inherits the pinning
+            preexec_fn=(lambda: os.sched_setaffinity(0, {1})) if pin else None,
+        )
+    try:
+        line = wait_ready("the broker", proc)
+        # "... at 127.0.0.1:PORT, nameserver 127.0.0.1:NSPORT (embedded), store ..."
+        return proc, line.split(", nameserver ", 1)[1].split()[0].rstrip(",")
+    except BaseException:
+        stop_broker(proc)
+        raise
+
+
+def wait_ready(name: str, proc: subprocess.Popen[str]) -> str:
+    """The ``hamq ... ready: ...`` line ``proc`` prints once it serves (bounded wait)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0:
+            if not selector.select(left):
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{name} exited (code {proc.wait()}) before it was ready")
+            if line.startswith("hamq ") and " ready: " in line:
+                return line.strip()
+    raise RuntimeError(f"{name} was not ready within {READY_TIMEOUT_S:g} s")
+
+
+def stop_broker(proc: subprocess.Popen[str]) -> int:
+    """SIGTERM, then SIGKILL if it has not stopped within STOP_TIMEOUT_S; its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            print(f"the broker did not stop within {STOP_TIMEOUT_S:g} s: killed", file=sys.stderr)
+            proc.kill()
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+    return proc.returncode

@@ -67,3 +67,15 @@ def replication(
 ) -> None:
     """SYNC_MASTER vs ASYNC_MASTER sends with a slave, slave catch-up against loopback TCP."""
     _run("replication", ["--quick"] if quick else ["--rounds", str(rounds)])
+
+
+@app.command("spark-read")
+def spark_read(
+    quick: Annotated[bool, typer.Option(help="100,000 messages, one round.")] = False,
+    messages: Annotated[int, typer.Option(min=1000, help="Messages in the topic.")] = 1_000_000,
+    rounds: Annotated[int, typer.Option(min=1, help="Measurements per figure (median).")] = 3,
+) -> None:
+    """A Spark batch read of a topic (the "hamq" data source) against reading parquet."""
+    if quick:
+        messages, rounds = 100_000, 1
+    _run("spark_read", ["--messages", str(messages), "--rounds", str(rounds)])

@@ -78,7 +78,10 @@ class PullCaller:
         commit_offset: int = 0,
         suspend_s: float = 0.0,
         sub_version: int = 0,
+        decode: bool = True,
     ) -> PullResult:
+        """``decode`` False: the records stay as they came (``PullResult.raw``), bodies
+        not inflated and tags not filtered again, for callers that decode themselves."""
         broker_id = self.suggested.get(queue, MASTER_ID)
         addr = await self.instance.find_broker_addr(queue, broker_id)
         header = PullMessageRequestHeader(
@@ -111,6 +114,15 @@ class PullCaller:
         answer = response.header(PullMessageResponseHeader)
         self.suggested[queue] = answer.suggest_which_broker_id
         messages = []
+        if status is PullStatus.FOUND and not decode:
+            return PullResult(
+                status,
+                answer.next_begin_offset,
+                answer.min_offset,
+                answer.max_offset,
+                suggest_which_broker_id=answer.suggest_which_broker_id,
+                raw=response.body,
+            )
         if status is PullStatus.FOUND:
             tags = parse_tags(expression)
             try:

@@ -200,6 +200,9 @@ class PullResult:
     messages: list[StoredMessage] = attrs.field(factory=list)
     #: the broker id the broker suggested for the next pull of this queue
     suggest_which_broker_id: int = 0
+    #: the records as the broker sent them, when the pull left decoding to its caller
+    #: (``PullCaller.pull(decode=False)``; ``messages`` is then empty)
+    raw: bytes = b""
 
 
 class ConsumeResult(enum.Enum):
