@@ -39,10 +39,9 @@ from pathlib import Path
 
 import attrs
 import trio
-from support import can_pin, cpu_seconds, percentile, start_broker, stop_broker
+from support import can_pin, cpu_seconds, create_topic, percentile, start_broker, stop_broker
 
 from hamq.client import (
-    AdminClient,
     ConsumeFrom,
     Message,
     MessageExt,
@@ -52,7 +51,6 @@ from hamq.client import (
     PushConsumer,
     SendStatus,
 )
-from hamq.client.errors import NoRouteError
 
 MIB = 1024 * 1024
 BODY_SIZE = 1024
@@ -191,23 +189,11 @@ async def pull_consume(namesrv: str, topic: str, count: int) -> Outcome:
     return end, []
 
 
-async def _create_topic(namesrv: str, topic: str) -> None:
-    async with AdminClient(namesrv) as admin:
-        await admin.create_topic(topic, QUEUES)
-        with trio.fail_after(10):
-            while True:  # until the nameserver knows the route
-                try:
-                    await admin.topic_route(topic)
-                    return
-                except NoRouteError:
-                    await trio.sleep(0.05)
-
-
 async def run_round(
     namesrv: str, broker_pid: int, round_no: int, sizes: Sizes
 ) -> dict[str, Figure]:
     topic = f"BenchProduceConsume{round_no}"
-    await _create_topic(namesrv, topic)
+    await create_topic(namesrv, topic, QUEUES)
     figures: dict[str, Figure] = {}
 
     async def timed(scenario: str, messages: int, work: Callable[[], Awaitable[Outcome]]) -> None:

@@ -62,10 +62,9 @@ from typing import Any
 
 import attrs
 import trio
-from support import cpu_seconds, median, percentile, wait_ready, write_toml
+from support import cpu_seconds, create_topic, median, percentile, wait_ready, write_toml
 
-from hamq.client import AdminClient, Message, Producer, SendError, SendStatus
-from hamq.client.errors import NoRouteError
+from hamq.client import Message, Producer, SendError, SendStatus
 from hamq.protocol import RemotingCommand, RequestCode
 from hamq.remoting import RemotingClient
 
@@ -296,18 +295,6 @@ async def wait_in_sync(master: str) -> None:
                 await trio.sleep(0.05)
 
 
-async def create_topic(namesrv: str, topic: str) -> None:
-    async with AdminClient(namesrv) as admin:
-        await admin.create_topic(topic, QUEUES)
-        with trio.fail_after(10):
-            while True:  # until the nameserver knows the route
-                try:
-                    await admin.topic_route(topic)
-                    return
-                except NoRouteError:
-                    await trio.sleep(0.05)
-
-
 # =========================================================================== send, 64 in flight
 
 
@@ -336,7 +323,7 @@ def start_group(procs: Processes, role: str) -> Group:
 
 async def send_round(group: Group, round_no: int, count: int) -> SendFigure:
     topic = f"BenchReplication{round_no}"
-    await create_topic(group.namesrv, topic)
+    await create_topic(group.namesrv, topic, QUEUES)
     body = os.urandom(BODY_SIZE)
     statuses: Counter[str] = Counter()
     latencies: list[float] = []
@@ -413,7 +400,7 @@ async def fill(namesrv: str, master: str, target: int) -> tuple[int, float]:
     """Batches of 16 KiB messages until the master's CommitLog holds ``target`` bytes and
     its dispatch is done; (CommitLog bytes, seconds of sending)."""
     topic = "BenchCatchUp"
-    await create_topic(namesrv, topic)
+    await create_topic(namesrv, topic, QUEUES)
     body = os.urandom(FILL_BODY_SIZE)
     batch = [Message(topic, body) for _ in range(FILL_BATCH)]
     # an estimate of each record's header; the master's own figure decides at the end

@@ -38,9 +38,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import trio
-from support import median, start_broker, stop_broker, write_toml
+from support import create_topic, median, start_broker, stop_broker, write_toml
 
-from hamq.client import AdminClient, Message, MessageQueue, Producer, SendStatus
+from hamq.client import Message, MessageQueue, Producer, SendStatus
 
 MIB = 1024 * 1024
 BATCH = 256
@@ -49,8 +49,7 @@ SENDERS = 4
 
 async def fill(namesrv: str, topic: str, queues: int, messages: int, size: int) -> float:
     """Send ``messages`` bodies of ``size`` bytes, spread evenly over the queues; s taken."""
-    async with AdminClient(namesrv) as admin:
-        await admin.create_topic(topic, queues)
+    await create_topic(namesrv, topic, queues)
     started = time.perf_counter()
     async with Producer("spark-bench", namesrv, send_timeout_s=30) as producer:
         targets = [MessageQueue(topic, "broker-a", q) for q in range(queues)]

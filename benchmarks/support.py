@@ -17,6 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import trio
+
+from hamq.client import AdminClient, NoRouteError
+
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 REPO = Path(__file__).resolve().parent.parent
@@ -126,3 +130,16 @@ def stop_broker(proc: subprocess.Popen[str]) -> int:
     if proc.stdout is not None:
         proc.stdout.close()
     return proc.returncode
+
+
+async def create_topic(namesrv: str, topic: str, queues: int) -> None:
+    """Create ``topic`` and wait (bounded) until the nameserver has its route."""
+    async with AdminClient(namesrv) as admin:
+        await admin.create_topic(topic, queues)
+        with trio.fail_after(10):
+            while True:
+                try:
+                    await admin.topic_route(topic)
+                    return
+                except NoRouteError:
+                    await trio.sleep(0.05)

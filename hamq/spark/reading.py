@@ -22,7 +22,6 @@ deleted meanwhile are data loss (``failOnDataLoss``).
 from __future__ import annotations
 
 import collections
-import logging
 import math
 from collections.abc import Awaitable, Callable
 
@@ -44,8 +43,6 @@ from hamq.spark.planning import (
     data_loss,
     message_queue,
 )
-
-log = logging.getLogger(__name__)
 
 #: rows per Arrow batch handed to Spark
 BATCH_ROWS = 8192

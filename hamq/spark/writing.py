@@ -22,7 +22,6 @@ is at least once.
 from __future__ import annotations
 
 import collections
-import logging
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -44,8 +43,6 @@ from pyspark.sql.types import (
 from hamq.client import InvalidArgumentError, Message, MessageQueue
 from hamq.client.blocking import Producer
 from hamq.spark.options import WriteOptions
-
-log = logging.getLogger(__name__)
 
 #: the most body bytes one batch request carries (the broker takes up to 4 MiB)
 BATCH_BYTES = 1024 * 1024
