@@ -69,6 +69,14 @@ def replication(
     _run("replication", ["--quick"] if quick else ["--rounds", str(rounds)])
 
 
+@app.command()
+def failover(
+    kills: Annotated[int, typer.Option(min=1, help="How many times the master is killed.")] = 10,
+) -> None:
+    """Automatic failover: kill -9 of the master to the first SEND_OK on the new master."""
+    _run("failover", ["--kills", str(kills)])
+
+
 @app.command("spark-read")
 def spark_read(
     quick: Annotated[bool, typer.Option(help="100,000 messages, one round.")] = False,

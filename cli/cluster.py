@@ -3,13 +3,17 @@
 A profile is a directory: one broker TOML per broker (``hamq broker -c``'s format; any
 ``*.toml`` but ``cluster.toml``) and optionally ``cluster.toml`` with
 ``nameserver_ports = [9876, 9877]`` (one ``hamq nameserver --port N`` each, on
-127.0.0.1). ``--profile NAME`` is a directory under the source checkout's conf/
-(conf/README.md lists them); anything else is taken as a path.
+127.0.0.1). With ``embed_controller = true`` each nameserver also runs a controller
+(``--controller``), Raft between them on ``raft_ports`` (default: each nameserver's port
++ 1), each keeping its Raft log in ``<controller_dir>/nameserver-<port>`` (default
+controller_dir ./data/controller). ``--profile NAME`` is a directory under the source
+checkout's conf/ (conf/README.md lists them); anything else is taken as a path.
 
-Order: nameservers, then masters (broker_id 0), then slaves start, each awaited until
-its one ``hamq ... ready:`` line (at most READY_TIMEOUT_S). They stop in reverse
-kind order: slaves, then masters, then nameservers; SIGTERM, then at most
-STOP_TIMEOUT_S per group, then SIGKILL.
+Order: nameservers, then masters (broker_id 0), then slaves, then brokers in controller
+mode (``enable_controller_mode``: the controllers pick their ids and their master) start,
+each awaited until its one ``hamq ... ready:`` line (at most READY_TIMEOUT_S). They
+stop in reverse kind order: controller-mode brokers, slaves, masters, nameservers;
+SIGTERM, then at most STOP_TIMEOUT_S per group, then SIGKILL.
 
 Invariants: every child is recorded the moment it is spawned and is waited for before
 ``up`` returns, on every path (a child that fails, a bad start, Ctrl-C, a second
@@ -49,6 +53,8 @@ console = Console()
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CLUSTER_FILE = "cluster.toml"
 NAMESERVER_HOST = "127.0.0.1"
+#: where embedded controllers keep their Raft logs unless cluster.toml says otherwise
+DEFAULT_CONTROLLER_DIR = Path("data/controller")
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -67,10 +73,19 @@ class Kind(enum.Enum):
     NAMESERVER = "nameserver"
     MASTER = "master"
     SLAVE = "slave"
+    #: a broker in controller mode: master or slave as the controllers decide
+    BROKER = "broker"
 
 
 #: the order children start in; they stop in the reverse one
-START_ORDER = (Kind.NAMESERVER, Kind.MASTER, Kind.SLAVE)
+START_ORDER = (Kind.NAMESERVER, Kind.MASTER, Kind.SLAVE, Kind.BROKER)
+#: how the stop report names each kind, in the plural
+_PLURAL = {
+    Kind.NAMESERVER: "nameservers",
+    Kind.MASTER: "masters",
+    Kind.SLAVE: "slaves",
+    Kind.BROKER: "controller-mode brokers",
+}
 
 
 @attrs.frozen
@@ -123,37 +138,124 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ProfileError(f"{path} is not valid TOML: {exc}") from None
 
 
-def _nameserver_ports(path: Path) -> list[int]:
-    data = _read_toml(path)
-    unknown = sorted(set(data) - {"nameserver_ports"})
-    if unknown:
-        raise ProfileError(f"{path}: unknown key(s) {', '.join(unknown)}; only nameserver_ports")
-    ports = data.get("nameserver_ports", [])
+@attrs.frozen
+class ClusterFile:
+    """cluster.toml: standalone nameservers, and the controllers they embed."""
+
+    nameserver_ports: tuple[int, ...] = ()
+    embed_controller: bool = False
+    #: each nameserver's controller's Raft port, in nameserver_ports' order
+    raft_ports: tuple[int, ...] = ()
+    controller_dir: Path = DEFAULT_CONTROLLER_DIR
+
+
+_CLUSTER_KEYS = ("nameserver_ports", "embed_controller", "raft_ports", "controller_dir")
+
+
+def _ports(path: Path, data: dict[str, Any], key: str) -> list[int]:
+    ports = data.get(key, [])
     if not isinstance(ports, list) or not all(
         isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536 for p in ports
     ):
-        raise ProfileError(f"{path}: nameserver_ports must be a list of ports (1-65535)")
+        raise ProfileError(f"{path}: {key} must be a list of ports (1-65535)")
     if len(set(ports)) != len(ports):
-        raise ProfileError(f"{path}: nameserver_ports lists a port twice")
+        raise ProfileError(f"{path}: {key} lists a port twice")
     return list(ports)
 
 
+def _cluster_file(path: Path) -> ClusterFile:
+    data = _read_toml(path)
+    unknown = sorted(set(data) - set(_CLUSTER_KEYS))
+    if unknown:
+        raise ProfileError(
+            f"{path}: unknown key(s) {', '.join(unknown)}; only {', '.join(_CLUSTER_KEYS)}"
+        )
+    ns_ports = _ports(path, data, "nameserver_ports")
+    embed = data.get("embed_controller", False)
+    if not isinstance(embed, bool):
+        raise ProfileError(f"{path}: embed_controller must be true or false")
+    if not embed:
+        extra = [key for key in ("raft_ports", "controller_dir") if key in data]
+        if extra:
+            raise ProfileError(f"{path}: {', '.join(extra)} need(s) embed_controller = true")
+        return ClusterFile(tuple(ns_ports))
+    if not ns_ports:
+        raise ProfileError(f"{path}: embed_controller needs nameserver_ports")
+    raft_ports = _ports(path, data, "raft_ports") if "raft_ports" in data else []
+    if "raft_ports" in data and len(raft_ports) != len(ns_ports):
+        raise ProfileError(
+            f"{path}: raft_ports must list one port per nameserver ({len(ns_ports)})"
+        )
+    if not raft_ports:
+        raft_ports = [port + 1 for port in ns_ports]
+        if any(not 0 < port < 65536 for port in raft_ports):
+            raise ProfileError(f"{path}: nameserver port 65535 needs raft_ports")
+    clash = sorted(set(raft_ports) & set(ns_ports))
+    if clash:
+        raise ProfileError(
+            f"{path}: raft port {clash[0]} is also a nameserver's port"
+            + ("" if "raft_ports" in data else " (each nameserver's port + 1); set raft_ports")
+        )
+    controller_dir = data.get("controller_dir", str(DEFAULT_CONTROLLER_DIR))
+    if not isinstance(controller_dir, str) or not controller_dir:
+        raise ProfileError(f"{path}: controller_dir must be a directory name")
+    return ClusterFile(tuple(ns_ports), True, tuple(raft_ports), Path(controller_dir))
+
+
+def _nameserver_args(cluster: ClusterFile, index: int) -> tuple[str, ...]:
+    port = cluster.nameserver_ports[index]
+    args: tuple[str, ...] = ("nameserver", "--port", str(port))
+    if not cluster.embed_controller:
+        return args
+    peers = ";".join(f"{NAMESERVER_HOST}:{p}" for p in cluster.raft_ports)
+    directory = (cluster.controller_dir / f"nameserver-{port}").resolve()
+    args += ("--controller", "--raft-address", f"{NAMESERVER_HOST}:{cluster.raft_ports[index]}")
+    if len(cluster.raft_ports) > 1:
+        args += ("--raft-peers", peers)
+    return (*args, "--controller-dir", str(directory))
+
+
+_LOCAL_HOSTS = (NAMESERVER_HOST, "localhost")
+
+
+def _check_controllers(
+    brokers: list[tuple[Path, BrokerConfig]], cluster: ClusterFile, cluster_file: Path
+) -> None:
+    """A controller-mode broker that names one of this profile's nameservers as a
+    controller needs the nameservers to embed one."""
+    if cluster.embed_controller:
+        return
+    local = {f"{host}:{port}" for port in cluster.nameserver_ports for host in _LOCAL_HOSTS}
+    for path, config in brokers:
+        if not config.enable_controller_mode:
+            continue
+        named = [addr for addr in config.controller_addrs if addr in local]
+        if named:
+            raise ProfileError(
+                f"{path}: controller_addrs names nameserver {named[0]}, but {cluster_file} "
+                "does not set embed_controller = true"
+            )
+
+
 def _check_distinct(
-    brokers: list[tuple[Path, BrokerConfig]], ns_ports: list[int], cluster_file: Path
+    brokers: list[tuple[Path, BrokerConfig]], cluster: ClusterFile, cluster_file: Path
 ) -> None:
     """No two children may share a port, a store or a (broker_name, broker_id)."""
-    owners: dict[tuple[str, object], Path] = {("port", port): cluster_file for port in ns_ports}
+    owners: dict[tuple[str, object], Path] = {
+        ("port", port): cluster_file for port in (*cluster.nameserver_ports, *cluster.raft_ports)
+    }
     for path, config in brokers:
         ports = {config.listen_port}
-        if config.is_master:
+        if config.is_master or config.enable_controller_mode:
             ports.add(config.ha_port)
         if not config.namesrv_addrs:
             ports.add(config.embedded_namesrv_port)
         keys: list[tuple[str, object]] = [
-            ("broker_name and broker_id", f"{config.broker_name} {config.broker_id}"),
             ("store_dir", config.store.store_dir.resolve()),
             *(("port", port) for port in sorted(ports) if port),
         ]
+        if not config.enable_controller_mode:  # (the controllers give those their ids)
+            keys.append(("broker_name and broker_id", f"{config.broker_name} {config.broker_id}"))
         for key in keys:
             if key in owners:
                 raise ProfileError(f"{path}: {key[0]} {key[1]} is also {owners[key]}'s")
@@ -164,7 +266,7 @@ def load_profile(profile: str) -> Profile:
     """Read and check every file of ``profile``; raises ProfileError naming the bad one."""
     directory = resolve_profile(profile)
     cluster_file = directory / CLUSTER_FILE
-    ns_ports = _nameserver_ports(cluster_file) if cluster_file.exists() else []
+    cluster = _cluster_file(cluster_file) if cluster_file.exists() else ClusterFile()
     brokers: list[tuple[Path, BrokerConfig]] = []
     for path in sorted(directory.glob("*.toml")):
         if path.name == CLUSTER_FILE:
@@ -175,25 +277,37 @@ def load_profile(profile: str) -> Profile:
             raise ProfileError(f"{path}: {exc}") from None
     if not brokers:
         raise ProfileError(f"profile {directory} has no broker (no *.toml but {CLUSTER_FILE})")
-    _check_distinct(brokers, ns_ports, cluster_file)
+    _check_distinct(brokers, cluster, cluster_file)
+    _check_controllers(brokers, cluster, cluster_file)
     name = directory.resolve().name
     children = [
-        ChildSpec(f"nameserver-{port}", Kind.NAMESERVER, ("nameserver", "--port", str(port)))
-        for port in ns_ports
+        ChildSpec(
+            f"nameserver-{port}",
+            Kind.NAMESERVER,
+            _nameserver_args(cluster, index),
+            role="+ controller" if cluster.embed_controller else "-",
+        )
+        for index, port in enumerate(cluster.nameserver_ports)
     ]
-    for kind in (Kind.MASTER, Kind.SLAVE):
-        children += [
-            ChildSpec(
-                path.stem,
-                kind,
-                ("broker", "-c", str(path.resolve())),
-                role=config.role.value,
-                broker_id=config.broker_id,
-            )
-            for path, config in brokers
-            if (kind is Kind.MASTER) == (config.broker_id == 0)
-        ]
+    specs = [
+        ChildSpec(
+            path.stem,
+            _broker_kind(config),
+            ("broker", "-c", str(path.resolve())),
+            role="by controller" if config.enable_controller_mode else config.role.value,
+            broker_id=None if config.enable_controller_mode else config.broker_id,
+        )
+        for path, config in brokers
+    ]
+    for kind in START_ORDER[1:]:
+        children += [spec for spec in specs if spec.kind is kind]
     return Profile(name, directory, tuple(children))
+
+
+def _broker_kind(config: BrokerConfig) -> Kind:
+    if config.enable_controller_mode:
+        return Kind.BROKER
+    return Kind.MASTER if config.broker_id == 0 else Kind.SLAVE
 
 
 # ---------------------------------------------------------------- running it
@@ -434,9 +548,12 @@ class Cluster:
 
     # ------------------------------------------------------------ down
     async def _down(self, signals: AsyncIterator[int]) -> None:
-        """Stop every child: slaves, masters, nameservers; report how each ended."""
-        if self.children:
-            _say("stopping: slaves, then masters, then nameservers")
+        """Stop every child: controller-mode brokers, slaves, masters, nameservers;
+        report how each ended."""
+        present = {child.spec.kind for child in self.children}
+        kinds = [_PLURAL[kind] for kind in reversed(START_ORDER) if kind in present]
+        if kinds:
+            _say(f"stopping: {', then '.join(kinds)}")
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._hurry_on_signal, signals)
@@ -522,15 +639,16 @@ def up(
         typer.Option(
             "--profile",
             "-p",
-            help="A profile under conf/ (1m-1s-sync, 2m-2s-sync, 2m-2s-async) or a directory.",
+            help="A profile under conf/ (1m-1s-sync, 2m-2s-sync, 2m-2s-async, autoswitch) "
+            "or a directory.",
         ),
     ],
     log_dir: Annotated[
         Path, typer.Option("--log-dir", help="Where the children's logs go.")
     ] = Path("data/logs"),
 ) -> None:
-    """Start a profile's nameservers, masters and slaves; Ctrl-C stops them all (slaves
-    first)."""
+    """Start a profile's nameservers (with their controllers), masters, slaves and
+    controller-mode brokers; Ctrl-C stops them all (brokers first)."""
     try:
         loaded = load_profile(profile)
     except ProfileError as exc:

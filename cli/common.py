@@ -25,6 +25,22 @@ NamesrvOption = Annotated[
 ]
 DEFAULT_NAMESRV = "127.0.0.1:9876"
 
+#: ``--controller``: controllers (automatic failover), asked in turn; no default
+ControllerOption = Annotated[
+    str,
+    typer.Option(
+        "--controller",
+        envvar="HAMQ_CONTROLLER",
+        help="Controller address(es), host:port: a controller's, or a nameserver's that "
+        "embeds one (--controller); several separated by ';', asked in turn.",
+    ),
+]
+
+
+class CommandError(Exception):
+    """A failure a command reports as one line (exit code 1): a server's refusal, no
+    server answering. The text says what failed and where."""
+
 
 def fail(message: str, code: int = 1) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
@@ -33,7 +49,7 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 
 #: errors a command reports as one line (no traceback): bad input, a port in use,
 #: a store another broker holds, a refusal from a server
-EXPECTED = (ConfigError, ClientError, OSError, StoreError)
+EXPECTED = (ConfigError, ClientError, OSError, StoreError, CommandError)
 
 
 def _expected(exc: BaseException) -> Exception | None:

@@ -21,6 +21,7 @@ app = typer.Typer(
 )
 app.command()(servers.broker)
 app.command()(servers.nameserver)
+app.command()(servers.controller)
 app.command()(clients.produce)
 app.command()(clients.consume)
 app.add_typer(topic.app, name="topic")

@@ -1,4 +1,5 @@
-"""``hamq broker`` and ``hamq nameserver``: the servers, in the foreground.
+"""``hamq broker``, ``hamq nameserver`` and ``hamq controller``: the servers, in the
+foreground.
 
 Both print one line when they serve (``hamq broker ready: ...``), log to stderr, and
 stop cleanly on Ctrl-C or SIGTERM (the broker writes its state and closes its store).
@@ -14,7 +15,59 @@ import typer
 
 from cli.common import fail, run
 from hamq.broker import BrokerNode, ConfigError, load_config
+from hamq.controller import DEFAULT_CONTROLLER_PORT, ControllerConfig, ControllerServer
+from hamq.controller.service import Controller
 from nameserver import DEFAULT_PORT, NameServer, NameServerConfig
+
+RaftAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--raft-address", help="This controller's Raft address (host:port; default port + 1)."
+    ),
+]
+RaftPeers = Annotated[
+    str | None,
+    typer.Option(
+        "--raft-peers",
+        help="Every controller's Raft address, ';'-separated (this one's included); "
+        "none: a single controller.",
+    ),
+]
+ControllerDir = Annotated[
+    Path | None,
+    typer.Option("--controller-dir", help="Where the controller keeps its Raft log."),
+]
+Unclean = Annotated[
+    bool,
+    typer.Option(
+        "--elect-unclean-master/--no-elect-unclean-master",
+        help="Elect a broker outside the SyncStateSet when no member of it is alive.",
+    ),
+]
+
+
+def _controller_config(
+    host: str,
+    port: int,
+    raft_address: str | None,
+    raft_peers: str | None,
+    data_dir: Path | None,
+    unclean: bool,
+) -> ControllerConfig:
+    if raft_address is None:
+        if port == 0:
+            raise fail("--raft-address is needed with --port 0", 2)
+        raft_address = f"{host}:{port + 1}"
+    peers = tuple(p.strip() for p in (raft_peers or "").split(";") if p.strip())
+    try:
+        return ControllerConfig(
+            raft_address=raft_address,
+            raft_peers=peers,
+            data_dir=data_dir or Path("./data/controller") / raft_address.replace(":", "_"),
+            enable_elect_unclean_master=unclean,
+        )
+    except ValueError as exc:
+        raise fail(str(exc), 2) from None
 
 
 def broker(
@@ -85,13 +138,60 @@ def nameserver(
     port: Annotated[
         int, typer.Option("--port", "-p", min=0, max=65535, help="Port (0: any free one).")
     ] = DEFAULT_PORT,
+    controller: Annotated[
+        bool,
+        typer.Option(
+            "--controller/--no-controller",
+            help="Embed a controller (enableControllerInNamesrv): brokers in controller "
+            "mode name this nameserver's address as a controller.",
+        ),
+    ] = False,
+    raft_address: RaftAddress = None,
+    raft_peers: RaftPeers = None,
+    controller_dir: ControllerDir = None,
+    unclean: Unclean = False,
 ) -> None:
-    """Run a nameserver. Several may run side by side; they never talk to each other."""
-    server = NameServer(NameServerConfig(host=host, port=port))
+    """Run a nameserver. Several may run side by side; they never talk to each other
+    (embedded controllers do, over Raft)."""
+    embedded = None
+    if controller:
+        embedded = Controller(
+            _controller_config(host, port, raft_address, raft_peers, controller_dir, unclean)
+        )
+    server = NameServer(NameServerConfig(host=host, port=port), controller=embedded)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             bound = await nursery.start(server.run)
-            typer.echo(f"hamq nameserver ready: {host}:{bound}")
+            extra = f", controller raft {embedded.config.raft_address}" if embedded else ""
+            typer.echo(f"hamq nameserver ready: {host}:{bound}{extra}")
+
+    run(main)
+
+
+def controller(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", "-p", min=0, max=65535, help="Port (0: any free one).")
+    ] = DEFAULT_CONTROLLER_PORT,
+    raft_address: RaftAddress = None,
+    raft_peers: RaftPeers = None,
+    data_dir: ControllerDir = None,
+    unclean: Unclean = False,
+) -> None:
+    """Run a controller (automatic failover): 1 or 3 of them, Raft between them."""
+    server = ControllerServer(
+        _controller_config(host, port, raft_address, raft_peers, data_dir, unclean),
+        host=host,
+        port=port,
+    )
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            bound = await nursery.start(server.run)
+            typer.echo(
+                f"hamq controller ready: {host}:{bound}, raft "
+                f"{server.controller.config.raft_address}"
+            )
 
     run(main)

@@ -40,10 +40,11 @@ class NameServerProcessors:
         self._clock = clock
         self._broker_timeout_ms = broker_timeout_ms
 
-    def install(self, dispatcher: Dispatcher) -> None:
+    def install(self, dispatcher: Dispatcher, *, heartbeat: bool = True) -> None:
         dispatcher.register(RequestCode.REGISTER_BROKER, self.register_broker)
         dispatcher.register(RequestCode.UNREGISTER_BROKER, self.unregister_broker)
-        dispatcher.register(RequestCode.BROKER_HEARTBEAT, self.broker_heartbeat)
+        if heartbeat:  # (with an embedded controller, the nameserver routes 904 itself)
+            dispatcher.register(RequestCode.BROKER_HEARTBEAT, self.broker_heartbeat)
         dispatcher.register(RequestCode.GET_ROUTEINFO_BY_TOPIC, self.route)
         dispatcher.register(RequestCode.GET_BROKER_CLUSTER_INFO, self.cluster_info)
         dispatcher.register(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, self.topic_list)

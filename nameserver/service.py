@@ -5,6 +5,10 @@ never talk to each other; each learns the cluster from the brokers that register
 with it. Housekeeping drops a broker ``broker_timeout_ms`` (120 s) after it was last
 heard, scanning every ``scan_interval_s`` (10 s), and at once when the connection it
 registered over closes.
+
+With a ``controller`` (``enableControllerInNamesrv``), the nameserver's server also
+answers the controller's requests; BROKER_HEARTBEAT feeds both (a controller heartbeat
+names its brokerId).
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import attrs
 import trio
 from attrs import validators as v
 
+from hamq.controller import Controller
+from hamq.protocol import RemotingCommand, RequestCode
+from hamq.protocol.headers import BrokerHeartbeatRequestHeader
 from hamq.remoting import Connection, Dispatcher, RemotingConfig, RemotingServer
 from nameserver.processors import NameServerProcessors
 from nameserver.route_table import DEFAULT_BROKER_TIMEOUT_MS, RouteTable
@@ -50,13 +57,22 @@ class NameServerStatistics:
 
 class NameServer:
     def __init__(
-        self, config: NameServerConfig | None = None, *, clock: Callable[[], int] = wall_clock_ms
+        self,
+        config: NameServerConfig | None = None,
+        *,
+        clock: Callable[[], int] = wall_clock_ms,
+        controller: Controller | None = None,
     ) -> None:
         self.config = config or NameServerConfig()
         self.table = RouteTable()
         self._clock = clock
+        self.controller = controller
         dispatcher = Dispatcher()
-        NameServerProcessors(self.table, clock, self.config.broker_timeout_ms).install(dispatcher)
+        self._processors = NameServerProcessors(self.table, clock, self.config.broker_timeout_ms)
+        self._processors.install(dispatcher, heartbeat=controller is None)
+        if controller is not None:
+            controller.install(dispatcher, heartbeat=False)
+            dispatcher.register(RequestCode.BROKER_HEARTBEAT, self._heartbeat)
         self.server = RemotingServer(
             dispatcher, host=self.config.host, port=self.config.port, config=self.config.remoting
         )
@@ -69,6 +85,8 @@ class NameServer:
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            if self.controller is not None:
+                await nursery.start(self.controller.run)
             port = await nursery.start(self.server.run)
             nursery.start_soon(self._housekeeping)
             log.info("nameserver serving on %s", self.server.address)
@@ -84,6 +102,13 @@ class NameServer:
 
     def _connection_closed(self, conn: Connection) -> None:
         self.table.connection_closed(conn)
+        if self.controller is not None:
+            self.controller.connection_closed(conn)
+
+    def _heartbeat(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        if request.header(BrokerHeartbeatRequestHeader).broker_id is None:
+            return self._processors.broker_heartbeat(request, conn)
+        return self.controller.heartbeat(request, conn) if self.controller else None
 
     def statistics(self) -> NameServerStatistics:
         return NameServerStatistics(

@@ -5,9 +5,11 @@ Every wait is bounded, and ``running`` always kills its process, whatever happen
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -135,3 +137,14 @@ def write_toml(path: Path, values: dict[str, object]) -> Path:
     ]
     path.write_text("\n".join(top) + "\n" + "\n".join(tables) + "\n")
     return path
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free right now (the sockets are closed on return)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+        return ports

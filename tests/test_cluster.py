@@ -26,21 +26,10 @@ from typer.testing import CliRunner
 from cli.main import app
 from hamq.client import Message, Producer, PullConsumer, SendStatus
 from tests.broker_support import SMALL_STORE
-from tests.processes import HAMQ, hamq_command, write_toml
+from tests.processes import HAMQ, free_ports, hamq_command, write_toml
 
 READY_S = 30
 STOP_S = 30
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free right now (the sockets are closed on return)."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket())
-            sock.bind(("127.0.0.1", 0))
-            ports.append(sock.getsockname()[1])
-        return ports
 
 
 @attrs.frozen

@@ -15,6 +15,11 @@ A file looks like conf/broker.toml::
     [ha]
     protocol = "classic"                    # or "autoswitch" (RocketMQ 5's)
 
+Automatic failover (RocketMQ 5's controller mode): ``enable_controller_mode = true``
+and ``controller_addrs``; the controllers then decide who is master (broker_id and
+store.role's master/slave part are not used; a SYNC_MASTER role still makes sends
+wait for a slave), and replication speaks the auto-switch protocol.
+
 Every key is checked: an unknown key, a value of the wrong type or out of range is
 reported with its name (all of them at once), and nothing starts. Names follow
 RocketMQ's BrokerConfig in snake_case.
@@ -118,9 +123,35 @@ class BrokerConfig:
     slave_read_lag_bytes: int = attrs.field(
         factory=lambda: _default_slave_read_lag(), validator=v.ge(0)
     )
+    #: RocketMQ 5's controller mode: the controllers say who is master (enableControllerMode)
+    enable_controller_mode: bool = False
+    #: the controllers (controllerAddr): standalone ones, or nameservers embedding one
+    controller_addrs: tuple[str, ...] = attrs.field(
+        default=(), converter=tuple, validator=_addresses
+    )
+    #: how often the broker heartbeats every controller (brokerHeartbeatInterval)
+    controller_heartbeat_interval_s: float = attrs.field(default=1.0, validator=v.gt(0.0))
+    #: a broker not heard from for this long loses its lease (RocketMQ: 10 s)
+    controller_lease_s: float = attrs.field(default=3.0, validator=v.gt(0.0))
+    #: how long a request to a controller may take
+    controller_timeout_s: float = attrs.field(default=3.0, validator=v.gt(0.0))
+    #: a send is SEND_OK only once every member of the SyncStateSet has it
+    all_ack_in_sync_state_set: bool = False
+    #: sends are refused while the SyncStateSet (master included) has fewer members
+    min_in_sync_replicas: int = attrs.field(default=1, validator=v.ge(1))
+    #: a slave behind the master for this long leaves the SyncStateSet
+    ha_max_time_slave_not_catchup_s: float = attrs.field(default=15.0, validator=v.gt(0.0))
+    #: lower is preferred when the controller elects among equals (electionPriority)
+    election_priority: int = attrs.field(default=0, validator=v.ge(0))
 
     def __attrs_post_init__(self) -> None:
-        if self.store.role.is_master != (self.broker_id == 0):
+        if self.enable_controller_mode:
+            if not self.controller_addrs:
+                raise ValueError(
+                    "enable_controller_mode needs controller_addrs (the controllers, or "
+                    "the nameservers that embed them)"
+                )
+        elif self.store.role.is_master != (self.broker_id == 0):
             raise ValueError(
                 f"broker_id {self.broker_id} does not fit role {self.store.role.value}: "
                 "a master is broker_id 0, a slave 1 or more"
@@ -156,7 +187,8 @@ class BrokerConfig:
 
     @property
     def is_master(self) -> bool:
-        return self.broker_id == 0 and self.store.role.is_master
+        """Configured as master (in controller mode the controllers decide instead)."""
+        return not self.enable_controller_mode and self.broker_id == 0 and self.store.role.is_master
 
 
 def _converter() -> cattrs.Converter:

@@ -8,6 +8,11 @@ persisting state), registration with every nameserver, and on a slave the HA cli
 and the metadata sync, which follow the master the registration names.
 ``await nursery.start(node.run)`` returns once all of them serve.
 
+In controller mode (``enable_controller_mode``) the roles are the controllers' to
+decide: the node starts as a slave without a master, with both HA sides ready (the HA
+service listens but serves no one), and the replicas manager (replicas.py) switches it
+to master or slave as the controllers say.
+
 Shutdown (``run`` cancelled): everything but the store stops first; then the state is
 written, the broker unregisters from its nameservers, and only then the store stops
 (flush, checkpoint). The store runs in a shielded scope of its own for that reason:
@@ -34,11 +39,13 @@ from hamq.broker.processors.clients import ClientProcessor
 from hamq.broker.processors.pull import PullProcessor
 from hamq.broker.processors.send import SendProcessor
 from hamq.broker.registration import Notifier, Registrar
+from hamq.broker.replicas import ReplicasManager
 from hamq.broker.slave_sync import SlaveSync
 from hamq.broker.subscriptions import SubscriptionGroupManager
 from hamq.broker.topics import TopicConfigManager
 from hamq.ha import EpochFile, HAClient, HAService
 from hamq.ha.epoch import FILE_NAME as EPOCH_FILE_NAME
+from hamq.protocol.ha_wire import HAProtocol
 from hamq.protocol.message import MessageIdGenerator
 from hamq.remoting import (
     Connection,
@@ -48,7 +55,7 @@ from hamq.remoting import (
     format_address,
     parse_address,
 )
-from hamq.store import MessageStore
+from hamq.store import BrokerRole, MessageStore
 from hamq.store.message_store import wall_clock_ms
 from nameserver import NameServer, NameServerConfig
 
@@ -78,8 +85,14 @@ class BrokerNode:
         self.config = config
         self._clock = clock
         store_dir = Path(config.store.store_dir)
+        controlled = config.enable_controller_mode
+        ha_config = config.ha
+        store_config = config.store
+        if controlled:  # a slave (taking no sends) until the controllers say otherwise
+            ha_config = attrs.evolve(config.ha, protocol=HAProtocol.AUTOSWITCH)
+            store_config = attrs.evolve(config.store, role=BrokerRole.SLAVE)
         self.store = MessageStore(
-            config.store,
+            store_config,
             clock=self._clock,
             retention_floor=self._retention_floor,
             confirm_offset=self._confirm_offset,
@@ -89,20 +102,22 @@ class BrokerNode:
         self.ha_service: HAService | None = None
         self.ha_client: HAClient | None = None
         self.slave_sync: SlaveSync | None = None
-        if config.is_master:
+        self.replicas: ReplicasManager | None = None
+        if config.is_master or controlled:
             self.ha_service = HAService(
                 self.store,
-                config.ha,
+                ha_config,
                 self.epochs,
                 host=config.listen_host,
                 port=config.ha_port,
                 format_address=format_address,
             )
+            self.ha_service.active = not controlled
             self.store.append_listeners.append(self.ha_service.notify_appended)
-        else:
+        if not config.is_master:
             self.ha_client = HAClient(
                 self.store,
-                config.ha,
+                ha_config,
                 self.epochs,
                 broker_id=config.broker_id,
                 master_address=self._master_ha_address,
@@ -133,6 +148,10 @@ class BrokerNode:
             ha=self.ha_service,
         )
         self.ctx.ha_status = self.ha_status
+        if controlled:
+            self.ctx.role, self.ctx.broker_id = BrokerRole.SLAVE, -1
+        else:
+            self.ctx.role, self.ctx.broker_id = config.role, config.broker_id
         self.dispatcher = Dispatcher()
         self.pull = PullProcessor(self.ctx)
         for processor in (
@@ -163,19 +182,26 @@ class BrokerNode:
 
     # ------------------------------------------------------------------ replication
     def _master_ha_address(self) -> str | None:
-        """Where a slave replicates from: configured, else what the nameservers say."""
+        """Where a slave replicates from: the controllers' master, or configured, else
+        what the nameservers say."""
+        if self.replicas is not None:
+            return self.replicas.master_ha_address
         if self.config.ha_master_address:
             return self.config.ha_master_address
         return self.registrar.master_ha_addr if self.registrar else None
 
     def _master_address(self) -> str | None:
+        if self.replicas is not None:
+            return self.replicas.master_address
         return self.registrar.master_addr if self.registrar else None
 
     def _retention_floor(self) -> int:
-        return self.ha_service.floor() if self.ha_service else self.store.commitlog_max_offset
+        if self.ha_service is not None and self.ctx.is_master:
+            return self.ha_service.floor()
+        return self.store.commitlog_max_offset
 
     def _confirm_offset(self) -> int:
-        if self.ha_service is not None:
+        if self.ha_service is not None and self.ctx.is_master:
             return self.ha_service.confirm_offset
         return self.ha_client.confirm_offset if self.ha_client else 0
 
@@ -185,7 +211,7 @@ class BrokerNode:
         themselves; two masters of one group started apart could pick the same epoch —
         the controller, with automatic failover, is the single authority that avoids it.)"""
         await trio.to_thread.run_sync(self.epochs.load)
-        if self.ha_service is not None:
+        if self.ha_service is not None and not self.config.enable_controller_mode:
             await self.epochs.append(self.epochs.last_epoch + 1, self.store.commitlog_max_offset)
 
     async def _start_replication(self, nursery: trio.Nursery) -> None:
@@ -239,11 +265,27 @@ class BrokerNode:
             await nursery.start(self.notifier.run)
             nursery.start_soon(self._housekeeping)
             nursery.start_soon(self._persist_loop)
-            async with RemotingClient(config=self.config.remoting) as client:
+            client_dispatcher = Dispatcher()
+            async with RemotingClient(
+                config=self.config.remoting, dispatcher=client_dispatcher
+            ) as client:
                 self.registrar = Registrar(ctx, client, namesrv_addrs)
+                if self.config.enable_controller_mode:
+                    assert self.ha_client is not None
+                    self.replicas = ReplicasManager(
+                        ctx,
+                        client,
+                        self.epochs,
+                        self.ha_client,
+                        confirm_offset=self._confirm_offset,
+                        role_changed=self.registrar.topics_changed,
+                    )
+                    self.replicas.install(client_dispatcher)
                 try:
                     # the registrar's tasks end inside the client's block, never after
                     async with trio.open_nursery() as registering:
+                        if self.replicas is not None:
+                            await registering.start(self.replicas.run)
                         await registering.start(self.registrar.run)
                         if self.ha_client is not None:
                             self.slave_sync = SlaveSync(
@@ -254,7 +296,7 @@ class BrokerNode:
                         log.info(
                             "broker %s (%s, cluster %s) serving on %s, nameservers %s",
                             self.config.broker_name,
-                            self.config.role.value,
+                            "controller mode" if self.replicas else self.config.role.value,
                             self.config.cluster_name,
                             ctx.address,
                             ", ".join(namesrv_addrs),
@@ -299,14 +341,16 @@ class BrokerNode:
         """The replication side of this broker (GET_BROKER_HA_STATUS, ``hamq admin ha-status``)."""
         status: dict[str, Any] = {
             "broker": self.config.broker_name,
-            "brokerId": self.config.broker_id,
+            "brokerId": self.ctx.broker_id,
             "address": self.ctx.address,
-            "role": self.config.role.value,
+            "role": self.ctx.role.value,
             "epochs": [[e.epoch, e.start_offset] for e in self.epochs.entries],
         }
-        if self.ha_service is not None:
+        if self.replicas is not None:
+            status["controller"] = self.replicas.status()
+        if self.ha_service is not None and self.ctx.is_master:
             status["master"] = attrs.asdict(self.ha_service.statistics())
-        if self.ha_client is not None:
+        if self.ha_client is not None and not self.ctx.is_master:
             status["slave"] = attrs.asdict(self.ha_client.statistics())
         if self.slave_sync is not None:
             status["metadataSync"] = attrs.asdict(self.slave_sync.statistics())
@@ -316,7 +360,7 @@ class BrokerNode:
         holds = self.ctx.pull_holds
         return BrokerStatistics(
             address=self.ctx.address,
-            role=self.config.role.value,
+            role=self.ctx.role.value,
             namesrv_addrs=tuple(self.registrar.namesrv_addrs) if self.registrar else (),
             topics=len(self.ctx.topics.table),
             consumer_groups=len(self.ctx.consumers.groups),

@@ -47,7 +47,7 @@ class Registrar:
         self.master_ha_addr: str | None = None
 
     def topics_changed(self) -> None:
-        """Topic-manager listener: register again now."""
+        """Topic-manager listener (and role changes): register again now."""
         self._changed.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -68,7 +68,7 @@ class Registrar:
             broker_addr=self.ctx.address,
             cluster_name=config.cluster_name,
             ha_server_addr=self.ctx.ha_address,
-            broker_id=config.broker_id,
+            broker_id=self.ctx.broker_id,
             heartbeat_timeout_millis=None,
             compressed=False,
             body_crc32=zlib.crc32(body) & 0x7FFFFFFF,
@@ -76,8 +76,11 @@ class Registrar:
         return RemotingCommand.request(RequestCode.REGISTER_BROKER, header, body=body)
 
     async def register_all(self) -> int:
-        """Register with every nameserver at once; returns how many accepted."""
+        """Register with every nameserver at once; returns how many accepted. (Not
+        before the broker knows its role: controller mode, before the controllers said.)"""
         accepted = 0
+        if self.ctx.broker_id < 0:
+            return 0
 
         async def one(addr: str) -> None:
             nonlocal accepted
@@ -109,7 +112,7 @@ class Registrar:
             broker_name=config.broker_name,
             broker_addr=self.ctx.address,
             cluster_name=config.cluster_name,
-            broker_id=config.broker_id,
+            broker_id=self.ctx.broker_id,
         )
 
         async def one(addr: str) -> None:

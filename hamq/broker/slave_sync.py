@@ -25,6 +25,7 @@ from hamq.protocol.bodies import (
     decode_body,
 )
 from hamq.remoting import RemotingClient, RemotingError
+from hamq.store import StoreError
 from hamq.store.schedule import decode_delay_offsets
 
 log = logging.getLogger(__name__)
@@ -84,8 +85,13 @@ class SlaveSync:
         )
         for code, apply in steps:
             try:
-                await apply(await self._fetch(addr, code))
-            except (RemotingError, RequestError, ValueError, OSError) as exc:
+                body = await self._fetch(addr, code)
+                if self._master_address() != addr:
+                    # the role changed meanwhile (controller mode): not this master's to copy
+                    errors.append(f"{code.name}: {addr} is no longer this broker's master")
+                    break
+                await apply(body)
+            except (RemotingError, RequestError, ValueError, OSError, StoreError) as exc:
                 errors.append(f"{code.name}: {exc}")
         self.last_round_ok = not errors
         self.last_error = "; ".join(errors) or None

@@ -10,7 +10,10 @@
   NO_PERMISSION) is retried ``retry_times_when_send_failed`` (2) more times on another
   broker when there is one, all within ``send_timeout_s``; the message keeps its
   UNIQ_KEY across attempts. ``retry_another_broker_when_not_store_ok`` retries the
-  short-of-durable statuses as well.
+  short-of-durable statuses as well. When every try failed in a way a master failover
+  explains (connections refused or lost, a known topic whose route has no master, a
+  slave's refusal), the send keeps trying with pauses (50 ms doubling to 0.5 s) until
+  ``send_timeout_s``: producers ride out an automatic failover without the user's help.
 - ``send(msg, selector, arg)``: ordered messages. ``selector(queues, msg, arg)`` picks
   the queue (``hash_selector``: the same ``arg`` always gets the same queue); retries
   stay on that queue, so messages with one sharding key keep their order.
@@ -96,6 +99,11 @@ _STATUSES: dict[int, SendStatus] = {
     ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
     ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
 }
+
+
+#: pauses between tries once the retries are used up, while a failover may be under way
+FAILOVER_PAUSE_S = 0.05
+FAILOVER_PAUSE_MAX_S = 0.5
 
 
 def hash_selector(queues: list[MessageQueue], message: Message, arg: Any) -> MessageQueue:
@@ -341,7 +349,18 @@ class Producer(InstanceOwner):
         tries = 1 if oneway else 1 + self.retry_times_when_send_failed
         last_broker: str | None = None
         last_error: Exception | None = None
-        for attempt in range(tries):
+        attempt = -1
+        pause = FAILOVER_PAUSE_S
+        while True:
+            attempt += 1
+            if attempt >= tries:
+                # every try failed in a way a master failover explains (refused or lost
+                # connections, a route without a master, a slave's refusal): keep trying,
+                # with pauses, until the send timeout
+                if oneway or last_error is None or deadline - trio.current_time() <= pause:
+                    break
+                await trio.sleep(pause)
+                pause = min(pause * 2, FAILOVER_PAUSE_MAX_S)
             remaining = deadline - trio.current_time()
             if remaining <= 0:
                 break
@@ -356,6 +375,8 @@ class Producer(InstanceOwner):
             except (NoRouteError, NameServerUnavailableError, trio.TooSlowError) as exc:
                 attempts.append(f"route: {exc or 'timed out'}")
                 last_error = exc
+                if isinstance(exc, NoRouteError) and instance.routes.get(request.topic):
+                    continue  # a known topic without a master now: a failover under way
                 if attempt + 1 < tries and isinstance(exc, NameServerUnavailableError):
                     continue
                 raise SendError(f"cannot send to topic {request.topic}", attempts) from exc

@@ -17,6 +17,12 @@ Per connected slave, two tasks under the connection's nursery:
 
 ``in_sync`` and ``wait_for_ack`` are what sends on a SYNC_MASTER use; ``floor`` is
 what retention may not delete past (the furthest-behind slave's ack).
+
+In controller mode the service listens all the time but serves slaves only while
+``active`` (its broker is master); ``deactivate`` drops them when it stops being one.
+With a SyncStateSet (``set_sync_state_set``, allAckInSyncStateSet), a send's offset
+counts as acked once *every* other member of the set has acked it, and the
+confirm offset is the least of their acks.
 """
 
 from __future__ import annotations
@@ -101,12 +107,16 @@ class SlaveConnection:
         self._send_lock = trio.Lock()
         self.bytes_sent = 0
         self.caught_up_at = trio.current_time()
+        #: what the slave acked of what this connection sent (-1: nothing yet)
+        self.acked_upto = -1
+        self.scope = trio.CancelScope()
 
     async def serve(self) -> None:
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._reader)
-                nursery.start_soon(self._writer)
+            with self.scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._reader)
+                    nursery.start_soon(self._writer)
         except* (
             SlaveGone,
             HAProtocolError,
@@ -170,12 +180,15 @@ class SlaveConnection:
             self._started.set()
             log.info("HA slave %s: sending from commitlog offset %d", self.peer, offset)
         self.ack_offset = report.max_offset
-        if self.ack_offset >= store.commitlog_max_offset:
+        # caught up: it has everything sent to it (under load the end keeps moving)
+        if self.ack_offset >= min(store.commitlog_max_offset, self.next_offset):
             self.caught_up_at = trio.current_time()
-        if self.bytes_sent:
-            # only what this connection sent counts: a slave's first report says where
-            # its log ends, not that it holds what this master wrote there
-            self.service.acks.acked(min(report.max_offset, self.next_offset))
+        if self.bytes_sent or self.protocol is HAProtocol.AUTOSWITCH:
+            # classic: only what this connection sent counts (a slave's first report says
+            # where its log ends, not that it holds what this master wrote there); the
+            # auto-switch handshake truncated the slave to where it agrees with this log
+            self.acked_upto = min(report.max_offset, self.next_offset)
+            self.service.slave_acked(self.acked_upto)
 
     def _check_start(self, offset: int) -> None:
         """Refuse a slave whose log cannot continue this master's."""
@@ -317,6 +330,10 @@ class HAService:
         self.connections: set[SlaveConnection] = set()
         self.acks = AckWaiters()
         self._appended = trio.lowlevel.ParkingLot()
+        #: serving slaves (False on a controller-mode broker while it is not master)
+        self.active = True
+        #: controller mode with allAckInSyncStateSet: the other members that must ack
+        self.must_ack: frozenset[int] | None = None
 
     @property
     def address(self) -> str:
@@ -342,6 +359,10 @@ class HAService:
             peer = self._format_address(host, port)
         except OSError:
             peer = "?"
+        if not self.active:
+            log.info("HA connection from %s refused: this broker is not master", peer)
+            await trio.aclose_forcefully(stream)
+            return
         log.info("HA slave connected from %s", peer)
         connection = SlaveConnection(self, stream, peer)
         self.connections.add(connection)
@@ -350,7 +371,38 @@ class HAService:
         finally:
             self.connections.discard(connection)
 
+    def deactivate(self) -> None:
+        """Stop serving slaves (this broker is no longer master)."""
+        self.active = False
+        for connection in self.connections:
+            connection.scope.cancel()
+
     # ------------------------------------------------------------------ appends and acks
+    def set_sync_state_set(self, members: frozenset[int] | None, self_id: int = 0) -> None:
+        """Sends wait for every member of ``members`` but ``self_id`` (None: for one slave,
+        as a SYNC_MASTER does)."""
+        self.must_ack = None if members is None else members - {self_id}
+        self.acks.acked(self.replicated_offset())
+
+    def needs_acks(self) -> bool:
+        """Does a send wait for anyone (with a SyncStateSet of the master alone: no)."""
+        return self.must_ack is None or bool(self.must_ack)
+
+    def slave_acked(self, offset: int) -> None:
+        self.acks.acked(offset if self.must_ack is None else self.replicated_offset())
+
+    def replicated_offset(self) -> int:
+        """With a SyncStateSet: what every member that must ack has (-1 if one has
+        nothing of this master's); without: the best slave's ack."""
+        if self.must_ack is None:
+            return max((c.acked_upto for c in self.connections), default=-1)
+        if not self.must_ack:
+            return self.store.commitlog_max_offset
+        acked: dict[int, int] = {}
+        for c in self.connections:
+            acked[c.broker_id] = max(acked.get(c.broker_id, -1), c.acked_upto)
+        return min(acked.get(member, -1) for member in self.must_ack)
+
     def notify_appended(self) -> None:
         """Store append listener: wake the writers."""
         if len(self._appended):
@@ -363,6 +415,9 @@ class HAService:
     def confirm_offset(self) -> int:
         """What every in-sync replica has: the least ack of in-sync slaves (the master's
         own end when none is)."""
+        if self.must_ack is not None:
+            replicated = self.replicated_offset()
+            return min(max(replicated, 0), self.store.commitlog_max_offset)
         acks = [c.ack_offset for c in self.connections if self.slave_in_sync(c)]
         return min([*acks, self.store.commitlog_max_offset])
 
@@ -376,7 +431,10 @@ class HAService:
 
     def in_sync(self) -> bool:
         """A slave is connected and less than ``max_gap_not_in_sync_bytes`` behind (RocketMQ's
-        isSlaveOK): a SYNC_MASTER send may wait for it."""
+        isSlaveOK): a SYNC_MASTER send may wait for it. (With a SyncStateSet the controller
+        keeps the set to who is in sync: a send always waits for its members.)"""
+        if self.must_ack is not None:
+            return True
         return any(self.slave_in_sync(c) for c in self.connections)
 
     async def wait_for_ack(self, end_offset: int, timeout_s: float | None = None) -> bool:

@@ -12,7 +12,8 @@ nameservers' registration answers, or configured). A session:
 A transfer at another offset, an invalid message, or a master silent for
 ``housekeeping_interval_s`` (20 s) ends the session; the next one starts after a pause
 that doubles from ``reconnect_initial_s`` up to ``reconnect_max_s``. Every state change
-is logged (states.py).
+is logged (states.py). ``kick()`` ends the session at once and starts the next one
+without a pause: a controller-mode broker calls it when its master changes.
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ class HAClient:
         self._connected_to: str | None = None
         #: the current session received data
         self._transferred = False
+        self._session_scope = trio.CancelScope()
+        self._kicked = trio.Event()
 
     @property
     def state(self) -> HAState:
@@ -104,11 +107,13 @@ class HAClient:
             while True:
                 addr = self._master_address()
                 if addr is None:
-                    await trio.sleep(pause)  # not known yet: the registration tells
+                    await self._pause(pause)  # not known yet: the registration tells
                     continue
                 self._transferred = False
+                self._session_scope = trio.CancelScope()
                 try:
-                    await self._session(addr)
+                    with self._session_scope:
+                        await self._session(addr)
                 except (
                     SessionEnded,
                     HAProtocolError,
@@ -123,12 +128,22 @@ class HAClient:
                     self._connected_to = None
                     if self.state in (HAState.HANDSHAKE, HAState.TRANSFER):
                         self.machine.set(HAState.READY, "disconnected")
-                if self._transferred:  # it worked for a while: try again soon
-                    pause = self.config.reconnect_initial_s
-                await trio.sleep(pause)
+                if self._transferred or self._session_scope.cancelled_caught:
+                    pause = self.config.reconnect_initial_s  # it worked, or was kicked
+                await self._pause(pause)
                 pause = min(pause * 2, self.config.reconnect_max_s)
         finally:
             self.machine.set(HAState.SHUTDOWN)
+
+    async def _pause(self, seconds: float) -> None:
+        with trio.move_on_after(seconds):
+            await self._kicked.wait()
+        self._kicked = trio.Event()
+
+    def kick(self) -> None:
+        """End the current session now and start the next at once (the master changed)."""
+        self._session_scope.cancel()
+        self._kicked.set()
 
     # ------------------------------------------------------------------ one session
     async def _session(self, addr: str) -> None:
@@ -192,6 +207,8 @@ class HAClient:
         point = consistent_point(
             self.epochs.entries, own_max, handshake.epochs, handshake.max_offset
         )
+        if point < 0 and own_max == self.store.commitlog_min_offset == 0:
+            point = 0  # nothing was written under those epochs: nothing to reconcile
         if point < 0:
             raise SessionEnded(
                 f"no epoch in common with the master (ours {self.epochs.entries}, the "

@@ -111,6 +111,32 @@ class TopicConfigSerializeWrapper:
 
 
 @attrs.define
+class SyncStateSet:
+    """A broker group's in-sync replicas (controller requests' bodies)."""
+
+    sync_state_set: list[int] = attrs.field(factory=list)
+    sync_state_set_epoch: int = 0
+
+
+@attrs.define
+class EpochEntryBody:
+    epoch: int
+    start_offset: int
+    end_offset: int
+
+
+@attrs.define
+class EpochEntryCache:
+    """GET_BROKER_EPOCH_CACHE (1007): a broker's epoch table and log end."""
+
+    cluster_name: str
+    broker_name: str
+    broker_id: int
+    epoch_list: list[EpochEntryBody] = attrs.field(factory=list)
+    max_offset: int = 0
+
+
+@attrs.define
 class RegisterBrokerBody:
     """REGISTER_BROKER's body: every topic the broker serves."""
 

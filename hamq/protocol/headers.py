@@ -78,6 +78,100 @@ class BrokerHeartbeatRequestHeader:
     election_priority: int | None = None
 
 
+# ====================================================================== controller (5.x)
+
+
+@attrs.frozen
+class GetNextBrokerIdRequestHeader:
+    """CONTROLLER_GET_NEXT_BROKER_ID (1012)."""
+
+    cluster_name: str
+    broker_name: str
+
+
+@attrs.frozen
+class GetNextBrokerIdResponseHeader:
+    cluster_name: str
+    broker_name: str
+    next_broker_id: int
+
+
+@attrs.frozen
+class ApplyBrokerIdRequestHeader:
+    """CONTROLLER_APPLY_BROKER_ID (1013): a broker claims an id with its check code."""
+
+    cluster_name: str
+    broker_name: str
+    applied_broker_id: int
+    register_check_code: str
+
+
+@attrs.frozen
+class RegisterBrokerToControllerRequestHeader:
+    """CONTROLLER_REGISTER_BROKER (1003). ``register_check_code`` and ``ha_server_addr``
+    are hamq's: the id's owner, and where slaves replicate from when it is master."""
+
+    cluster_name: str
+    broker_name: str
+    broker_id: int
+    broker_address: str
+    register_check_code: str | None = None
+    ha_server_addr: str | None = None
+    invoke_time: int | None = None
+
+
+@attrs.frozen
+class ReplicaInfoResponseHeader:
+    """The answer of CONTROLLER_REGISTER_BROKER, CONTROLLER_GET_REPLICA_INFO and
+    CONTROLLER_ELECT_MASTER, and NOTIFY_BROKER_ROLE_CHANGED's header (body: the
+    SyncStateSet). ``master_ha_address`` is hamq's."""
+
+    master_broker_id: int | None = None
+    master_address: str | None = None
+    master_epoch: int | None = None
+    sync_state_set_epoch: int | None = None
+    master_ha_address: str | None = None
+
+
+@attrs.frozen
+class GetReplicaInfoRequestHeader:
+    """CONTROLLER_GET_REPLICA_INFO (1004)."""
+
+    broker_name: str
+
+
+@attrs.frozen
+class AlterSyncStateSetRequestHeader:
+    """CONTROLLER_ALTER_SYNC_STATE_SET (1001); body: the new set with the current epoch."""
+
+    broker_name: str
+    master_broker_id: int
+    master_epoch: int
+    invoke_time: int | None = None
+
+
+@attrs.frozen
+class ElectMasterRequestHeader:
+    """CONTROLLER_ELECT_MASTER (1002): ``designate_elect`` names ``broker_id``."""
+
+    cluster_name: str
+    broker_name: str
+    broker_id: int | None = None
+    designate_elect: bool = False
+    invoke_time: int | None = None
+
+
+@attrs.frozen
+class GetMetaDataResponseHeader:
+    """CONTROLLER_GET_METADATA_INFO (1005)."""
+
+    group: str | None = None
+    controller_leader_id: str | None = None
+    controller_leader_address: str | None = None
+    is_leader: bool = False
+    peers: str | None = None
+
+
 @attrs.frozen
 class GetRouteInfoRequestHeader:
     """GET_ROUTEINFO_BY_TOPIC (105)."""

@@ -203,6 +203,8 @@ class MessageStore:
         self.retention: RetentionService | None = None
         self._running = False
         self._master = config.role.is_master
+        self._nursery: trio.Nursery | None = None
+        self._schedule_scope = trio.CancelScope()
         self._valid_topics: set[str] = set()  # names already checked (a bounded cache)
         self._until_yield = YIELD_EVERY
         self._puts = 0
@@ -264,10 +266,9 @@ class MessageStore:
                 await nursery.start(self.flush.run)
                 await nursery.start(self.retention.run)
                 self._running = True
-                if config.role.is_master:
-                    self.schedule = self._schedule_service()
-                    self.reput.listeners.append(self.schedule.on_dispatch)
-                    await nursery.start(self.schedule.run)
+                self._nursery = nursery
+                if self._master:
+                    await nursery.start(self._run_schedule)
                 log.info("message store running in %s as %s", config.store_dir, config.role.value)
                 task_status.started()
                 await trio.sleep_forever()
@@ -300,6 +301,41 @@ class MessageStore:
             self.queues.close()
             self.index.close()
             self._lock.release()
+
+    async def set_master(self, master: bool) -> None:
+        """Take sends and deliver delayed messages (a master), or stop both (a slave).
+        A controller-mode broker switches roles with this."""
+        if master == self._master:
+            return
+        nursery = self._nursery
+        if master:
+            assert nursery is not None, "the store is not running"
+            # a replica's queues grew by dispatch: new sends continue where they end
+            await self.wait_dispatched()
+            self._recover_queue_offsets()
+        self._master = master
+        if master:
+            assert nursery is not None
+            await nursery.start(self._run_schedule)
+        else:
+            self._schedule_scope.cancel()
+
+    def _recover_queue_offsets(self) -> None:
+        """The next offset of every consume queue, from the queues (RocketMQ's
+        recoverTopicQueueTable)."""
+        self.commitlog.queue_offsets = {k: q.max_offset for k, q in self.queues.queues.items()}
+
+    async def _run_schedule(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """The delayed-message scheduler, while this store is a master's."""
+        schedule = self.schedule = self._schedule_service()
+        self.reput.listeners.append(schedule.on_dispatch)
+        try:
+            with trio.CancelScope() as self._schedule_scope:
+                await schedule.run(task_status=task_status)  # (persists its offsets at the end)
+        finally:
+            self.reput.listeners.remove(schedule.on_dispatch)
+            if not self._master:  # demoted (at shutdown _stop persists it after the flush)
+                self.schedule = None
 
     def _schedule_service(self) -> ScheduleService:
         return ScheduleService(
@@ -519,7 +555,7 @@ class MessageStore:
                 queue.truncate_dirty(offset)
             self.index.truncate(offset)
             self.reput.offset = min(self.reput.offset, offset)
-            self.commitlog.queue_offsets = {k: q.max_offset for k, q in self.queues.queues.items()}
+            self._recover_queue_offsets()
             self.flush.reset(offset)
             if self.schedule is not None:
                 self.schedule.correct_offsets()

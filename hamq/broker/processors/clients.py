@@ -78,7 +78,7 @@ class ClientProcessor:
         channel = ClientChannel(data.client_id, conn, request.language, request.version, now)
         for consumer in data.consumer_data_set:
             group = self.ctx.subscriptions.find(consumer.group_name)
-            if group is not None and self.ctx.config.is_master:  # a slave copies its master's
+            if group is not None and self.ctx.is_master:  # a slave copies its master's
                 self.ctx.topics.ensure(retry_topic(consumer.group_name), group.retry_queue_nums)
             self.ctx.consumers.register(consumer, channel)
         for producer in data.producer_data_set:

@@ -82,7 +82,7 @@ class PullProcessor:
                 f"subscription group no permission, {header.consumer_group}",
             )
         topic = ctx.topics.get(header.topic)
-        if topic is None and not ctx.config.is_master:
+        if topic is None and not ctx.is_master:
             # replicated messages whose topic config the metadata sync has not copied yet
             queue = ctx.store.queues.get(header.topic, header.queue_id)
             if queue is not None:
@@ -107,7 +107,7 @@ class PullProcessor:
         if (
             allow_suspend  # first run only: a held pull's commit is stale by its re-run
             and header.sys_flag & PULL_FLAG_COMMIT_OFFSET
-            and ctx.config.is_master
+            and ctx.is_master
             and header.commit_offset >= 0
         ):
             ctx.offsets.commit(

@@ -57,7 +57,6 @@ from hamq.protocol.message import (
 )
 from hamq.remoting import Connection, Dispatcher, Responder, parse_address
 from hamq.store import (
-    BrokerRole,
     FlushDiskType,
     MessageToStore,
     PutMessageResult,
@@ -97,7 +96,6 @@ class SendProcessor:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
         self._wait_for_flush = ctx.config.store.flush_disk_type is FlushDiskType.SYNC_FLUSH
-        self._wait_for_slave = ctx.config.store.role is BrokerRole.SYNC_MASTER
 
     def install(self, dispatcher: Dispatcher) -> None:
         for code in (
@@ -110,13 +108,16 @@ class SendProcessor:
 
     # ------------------------------------------------------------------ send
     def _refuse_on_slave(self) -> None:
-        config = self.ctx.config
-        if not config.is_master:
+        ctx = self.ctx
+        name = ctx.config.broker_name
+        if not ctx.is_master:
             raise RequestError(
                 ResponseCode.NO_PERMISSION,
-                f"the broker[{config.broker_name} at {self.ctx.address}] is a slave "
-                f"(broker id {config.broker_id}): send to the master of {config.broker_name}",
+                f"the broker[{name} at {ctx.address}] is a slave "
+                f"(broker id {ctx.broker_id}): send to the master of {name}",
             )
+        if ctx.sends_refused is not None:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, ctx.sends_refused)
 
     def send(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
         self._refuse_on_slave()
@@ -257,7 +258,7 @@ class SendProcessor:
         # first: refused for being one too many (SYSTEM_BUSY), it must not be stored.
         wait_store_ok = messages[-1].properties.get(PROPERTY_WAIT) != "false"
         waits_flush = self._wait_for_flush and wait_store_ok
-        waits_slave = self._wait_for_slave and wait_store_ok
+        waits_slave = wait_store_ok and self.ctx.waits_for_replicas()
         responder = conn.defer(request) if waits_flush or waits_slave else None
         if len(messages) == 1:
             results = [self.ctx.store.put_message_nowait(messages[0])]

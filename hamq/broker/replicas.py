@@ -1,0 +1,519 @@
+"""Controller mode: the broker's side of automatic failover (RocketMQ 5's ReplicasManager).
+
+At start the broker finds its identity — a broker id applied for once at a controller
+(CONTROLLER_GET_NEXT_BROKER_ID, CONTROLLER_APPLY_BROKER_ID) and kept in
+``<store>/brokerIdentity.json`` with the check code that proves it is this broker's —
+and registers its addresses (CONTROLLER_REGISTER_BROKER). Then, until it stops:
+
+- it heartbeats every controller every ``controller_heartbeat_interval_s`` (1 s) with
+  its epoch, max offset and confirm offset; the answers carry the group's replica
+  info, and so do the controllers' NOTIFY_BROKER_ROLE_CHANGED pushes;
+- one task applies every newer replica info, in order:
+  * this broker is the master: stop replicating, trim a partial record at the log's
+    end, wait until the reput task has dispatched everything, write the new epoch
+    entry, take sends, serve slaves, register with the nameservers as brokerId 0;
+  * another broker is: stop taking sends, drop slaves, replicate from the new master
+    with the auto-switch protocol (which truncates this log to where it agrees with
+    the master's), register as this broker's own id;
+- as master it keeps the SyncStateSet through the controller: a member that has not
+  caught up for ``ha_max_time_slave_not_catchup_s`` (15 s), or has had no HA
+  connection for ``controller_lease_s``, is dropped; a slave close to the master's end
+  first *joins* — sends wait for its ack from then on — and is added once it has
+  acked everything up to where it joined (so a member always has every acknowledged
+  message). With ``all_ack_in_sync_state_set`` sends wait for every member;
+  ``min_in_sync_replicas`` refuses sends while the set is smaller.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import trio
+
+from hamq.broker.context import BrokerContext
+from hamq.ha import EpochFile, HAClient
+from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
+from hamq.protocol.bodies import SyncStateSet, decode_body, encode_body
+from hamq.protocol.ha_wire import HAState
+from hamq.protocol.headers import (
+    AlterSyncStateSetRequestHeader,
+    ApplyBrokerIdRequestHeader,
+    BrokerHeartbeatRequestHeader,
+    GetNextBrokerIdRequestHeader,
+    GetNextBrokerIdResponseHeader,
+    RegisterBrokerToControllerRequestHeader,
+    ReplicaInfoResponseHeader,
+)
+from hamq.remoting import Connection, Dispatcher, RemotingClient, RemotingError
+from hamq.store import BrokerRole, StoreError
+from hamq.store.files import write_atomically
+
+log = logging.getLogger(__name__)
+
+IDENTITY_FILE = "brokerIdentity.json"
+#: how often a master looks at its slaves for SyncStateSet changes
+SYNC_STATE_CHECK_S = 0.5
+#: a slave this close to the master's end may join the SyncStateSet
+JOIN_LAG_BYTES = 4 * 1024 * 1024
+#: how long to wait between rounds when no controller answers
+RETRY_S = 1.0
+
+
+class ControllersUnreachable(Exception):
+    """No controller answered."""
+
+
+@attrs.frozen
+class ReplicaView:
+    """What a controller said of this broker's group."""
+
+    master_id: int | None
+    master_address: str | None
+    master_ha_address: str | None
+    master_epoch: int
+    sync_state_set: frozenset[int]
+    sync_state_set_epoch: int
+
+    @property
+    def version(self) -> tuple[int, int]:
+        return (self.master_epoch, self.sync_state_set_epoch)
+
+    @classmethod
+    def from_command(cls, command: RemotingCommand) -> ReplicaView | None:
+        """From a controller's answer or push; None if it carries no replica info."""
+        header = command.header(ReplicaInfoResponseHeader)
+        if header.master_epoch is None:
+            return None
+        body = decode_body(SyncStateSet, command.body) if command.body else SyncStateSet()
+        master = header.master_broker_id
+        return cls(
+            master_id=master if master is not None and master >= 0 else None,
+            master_address=header.master_address or None,
+            master_ha_address=header.master_ha_address or None,
+            master_epoch=header.master_epoch,
+            sync_state_set=frozenset(body.sync_state_set),
+            sync_state_set_epoch=header.sync_state_set_epoch or body.sync_state_set_epoch,
+        )
+
+
+@attrs.define
+class Identity:
+    broker_id: int
+    check_code: str
+
+    @classmethod
+    def load(cls, path: Path) -> Identity | None:
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return None
+        try:
+            raw = json.loads(text)
+            return cls(int(raw["brokerId"]), str(raw["checkCode"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(f"{path} is not a broker identity file: {exc}") from None
+
+    def save(self, path: Path) -> None:
+        data = {"brokerId": self.broker_id, "checkCode": self.check_code}
+        write_atomically(path, json.dumps(data).encode())
+
+
+class ReplicasManager:
+    def __init__(
+        self,
+        ctx: BrokerContext,
+        client: RemotingClient,
+        epochs: EpochFile,
+        ha_client: HAClient,
+        *,
+        confirm_offset: Callable[[], int],
+        role_changed: Callable[[], None],
+    ) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self.client = client
+        self.epochs = epochs
+        self.ha_client = ha_client
+        self._confirm_offset = confirm_offset
+        self._role_changed = role_changed
+        self.controllers = list(self.config.controller_addrs)
+        self.identity: Identity | None = None
+        #: the view this broker acts on, and the newest one offered
+        self.applied: ReplicaView | None = None
+        self._offered: ReplicaView | None = None
+        self._new_view = trio.Event()
+        #: slaves joining the SyncStateSet: id -> the offset they must ack first
+        self._joining: dict[int, int] = {}
+        self._disconnected_since: dict[int, float] = {}
+        self.role_changes = 0
+
+    # ------------------------------------------------------------------ what others ask
+    @property
+    def broker_id(self) -> int:
+        return self.identity.broker_id if self.identity else -1
+
+    @property
+    def master_address(self) -> str | None:
+        """The master's remoting address while this broker is a slave (metadata sync)."""
+        view = self.applied
+        if view is None or view.master_id is None or view.master_id == self.broker_id:
+            return None
+        return view.master_address
+
+    @property
+    def master_ha_address(self) -> str | None:
+        view = self.applied
+        if view is None or view.master_id is None or view.master_id == self.broker_id:
+            return None
+        return view.master_ha_address
+
+    def install(self, dispatcher: Dispatcher) -> None:
+        """Take NOTIFY_BROKER_ROLE_CHANGED pushes on the connections to the controllers."""
+        dispatcher.register(RequestCode.NOTIFY_BROKER_ROLE_CHANGED, self._notified)
+
+    def _notified(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        view = ReplicaView.from_command(request)
+        if view is not None:
+            self.offer(view)
+        return None if request.is_oneway else request.response_to()
+
+    def offer(self, view: ReplicaView) -> None:
+        """A controller's view of the group: acted on if it is newer than the last one."""
+        latest = self._offered or self.applied
+        if latest is None or view.version > latest.version:
+            self._offered = view
+            self._new_view.set()
+
+    def status(self) -> dict[str, object]:
+        view = self.applied
+        return {
+            "controllerMode": True,
+            "controllers": self.controllers,
+            "brokerIdAtController": self.broker_id,
+            "masterBrokerId": view.master_id if view else None,
+            "masterAddress": view.master_address if view else None,
+            "masterEpoch": view.master_epoch if view else None,
+            "syncStateSet": sorted(view.sync_state_set) if view else [],
+            "syncStateSetEpoch": view.sync_state_set_epoch if view else None,
+            "joining": sorted(self._joining),
+            "roleChanges": self.role_changes,
+        }
+
+    # ------------------------------------------------------------------ running
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        view = await self._identify()
+        if view is not None:
+            self.offer(view)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._apply_loop)
+            for addr in self.controllers:
+                nursery.start_soon(self._heartbeat_loop, addr)
+            nursery.start_soon(self._sync_state_set_loop)
+            task_status.started()
+
+    async def _ask(self, code: RequestCode, header: object, body: bytes = b"") -> RemotingCommand:
+        """Ask the controllers in turn until one answers; a refusal raises RequestError
+        with the controller's code; none answering raises ControllersUnreachable."""
+        problems = []
+        for addr in list(self.controllers):
+            try:
+                request = RemotingCommand.request(code, header, body=body)
+                response = await self.client.invoke(addr, request, self.config.controller_timeout_s)
+            except RemotingError as exc:
+                problems.append(f"{addr}: {exc}")
+                continue
+            if response.code == ResponseCode.SUCCESS:
+                # the one that answered goes first next time
+                self.controllers.remove(addr)
+                self.controllers.insert(0, addr)
+                return response
+            if response.code == ResponseCode.CONTROLLER_NOT_LEADER:
+                problems.append(f"{addr}: {response.remark}")
+                continue
+            raise RequestError(response.code, f"controller {addr}: {response.remark}")
+        raise ControllersUnreachable("; ".join(problems))
+
+    async def _identify(self) -> ReplicaView | None:
+        """This broker's id (applied for once) and its registration; retried until a
+        controller answers."""
+        path = Path(self.config.store.store_dir) / IDENTITY_FILE
+        identity = await trio.to_thread.run_sync(Identity.load, path)
+        config = self.config
+        reported = ""
+        while True:
+            try:
+                if identity is None:
+                    identity = await self._apply_for_id()
+                    await trio.to_thread.run_sync(identity.save, path)
+                    log.info("broker id %d given by the controller", identity.broker_id)
+                self.identity = identity
+                self.ha_client.broker_id = identity.broker_id
+                header = RegisterBrokerToControllerRequestHeader(
+                    cluster_name=config.cluster_name,
+                    broker_name=config.broker_name,
+                    broker_id=identity.broker_id,
+                    broker_address=self.ctx.address,
+                    register_check_code=identity.check_code,
+                    ha_server_addr=self.ctx.ha_address,
+                )
+                response = await self._ask(RequestCode.CONTROLLER_REGISTER_BROKER, header)
+                log.info(
+                    "registered with the controllers as broker %d of %s",
+                    identity.broker_id,
+                    config.broker_name,
+                )
+                return ReplicaView.from_command(response)
+            except ControllersUnreachable as exc:
+                if str(exc) != reported:
+                    reported = str(exc)
+                    log.warning("no controller answers (%s); trying again", exc)
+                await trio.sleep(RETRY_S)
+
+    async def _apply_for_id(self) -> Identity:
+        config = self.config
+        check_code = f"{self.ctx.address};{uuid.uuid4().hex}"
+        while True:
+            asked = GetNextBrokerIdRequestHeader(config.cluster_name, config.broker_name)
+            response = await self._ask(RequestCode.CONTROLLER_GET_NEXT_BROKER_ID, asked)
+            next_id = response.header(GetNextBrokerIdResponseHeader).next_broker_id
+            apply = ApplyBrokerIdRequestHeader(
+                config.cluster_name, config.broker_name, next_id, check_code
+            )
+            try:
+                await self._ask(RequestCode.CONTROLLER_APPLY_BROKER_ID, apply)
+            except RequestError as exc:
+                if exc.code == ResponseCode.CONTROLLER_BROKER_ID_INVALID:
+                    continue  # another broker took it first: the next one
+                raise
+            return Identity(next_id, check_code)
+
+    async def _heartbeat_loop(self, addr: str) -> None:
+        config = self.config
+        reported = ""
+        while True:
+            header = BrokerHeartbeatRequestHeader(
+                cluster_name=config.cluster_name,
+                broker_addr=self.ctx.address,
+                broker_name=config.broker_name,
+                broker_id=self.broker_id,
+                epoch=self.epochs.last_epoch,
+                max_offset=self.ctx.store.commitlog_max_offset,
+                confirm_offset=self._confirm_offset(),
+                heartbeat_timeout_mills=int(config.controller_lease_s * 1000),
+                election_priority=config.election_priority,
+            )
+            request = RemotingCommand.request(RequestCode.BROKER_HEARTBEAT, header)
+            problem = ""
+            try:
+                response = await self.client.invoke(
+                    addr, request, config.controller_heartbeat_interval_s
+                )
+                if response.code == ResponseCode.SUCCESS:
+                    view = ReplicaView.from_command(response)
+                    if view is not None:
+                        self.offer(view)
+                else:
+                    problem = f"refused: {response.remark}"
+            except RemotingError as exc:
+                problem = str(exc)
+            if problem != reported:
+                reported = problem
+                if problem:
+                    log.warning("heartbeat to controller %s failed: %s", addr, problem)
+                else:
+                    log.info("heartbeats to controller %s go through", addr)
+            await trio.sleep(config.controller_heartbeat_interval_s)
+
+    # ------------------------------------------------------------------ role changes
+    async def _apply_loop(self) -> None:
+        while True:
+            await self._new_view.wait()
+            self._new_view = trio.Event()
+            view = self._offered
+            if view is None or (self.applied and view.version <= self.applied.version):
+                continue
+            await self._apply(view)
+
+    async def _apply(self, view: ReplicaView) -> None:
+        before = self.applied
+        if view.master_id == self.broker_id:
+            if before is None or before.master_epoch != view.master_epoch or not self.ctx.is_master:
+                await self._become_master(view)
+            else:
+                self._adopt_sync_state_set(view)
+        elif (
+            before is None
+            or self.ctx.is_master
+            or (before.master_id, before.master_epoch) != (view.master_id, view.master_epoch)
+        ):
+            await self._become_slave(view)
+        else:
+            self.applied = view
+
+    async def _become_master(self, view: ReplicaView) -> None:
+        ctx = self.ctx
+        store = ctx.store
+        ha = ctx.ha
+        assert ha is not None
+        log.warning(
+            "broker %d becomes master of %s at epoch %d",
+            self.broker_id,
+            self.config.broker_name,
+            view.master_epoch,
+        )
+        self.applied = view  # (no master address for the HA client from here on)
+        self.ha_client.kick()
+        await store.trim_partial_tail()
+        await store.wait_dispatched()
+        await self.epochs.append(view.master_epoch, store.commitlog_max_offset)
+        self._joining.clear()
+        self._adopt_sync_state_set(view)
+        ha.active = True
+        role = self.config.store.role
+        ctx.role = role if role.is_master else BrokerRole.ASYNC_MASTER
+        ctx.broker_id = 0
+        await store.set_master(True)
+        self.role_changes += 1
+        log.warning(
+            "broker %d is master of %s (epoch %d from commitlog offset %d), taking sends",
+            self.broker_id,
+            self.config.broker_name,
+            view.master_epoch,
+            store.commitlog_max_offset,
+        )
+        self._role_changed()
+
+    async def _become_slave(self, view: ReplicaView) -> None:
+        ctx = self.ctx
+        assert ctx.ha is not None
+        was_master = ctx.is_master
+        await ctx.store.set_master(False)  # no sends from here on
+        ctx.role = BrokerRole.SLAVE
+        ctx.broker_id = self.broker_id
+        ctx.sends_refused = None
+        ctx.ha.deactivate()
+        ctx.ha.set_sync_state_set(None)
+        self._joining.clear()
+        self.applied = view
+        self.ha_client.kick()
+        if was_master:
+            self.role_changes += 1
+        if view.master_id is None:
+            log.warning("broker group %s has no master now", self.config.broker_name)
+        else:
+            log.warning(
+                "broker %d is a slave of %s: master %d at %s (epoch %d)",
+                self.broker_id,
+                self.config.broker_name,
+                view.master_id,
+                view.master_address,
+                view.master_epoch,
+            )
+        self._role_changed()
+
+    def _adopt_sync_state_set(self, view: ReplicaView) -> None:
+        """Sends wait for the members of ``view``'s set (and for joining slaves)."""
+        self.applied = view
+        for member in view.sync_state_set:
+            self._joining.pop(member, None)
+        self._wait_for(view.sync_state_set)
+        size, least = len(view.sync_state_set), self.config.min_in_sync_replicas
+        self.ctx.sends_refused = (
+            None
+            if size >= least
+            else f"in-sync replicas not enough: the SyncStateSet {sorted(view.sync_state_set)} "
+            f"has {size}, min_in_sync_replicas is {least}"
+        )
+
+    def _wait_for(self, members: frozenset[int]) -> None:
+        ha = self.ctx.ha
+        assert ha is not None
+        if self.config.all_ack_in_sync_state_set:
+            ha.set_sync_state_set(members | frozenset(self._joining), self.broker_id)
+
+    # ------------------------------------------------------------------ SyncStateSet
+    async def _sync_state_set_loop(self) -> None:
+        while True:
+            await trio.sleep(SYNC_STATE_CHECK_S)
+            view = self.applied
+            if view is None or not self.ctx.is_master or view.master_id != self.broker_id:
+                self._disconnected_since.clear()
+                continue
+            wanted = self._wanted_set(view, trio.current_time())
+            if wanted != view.sync_state_set:
+                await self._alter(view, wanted)
+
+    def _wanted_set(self, view: ReplicaView, now: float) -> frozenset[int]:
+        ha = self.ctx.ha
+        assert ha is not None
+        max_offset = self.ctx.store.commitlog_max_offset
+        connected = {
+            c.broker_id: c
+            for c in ha.connections
+            if c.broker_id >= 0 and c.machine.state is HAState.TRANSFER
+        }
+        wanted = {self.broker_id}
+        for member in view.sync_state_set - {self.broker_id}:
+            conn = connected.get(member)
+            if conn is None:
+                since = self._disconnected_since.setdefault(member, now)
+                if now - since <= self.config.controller_lease_s:
+                    wanted.add(member)
+                continue
+            self._disconnected_since.pop(member, None)
+            if now - conn.caught_up_at <= self.config.ha_max_time_slave_not_catchup_s:
+                wanted.add(member)
+        for broker_id, conn in connected.items():
+            if broker_id in view.sync_state_set:
+                continue
+            start = self._joining.get(broker_id)
+            if start is None:
+                if conn.acked_upto >= 0 and max_offset - conn.acked_upto <= JOIN_LAG_BYTES:
+                    # from now on sends wait for it; once it has everything up to here,
+                    # it has every acknowledged message and may join
+                    self._joining[broker_id] = max_offset
+                    self._wait_for(view.sync_state_set)
+            elif conn.acked_upto >= start:
+                wanted.add(broker_id)
+        for broker_id in list(self._joining):
+            if broker_id not in connected:
+                del self._joining[broker_id]
+                self._wait_for(view.sync_state_set)
+        return frozenset(wanted)
+
+    async def _alter(self, view: ReplicaView, wanted: frozenset[int]) -> None:
+        header = AlterSyncStateSetRequestHeader(
+            broker_name=self.config.broker_name,
+            master_broker_id=self.broker_id,
+            master_epoch=view.master_epoch,
+        )
+        body = encode_body(SyncStateSet(sorted(wanted), view.sync_state_set_epoch))
+        try:
+            response = await self._ask(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET, header, body)
+        except (ControllersUnreachable, RequestError) as exc:
+            log.warning(
+                "changing the SyncStateSet %s -> %s failed: %s",
+                sorted(view.sync_state_set),
+                sorted(wanted),
+                exc,
+            )
+            return
+        answer = ReplicaView.from_command(response)
+        if answer is None:
+            return
+        log.info(
+            "SyncStateSet of %s: %s -> %s (epoch %d)",
+            self.config.broker_name,
+            sorted(view.sync_state_set),
+            sorted(answer.sync_state_set),
+            answer.sync_state_set_epoch,
+        )
+        if self.applied is view and answer.master_epoch == view.master_epoch:
+            self._adopt_sync_state_set(answer)
+        else:
+            self.offer(answer)

@@ -1,0 +1,239 @@
+"""An automatic-failover cluster of real ``hamq`` processes on loopback, for tests and
+benchmarks/failover.py: 3 nameservers embedding the controllers (Raft between them)
+and one group of brokers in controller mode, on ports chosen free at run time.
+
+Every process can be killed (SIGKILL, by PID) and started again on the same ports and
+store; every wait is bounded; ``autoswitch_cluster`` kills whatever is left at the end.
+Each process's stderr (its log) goes to a file under the cluster's directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from hamq.protocol import RemotingCommand, RequestCode
+from hamq.remoting import RemotingClient, RemotingError
+from tests.broker_support import SMALL_STORE
+from tests.processes import HAMQ, free_ports, write_toml
+
+READY_S = 30
+#: the logs say what happened (elections, role changes, truncations)
+HAMQ_INFO = [*HAMQ[:-1], "info"]
+
+
+@attrs.define
+class Server:
+    name: str
+    args: list[str]
+    log_path: Path
+    address: str
+    proc: trio.Process | None = None
+    starts: int = 0
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def start(self) -> None:
+        self.starts += 1
+        with self.log_path.open("ab") as log:
+            log.write(f"---- start {self.starts}\n".encode())
+            log.flush()
+            proc = await trio.lowlevel.open_process(
+                [*HAMQ_INFO, *self.args], stdout=subprocess.PIPE, stderr=log
+            )
+        self.proc = proc
+        assert proc.stdout is not None
+        line = b""
+        with trio.fail_after(READY_S):
+            while b" ready: " not in line or not line.endswith(b"\n"):
+                chunk = await proc.stdout.receive_some(1)
+                if not chunk:
+                    raise RuntimeError(
+                        f"{self.name} exited before it was ready; see {self.log_path}"
+                    )
+                line = b"" if line.endswith(b"\n") else line
+                line += chunk
+
+    def send_signal(self, sig: int) -> None:
+        assert self.proc is not None and self.proc.returncode is None, f"{self.name} is down"
+        os.kill(self.proc.pid, sig)
+
+    async def kill(self, sig: int = signal.SIGKILL) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.returncode is None:
+            os.kill(proc.pid, sig)
+        with trio.fail_after(30):
+            await proc.wait()
+        if proc.stdout is not None:
+            await proc.stdout.aclose()
+        self.proc = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@attrs.define
+class AutoswitchCluster:
+    root: Path
+    nameservers: list[Server]
+    brokers: list[Server]
+    broker_stores: list[Path]
+
+    @property
+    def namesrv(self) -> str:
+        return ";".join(s.address for s in self.nameservers)
+
+    async def ask(self, code: RequestCode, body: bytes = b"") -> RemotingCommand:
+        """A controller request to the first running nameserver that answers it."""
+        problems = []
+        async with RemotingClient() as client:
+            for server in self.nameservers:
+                if not server.running:
+                    continue
+                try:
+                    return await client.invoke(
+                        server.address, RemotingCommand.request(code, body=body), 5
+                    )
+                except RemotingError as exc:
+                    problems.append(f"{server.address}: {exc}")
+        raise RuntimeError(f"no controller answered: {problems}")
+
+    async def group_state(self) -> dict[str, Any]:
+        response = await self.ask(RequestCode.CONTROLLER_GET_SYNC_STATE_DATA)
+        table: dict[str, Any] = json.loads(response.body)["replicasInfoTable"]
+        return table.get("broker-a", {})
+
+    def broker_stored(self, offset_msg_id: str) -> Server | None:
+        """The broker whose store a send's offset message id names (§6.4: IPv4 + port)."""
+        port = int(offset_msg_id[8:16], 16)
+        return self.broker_at(f"127.0.0.1:{port}")
+
+    def broker_at(self, address: str | None) -> Server | None:
+        return next((b for b in self.brokers if b.address == address), None)
+
+    async def master(self) -> Server | None:
+        state = await self.group_state()
+        return self.broker_at(state.get("masterAddress")) if state else None
+
+    async def wait_until(self, what: str, check: Any, timeout_s: float = 30) -> Any:
+        """Poll ``await check()`` until it is truthy (bounded); its value."""
+        with trio.fail_after(timeout_s):
+            while True:
+                try:
+                    value = await check()
+                except (RuntimeError, RemotingError):
+                    value = None
+                if value:
+                    return value
+                await trio.sleep(0.05)
+        raise AssertionError(what)  # pragma: no cover (fail_after raises first)
+
+    async def wait_in_sync(self, members: int, timeout_s: float = 30) -> dict[str, Any]:
+        """Until the group has a master and ``members`` brokers in its SyncStateSet."""
+
+        async def check() -> dict[str, Any] | None:
+            state = await self.group_state()
+            if state.get("masterAddress") and len(state.get("inSyncReplicas", [])) >= members:
+                return state
+            return None
+
+        result: dict[str, Any] = await self.wait_until(
+            f"{members} brokers in sync", check, timeout_s
+        )
+        return result
+
+    async def leader_nameserver(self) -> Server:
+        response = await self.ask(RequestCode.CONTROLLER_GET_METADATA_INFO)
+        leader = json.loads(response.body)["leader"]
+        for server in self.nameservers:
+            raft = server.args[server.args.index("--raft-address") + 1]
+            if raft == leader:
+                return server
+        raise RuntimeError(f"no nameserver runs the Raft leader {leader}")
+
+
+@asynccontextmanager
+async def autoswitch_cluster(
+    root: Path, *, brokers: int = 3, broker_config: dict[str, Any] | None = None
+) -> AsyncIterator[AutoswitchCluster]:
+    await trio.Path(root).mkdir(parents=True, exist_ok=True)
+    ports = free_ports(6 + 2 * brokers)
+    ns_ports, raft_ports, broker_ports = ports[:3], ports[3:6], ports[6:]
+    peers = ";".join(f"127.0.0.1:{p}" for p in raft_ports)
+    nameservers = [
+        Server(
+            f"nameserver-{i}",
+            [
+                "nameserver",
+                "--port",
+                str(ns_ports[i]),
+                "--controller",
+                "--raft-address",
+                f"127.0.0.1:{raft_ports[i]}",
+                "--raft-peers",
+                peers,
+                "--controller-dir",
+                str(root / f"controller-{i}"),
+            ],
+            root / f"nameserver-{i}.log",
+            f"127.0.0.1:{ns_ports[i]}",
+        )
+        for i in range(3)
+    ]
+    addrs = [s.address for s in nameservers]
+    servers = []
+    stores = []
+    for i in range(brokers):
+        store = root / f"broker-{i}"
+        stores.append(store)
+        config = write_toml(
+            root / f"broker-{i}.toml",
+            {
+                "broker_name": "broker-a",
+                "listen_port": broker_ports[2 * i],
+                "ha_listen_port": broker_ports[2 * i + 1],
+                "namesrv_addrs": addrs,
+                "enable_controller_mode": True,
+                "controller_addrs": addrs,
+                **(broker_config or {}),
+                "store": {"store_dir": str(store), **SMALL_STORE},
+            },
+        )
+        servers.append(
+            Server(
+                f"broker-{i}",
+                ["broker", "-c", str(config)],
+                root / f"broker-{i}.log",
+                f"127.0.0.1:{broker_ports[2 * i]}",
+            )
+        )
+    cluster = AutoswitchCluster(root, nameservers, servers, stores)
+    try:
+        async with trio.open_nursery() as nursery:
+            for server in nameservers:
+                nursery.start_soon(server.start)
+        async with trio.open_nursery() as nursery:
+            for server in servers:
+                nursery.start_soon(server.start)
+        yield cluster
+    finally:
+        with trio.CancelScope(shield=True):
+            for server in [*servers, *nameservers]:
+                if server.running:
+                    server.send_signal(signal.SIGCONT)  # (a test may have stopped it)
+                with contextlib.suppress(Exception):
+                    await server.kill()
