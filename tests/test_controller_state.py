@@ -796,5 +796,6 @@ class ControllerHistory(RuleBasedStateMachine):
             assert group.sync_state_set <= group.members.keys()
 
 
-ControllerHistory.TestCase.settings = settings(max_examples=200, stateful_step_count=30)
+# max_examples comes from the hypothesis profile (conftest.py: 200 in CI)
+ControllerHistory.TestCase.settings = settings(stateful_step_count=30)
 test_controller_history = ControllerHistory.TestCase
