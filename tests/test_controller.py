@@ -117,6 +117,15 @@ async def ask(
     return await client.invoke(addr, RemotingCommand.request(code, header, body=body), 10)
 
 
+async def alter(
+    client: RemotingClient, addr: str, *, master: int, set_epoch: int
+) -> RemotingCommand:
+    """Ask for SyncStateSet [1, 2] of group b as ``master`` at master epoch 1."""
+    header = AlterSyncStateSetRequestHeader("b", master, 1)
+    body = encode_body(SyncStateSet([1, 2], set_epoch))
+    return await ask(client, addr, RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET, header, body)
+
+
 async def test_brokers_join_get_a_master_and_the_admin_can_move_it(tmp_path: Path) -> None:
     raft = f"127.0.0.1:{free_ports(1)[0]}"
     server = ControllerServer(ControllerConfig(raft_address=raft, data_dir=tmp_path), port=0)
@@ -162,29 +171,11 @@ async def test_brokers_join_get_a_master_and_the_admin_can_move_it(tmp_path: Pat
             assert info.master_epoch == 1 and info.master_ha_address == "h:1"
 
             # only the master, with the current epochs, changes the SyncStateSet
-            wrong = await ask(
-                client,
-                addr,
-                RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET,
-                AlterSyncStateSetRequestHeader("b", 2, 1),
-                encode_body(SyncStateSet([1, 2], 1)),
-            )
+            wrong = await alter(client, addr, master=2, set_epoch=1)
             assert wrong.code == ResponseCode.CONTROLLER_INVALID_MASTER
-            stale = await ask(
-                client,
-                addr,
-                RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET,
-                AlterSyncStateSetRequestHeader("b", 1, 1),
-                encode_body(SyncStateSet([1, 2], 0)),
-            )
+            stale = await alter(client, addr, master=1, set_epoch=0)
             assert stale.code == ResponseCode.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH
-            ok = await ask(
-                client,
-                addr,
-                RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET,
-                AlterSyncStateSetRequestHeader("b", 1, 1),
-                encode_body(SyncStateSet([1, 2], 1)),
-            )
+            ok = await alter(client, addr, master=1, set_epoch=1)
             assert ok.code == ResponseCode.SUCCESS, ok.remark
             assert decode_body(SyncStateSet, ok.body).sync_state_set == [1, 2]
 

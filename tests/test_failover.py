@@ -148,10 +148,7 @@ async def test_master_killed_new_master_elected_nothing_acknowledged_lost(
 
         # and every replica ends byte-identical to the master
         await cluster.wait_until("replicas caught up", lambda: _caught_up(cluster), timeout_s=30)
-        ends = {}
-        for broker in cluster.brokers:
-            status = await ha_status(broker.address)
-            ends[broker.name] = (status.get("master") or status.get("slave"))["max_offset"]
+        ends = {b.name: await max_offset(b.address) for b in cluster.brokers}
         for broker in cluster.brokers:
             await broker.kill(signal.SIGTERM)
         length = max(ends.values())
@@ -183,9 +180,11 @@ async def _new_master(cluster: AutoswitchCluster, old: str) -> dict[str, object]
     return state if address and address != old else None
 
 
+async def max_offset(address: str) -> int:
+    status = await ha_status(address)
+    side: dict[str, int] = status.get("master") or status["slave"]
+    return side["max_offset"]
+
+
 async def _caught_up(cluster: AutoswitchCluster) -> bool:
-    offsets = set()
-    for broker in cluster.brokers:
-        status = await ha_status(broker.address)
-        offsets.add((status.get("master") or status.get("slave"))["max_offset"])
-    return len(offsets) == 1
+    return len({await max_offset(b.address) for b in cluster.brokers}) == 1

@@ -43,21 +43,12 @@ from cattrs.v import format_exception
 from hamq.ha import HAConfig
 from hamq.protocol.ha_wire import HAProtocol
 from hamq.protocol.message import TOPIC_MAX_LENGTH
-from hamq.remoting import RemotingConfig, parse_address
+from hamq.remoting import RemotingConfig, check_address, check_addresses
 from hamq.store import BrokerRole, FlushDiskType, StoreConfig
 
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; the text names every bad field."""
-
-
-def _addresses(_instance: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
-    for addr in value:
-        parse_address(addr)  # ValueError names the bad one
-
-
-def _address(_instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
-    parse_address(value)
 
 
 def _default_slave_read_lag() -> int:
@@ -91,7 +82,9 @@ class BrokerConfig:
     #: the address clients and other brokers use (STOREHOST); default: listen_host
     broker_ip: str | None = None
     #: nameservers to register with; none: start one in this process on embedded_namesrv_port
-    namesrv_addrs: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_addresses)
+    namesrv_addrs: tuple[str, ...] = attrs.field(
+        default=(), converter=tuple, validator=check_addresses
+    )
     embedded_namesrv_port: int = attrs.field(default=9876, validator=[v.ge(0), v.le(65535)])
     register_interval_s: float = attrs.field(default=30.0, validator=v.gt(0.0))
     register_timeout_s: float = attrs.field(default=6.0, validator=v.gt(0.0))
@@ -113,7 +106,7 @@ class BrokerConfig:
         default=None, validator=v.optional([v.ge(0), v.le(65535)])
     )
     #: a slave's master HA address; default: what the nameservers say (haMasterAddress)
-    ha_master_address: str | None = attrs.field(default=None, validator=v.optional(_address))
+    ha_master_address: str | None = attrs.field(default=None, validator=v.optional(check_address))
     ha: HAConfig = attrs.field(factory=HAConfig)
     #: how often a slave copies topics, offsets, delay offsets and groups from its master
     metadata_sync_interval_s: float = attrs.field(default=10.0, validator=v.gt(0.0))
@@ -127,7 +120,7 @@ class BrokerConfig:
     enable_controller_mode: bool = False
     #: the controllers (controllerAddr): standalone ones, or nameservers embedding one
     controller_addrs: tuple[str, ...] = attrs.field(
-        default=(), converter=tuple, validator=_addresses
+        default=(), converter=tuple, validator=check_addresses
     )
     #: how often the broker heartbeats every controller (brokerHeartbeatInterval)
     controller_heartbeat_interval_s: float = attrs.field(default=1.0, validator=v.gt(0.0))

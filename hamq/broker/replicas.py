@@ -369,7 +369,6 @@ class ReplicasManager:
         self.applied = view  # (no master address for the HA client from here on)
         self.ha_client.kick()
         await store.trim_partial_tail()
-        await store.wait_dispatched()
         await self.epochs.append(view.master_epoch, store.commitlog_max_offset)
         self._joining.clear()
         self._adopt_sync_state_set(view)
@@ -377,7 +376,7 @@ class ReplicasManager:
         role = self.config.store.role
         ctx.role = role if role.is_master else BrokerRole.ASYNC_MASTER
         ctx.broker_id = 0
-        await store.set_master(True)
+        await store.set_master(True)  # (waits until the reput task dispatched everything)
         self.role_changes += 1
         log.warning(
             "broker %d is master of %s (epoch %d from commitlog offset %d), taking sends",

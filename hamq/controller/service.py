@@ -48,30 +48,21 @@ from hamq.protocol.headers import (
     RegisterBrokerToControllerRequestHeader,
     ReplicaInfoResponseHeader,
 )
-from hamq.remoting import Connection, Dispatcher, RemotingError, parse_address
+from hamq.remoting import Connection, Dispatcher, RemotingError, check_address, check_addresses
 
 log = logging.getLogger(__name__)
 
 NOTIFY_TIMEOUT_S = 3.0
 
 
-def _address(_instance: object, _attribute: object, value: str) -> None:
-    parse_address(value)
-
-
-def _addresses(_instance: object, _attribute: object, value: tuple[str, ...]) -> None:
-    for addr in value:
-        parse_address(addr)
-
-
 @attrs.frozen
 class ControllerConfig:
     #: this controller's Raft address (host:port), where the other controllers reach it
-    raft_address: str = attrs.field(validator=_address)
+    raft_address: str = attrs.field(validator=check_address)
     #: where the controller keeps its Raft journal and dumps
     data_dir: Path = attrs.field(converter=Path)
     #: every controller's Raft address, this one's included (empty: a single controller)
-    raft_peers: tuple[str, ...] = attrs.field(default=(), validator=_addresses)
+    raft_peers: tuple[str, ...] = attrs.field(default=(), validator=check_addresses)
     #: a broker not heard from for this long is dead, unless its heartbeat says otherwise
     lease_s: float = attrs.field(default=3.0, validator=v.gt(0))
     #: how often the leader looks for groups without a live master
@@ -212,13 +203,18 @@ class Controller:
                 list(info.sync_state_set),
             )
             return
+        await self._elected(info, "its master is gone")
+
+    async def _elected(self, info: ReplicaInfo, why: str) -> None:
+        """Count and log an election, and tell the group."""
         self.elections += 1
         log.warning(
-            "broker group %s: broker %d (%s) elected master, epoch %d",
-            name,
+            "broker group %s: broker %d (%s) elected master, epoch %d (%s)",
+            info.broker_name,
             info.master_id,
             info.master_address,
             info.master_epoch,
+            why,
         )
         await self._notify(info)
 
@@ -365,16 +361,7 @@ class Controller:
             expected_master_epoch=group.master_epoch if group is not None else None,
         )
         if info.master_id is not None:
-            self.elections += 1
-            log.warning(
-                "broker group %s: broker %d (%s) elected master, epoch %d (%s)",
-                header.broker_name,
-                info.master_id,
-                info.master_address,
-                info.master_epoch,
-                "by admin" if designated is not None else "on request",
-            )
-            await self._notify(info)
+            await self._elected(info, "by admin" if designated is not None else "on request")
         return self._answer(request, info)
 
     def metadata(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:

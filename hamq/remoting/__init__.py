@@ -8,7 +8,12 @@
 - errors.py      RemotingError and its kinds
 """
 
-from hamq.remoting.address import format_address, parse_address
+from hamq.remoting.address import (
+    check_address,
+    check_addresses,
+    format_address,
+    parse_address,
+)
 from hamq.remoting.client import RemotingClient
 from hamq.remoting.config import RemotingConfig
 from hamq.remoting.connection import Connection, ConnectionStatistics, Responder
@@ -38,6 +43,8 @@ __all__ = [
     "RemotingTimeoutError",
     "Responder",
     "ServerStatistics",
+    "check_address",
+    "check_addresses",
     "format_address",
     "parse_address",
 ]

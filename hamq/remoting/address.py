@@ -23,3 +23,14 @@ def parse_address(addr: str) -> tuple[str, int]:
 def format_address(host: str, port: int) -> str:
     """The ``host:port`` text of an address, IPv6 hosts in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def check_address(_instance: object, _attribute: object, value: str) -> None:
+    """attrs validator: ``value`` is ``host:port`` (ValueError names it otherwise)."""
+    parse_address(value)
+
+
+def check_addresses(_instance: object, _attribute: object, value: tuple[str, ...]) -> None:
+    """attrs validator: every item is ``host:port``."""
+    for addr in value:
+        parse_address(addr)
