@@ -151,7 +151,8 @@ class Controller:
             task_status.started()
             await self._election_loop()
         finally:
-            await trio.to_thread.run_sync(self.raft.stop)
+            with trio.CancelScope(shield=True):  # (run is ended by cancellation)
+                await trio.to_thread.run_sync(self.raft.stop)
 
     # ------------------------------------------------------------------ elections
     async def _election_loop(self) -> None:
