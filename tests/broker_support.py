@@ -71,11 +71,6 @@ async def running_nameserver(
         nursery.cancel_scope.cancel()
 
 
-def virtual_ms(base_ms: int = 1_700_000_000_000) -> Callable[[], int]:
-    """A wall clock (ms) that follows Trio's clock, so MockClock drives it."""
-    return lambda: base_ms + int(trio.current_time() * 1000)
-
-
 def namesrv(node: BrokerNode) -> str:
     return ";".join(node.namesrv_addrs)
 

@@ -55,7 +55,10 @@ def _dirty(segments: list[Segment]) -> list[tuple[Segment, int]]:
 async def _sync(segments: list[tuple[Segment, int]], index_files: Sequence[IndexFile] = ()) -> None:
     """fsync the segments (and index files) in a worker thread, then record that what
     they held when taken is on disk — never more than they hold now, should a
-    truncation have cut one meanwhile. A failed sync marks them for the next round."""
+    truncation have cut one meanwhile. A failed sync marks them for the next round.
+    Nothing to sync: no thread is started."""
+    if not segments and not index_files:
+        return
 
     def sync() -> None:
         for segment, _wrote in segments:
