@@ -1,27 +1,99 @@
-"""``hamq produce`` and ``hamq consume``: a producer and a push consumer at the terminal."""
+"""``hamq produce`` and ``hamq consume``: a producer and a push consumer at the terminal.
+
+produce: messages go one at a time; each may take ``--send-timeout`` (30 s), retries
+and a master failover included, a single try at most ATTEMPT_TIMEOUT_S (a master that
+hangs is given up for the next try, on a fresh route). The command ends with one
+summary line on stdout (how many were sent, how many acknowledged SEND_OK) whether it
+finished, gave up on a message (then one ``error:`` line, exit code 1) or was
+interrupted (exit code 130); exit code 1 too when a message was stored short of
+SEND_OK.
+
+consume: prints each message as it is handled, and commits only what it printed:
+with ``--count N`` exactly N, the next run of the group starts right after them. A
+topic no nameserver knows is said once on stderr; the consumer waits for it. A
+closed stdout ends it (cli/common.py).
+"""
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import Counter
 from typing import Annotated
 
+import attrs
 import trio
 import typer
 
-from cli.common import DEFAULT_NAMESRV, NamesrvOption, fail, run
+from cli.common import DEFAULT_NAMESRV, CommandError, NamesrvOption, fail, run
 from hamq.client import (
+    AdminClient,
     ConsumeFrom,
     InvalidArgumentError,
     Message,
     MessageExt,
+    NoRouteError,
     Producer,
     PushConsumer,
+    SendError,
     SendResult,
+    SendStatus,
 )
-from hamq.client.message import check_topic
+from hamq.client.message import DEFAULT_MAX_MESSAGE_SIZE, check_message, check_topic
+
+log = logging.getLogger(__name__)
 
 #: above this many messages, produce prints a summary instead of every result
 ECHO_EACH_UP_TO = 20
+#: RocketMQ's delay levels by default (messageDelayLevel): 1=1s 2=5s 3=10s ... 18=2h
+MAX_DELAY_LEVEL = 18
+#: how long one message may take by default, retries and a failover included
+SEND_TIMEOUT_S = 30.0
+#: how long one try may wait for the broker: longer than a SYNC_MASTER waits for its
+#: slave (3 s, ``[ha] sync_timeout_s``) so that its FLUSH_SLAVE_TIMEOUT answer arrives,
+#: short enough that a master that hangs leaves time for the next try
+ATTEMPT_TIMEOUT_S = 5.0
+
+
+@attrs.define
+class _Tally:
+    """What produce has sent so far."""
+
+    count: int
+    statuses: Counter[SendStatus] = attrs.field(factory=Counter)
+    per_queue: Counter[str] = attrs.field(factory=Counter)
+    elapsed_s: float = 0.0
+
+    @property
+    def sent(self) -> int:
+        return sum(self.statuses.values())
+
+    @property
+    def acknowledged(self) -> int:
+        return self.statuses[SendStatus.SEND_OK]
+
+    def add(self, result: SendResult) -> None:
+        self.statuses[result.status] += 1
+        self.per_queue[str(result.queue)] += 1
+
+    def short_of_ok(self) -> str:
+        return ", ".join(
+            f"{n} {status.value}"
+            for status, n in sorted(self.statuses.items(), key=lambda item: item[0].value)
+            if status is not SendStatus.SEND_OK
+        )
+
+    def summary(self, topic: str) -> str:
+        of = "" if self.sent == self.count else f" of {self.count}"
+        rate = self.sent / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        short = self.short_of_ok()
+        queues = ", ".join(f"{q}={n}" for q, n in sorted(self.per_queue.items()))
+        return (
+            f"sent {self.sent}{of} message(s) to {topic} in {self.elapsed_s:.2f}s "
+            f"({rate:,.0f} msgs/s); {self.acknowledged} acknowledged (SEND_OK)"
+            + (f", {short}" if short else "")
+            + (f"; over {len(self.per_queue)} queue(s): {queues}" if queues else "")
+        )
 
 
 def produce(
@@ -36,48 +108,81 @@ def produce(
         str | None, typer.Option("--keys", help="Space-separated keys ('{i}' numbered).")
     ] = None,
     delay_level: Annotated[
-        int, typer.Option("--delay-level", min=0, help="Deliver later: 1=1s 2=5s 3=10s ...")
+        int,
+        typer.Option(
+            "--delay-level",
+            min=0,
+            max=MAX_DELAY_LEVEL,
+            help=f"Deliver later: 1=1s 2=5s 3=10s ... {MAX_DELAY_LEVEL}=2h (0: at once).",
+        ),
     ] = 0,
     group: Annotated[str, typer.Option("--group", "-g", help="Producer group.")] = "hamq-cli",
+    send_timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--send-timeout",
+            min=0.1,
+            help="Seconds one message may take, retries and a master failover included.",
+        ),
+    ] = SEND_TIMEOUT_S,
     namesrv: NamesrvOption = DEFAULT_NAMESRV,
 ) -> None:
-    """Send COUNT messages to TOPIC and report where they went."""
+    """Send COUNT messages to TOPIC and report where they went (Ctrl-C stops; the
+    summary says how many were sent)."""
     text = body if body is not None else "hello from hamq #{i}"
-    try:
-        check_topic(topic)
-        messages = [
-            Message(
-                topic,
-                text.replace("{i}", str(i)),
-                tags=tags,
-                keys=keys.replace("{i}", str(i)) if keys else None,
-                delay_level=delay_level,
-            )
-            for i in range(count)
-        ]
-    except InvalidArgumentError as exc:
-        raise fail(str(exc), 2) from None
 
-    async def main() -> None:
-        per_queue: dict[str, int] = {}
-        started = time.perf_counter()
-        async with Producer(group, namesrv) as producer:
-            for i, message in enumerate(messages):
-                result: SendResult = await producer.send(message)
-                per_queue[str(result.queue)] = per_queue.get(str(result.queue), 0) + 1
-                if count <= ECHO_EACH_UP_TO:
-                    typer.echo(
-                        f"#{i} {result.status.value} {result.queue} offset {result.queue_offset} "
-                        f"id {result.msg_id}"
-                    )
-        elapsed = time.perf_counter() - started
-        typer.echo(
-            f"sent {count} message(s) to {topic} in {elapsed:.2f}s "
-            f"({count / elapsed:,.0f} msgs/s) over {len(per_queue)} queue(s): "
-            + ", ".join(f"{q}={n}" for q, n in sorted(per_queue.items()))
+    def message(i: int) -> Message:
+        return Message(
+            topic,
+            text.replace("{i}", str(i)),
+            tags=tags,
+            keys=keys.replace("{i}", str(i)) if keys else None,
+            delay_level=delay_level,
         )
 
-    run(main)
+    try:
+        check_topic(topic)
+        check_message(message(0), DEFAULT_MAX_MESSAGE_SIZE)
+    except InvalidArgumentError as exc:
+        raise fail(str(exc), 2) from None
+    tally = _Tally(count)
+
+    async def main() -> None:
+        async with Producer(
+            group,
+            namesrv,
+            send_timeout_s=send_timeout_s,
+            send_attempt_timeout_s=min(ATTEMPT_TIMEOUT_S, send_timeout_s),
+        ) as producer:
+            # the route first: a nameserver that is not there ends the command here
+            await producer.queues(topic)
+            started = time.perf_counter()
+            try:
+                for i in range(count):
+                    try:
+                        result = await producer.send(message(i))
+                    except SendError as exc:
+                        last = f"; the last: {exc.attempts[-1]}" if exc.attempts else ""
+                        raise CommandError(
+                            f"gave up on message #{i}: not sent within {send_timeout_s:g}s "
+                            f"({len(exc.attempts)} attempt(s){last})"
+                        ) from exc
+                    tally.add(result)
+                    if count <= ECHO_EACH_UP_TO:
+                        typer.echo(
+                            f"#{i} {result.status.value} {result.queue} offset "
+                            f"{result.queue_offset} id {result.msg_id}"
+                        )
+            finally:
+                tally.elapsed_s = time.perf_counter() - started
+                typer.echo(tally.summary(topic))
+
+    run(main, interruptible=True)
+    if tally.acknowledged < count:
+        raise fail(
+            f"{count - tally.acknowledged} of {count} message(s) stored short of "
+            f"SEND_OK: {tally.short_of_ok()}"
+        )
 
 
 def consume(
@@ -104,42 +209,59 @@ def consume(
     namesrv: NamesrvOption = DEFAULT_NAMESRV,
 ) -> None:
     """Consume TOPIC as a member of GROUP, printing each message (Ctrl-C stops;
-    offsets are committed)."""
+    offsets of the printed messages are committed)."""
     try:
         consume_from = ConsumeFrom[f"{start.upper()}_OFFSET"]
     except KeyError:
         raise fail(f"--from {start!r}: use first or last", 2) from None
     try:
-        consumer = PushConsumer(group, namesrv, consume_from=consume_from)
+        # one message per handler call (the default): --count can stop between any two
+        consumer = PushConsumer(group, namesrv, consume_from=consume_from, consume_batch_size=1)
         consumer.subscribe(topic, expression)
     except InvalidArgumentError as exc:
         raise fail(str(exc), 2) from None
 
-    received = 0
+    printed = 0
+    stdout_closed = False
 
     async def main() -> None:
+        nonlocal stdout_closed
+        if not await _topic_known(namesrv, topic):
+            typer.echo(f"topic {topic} does not exist (yet); waiting for it", err=True)
         done = trio.Event()
         last_activity = trio.current_time()
 
-        def handle(messages: list[MessageExt]) -> None:
-            nonlocal received, last_activity
+        async def handle(messages: list[MessageExt]) -> None:
+            # A message is printed, then handled (its offset may be committed), or it
+            # waits here until the consumer stops: past --count, or with stdout gone,
+            # it is neither printed nor committed (the group's next run gets it).
+            nonlocal printed, last_activity, stdout_closed
             for message in messages:
-                received += 1
+                if done.is_set():
+                    await trio.sleep_forever()
                 if not quiet:
                     body = message.body.decode(errors="replace")
-                    typer.echo(
-                        f"{message.topic} q{message.queue_id} #{message.queue_offset} "
-                        f"tags={message.tags or '-'} id={message.msg_id} {body}"
-                    )
+                    try:
+                        typer.echo(
+                            f"{message.topic} q{message.queue_id} #{message.queue_offset} "
+                            f"tags={message.tags or '-'} id={message.msg_id} {body}"
+                        )
+                    except BrokenPipeError:
+                        stdout_closed = True
+                        done.set()
+                        await trio.sleep_forever()
+                printed += 1
+                if count is not None and printed >= count:
+                    done.set()
             last_activity = trio.current_time()
-            if count is not None and received >= count:
-                done.set()
 
         async with consumer.consuming(handle):
-            typer.echo(
-                f"consuming {topic} ({expression}) as {group}; queues: "
-                + ", ".join(str(q) for q in consumer.assigned),
-                err=True,
+            log.info(
+                "consuming %s (%s) as %s; queues: %s",
+                topic,
+                expression,
+                group,
+                ", ".join(str(q) for q in consumer.assigned),
             )
             if idle_exit_s is None:
                 await done.wait()
@@ -149,6 +271,18 @@ def consume(
                     break
                 with trio.move_on_after(remaining):
                     await done.wait()
+        if stdout_closed:
+            raise BrokenPipeError("stdout was closed")
 
-    run(main)
-    typer.echo(f"consumed {received} message(s) from {topic} as {group}", err=True)
+    run(main, watch_stdout=True)
+    typer.echo(f"consumed {printed} message(s) from {topic} as {group}", err=True)
+
+
+async def _topic_known(namesrv: str, topic: str) -> bool:
+    """Whether a nameserver knows ``topic``; NameServerUnavailableError if none answers."""
+    async with AdminClient(namesrv) as admin:
+        try:
+            await admin.topic_route(topic)
+        except NoRouteError:
+            return False
+    return True

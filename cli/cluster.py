@@ -13,27 +13,43 @@ Order: nameservers, then masters (broker_id 0), then slaves, then brokers in con
 mode (``enable_controller_mode``: the controllers pick their ids and their master) start,
 each awaited until its one ``hamq ... ready:`` line (at most READY_TIMEOUT_S). They
 stop in reverse kind order: controller-mode brokers, slaves, masters, nameservers;
-SIGTERM, then at most STOP_TIMEOUT_S per group, then SIGKILL.
+SIGTERM, then at most STOP_TIMEOUT_S per group, then SIGKILL. SIGINT, SIGTERM and
+SIGHUP (a closed terminal) stop them; a second SIGINT or SIGTERM kills what is left.
+
+Supervision: a child that cannot start stops them all (exit 1). One that ends later
+is reported in one line and the others keep running; with restarts on (``--restart``;
+the default for controller-mode profiles, whose brokers come back as slaves) it is
+started again, same command line and log, after ``restart_delay``: longer after each
+quick failure (before ready, or less than QUICK_FAILURE_S after), and not at all
+after RESTART_GIVE_UP of them in a row (one line says so).
 
 Invariants: every child is recorded the moment it is spawned and is waited for before
 ``up`` returns, on every path (a child that fails, a bad start, Ctrl-C, a second
 Ctrl-C). Children run in their own process group, so a terminal's Ctrl-C reaches only
-``up``, which stops them in order. Children's stderr, and anything they print after
-the ready line, goes to ``<log-dir>/<profile>-<child>.log`` (truncated at each start).
-Exit codes: 0 after a clean stop, 1 when a child failed or had to be killed, 2 for a
-bad profile.
+``up``, which stops them in order; and each has PARENT_DEATH_SIGNAL (SIGTERM) set for
+the death of the thread that forked it, always the main thread (``spawn``), so they
+stop even when ``up`` is killed with SIGKILL. Children's stderr, and anything they
+print after the ready line, goes to ``<log-dir>/<profile>-<child>.log``; at each
+``up`` a non-empty log of the last run is kept as ``<...>.log.1`` (one generation),
+and a restart appends to the log after a ``---- hamq cluster up:`` line.
+Exit codes: 0 after a clean stop of children that all ran at that time, 1 when a
+child failed to start, had ended by the stop (or all had), or had to be killed, 2 for
+a bad profile.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import enum
+import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import tomllib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO
 
@@ -63,6 +79,16 @@ KILL_WAIT_S = 5.0
 #: how much of a child's log an error shows
 LOG_TAIL_LINES = 15
 LOG_TAIL_BYTES = 16 * 1024
+#: a child that ends before it is ready, or sooner than this after, failed quickly
+QUICK_FAILURE_S = 10.0
+#: the pause before a restart, by quick failures in a row (the last one repeats)
+RESTART_DELAYS_S = (0.5, 1.0, 2.0, 4.0)
+#: after this many quick failures in a row a child is not started again
+RESTART_GIVE_UP = 4
+#: what each child gets when ``up`` ends, however it ends (SIGTERM: a clean stop)
+PARENT_DEATH_SIGNAL = signal.SIGTERM
+#: how often a child's end is polled where Linux has no pidfd_open
+EXIT_POLL_S = 0.05
 
 
 class ProfileError(ValueError):
@@ -104,6 +130,11 @@ class Profile:
     directory: Path
     #: in start order
     children: tuple[ChildSpec, ...]
+
+    @property
+    def controller_mode(self) -> bool:
+        """Its brokers are in controller mode (a restarted one comes back as a slave)."""
+        return any(child.kind is Kind.BROKER for child in self.children)
 
 
 # ---------------------------------------------------------------- loading a profile
@@ -310,17 +341,145 @@ def _broker_kind(config: BrokerConfig) -> Kind:
     return Kind.MASTER if config.broker_id == 0 else Kind.SLAVE
 
 
+# ---------------------------------------------------------------- restarts
+def restart_delay(quick_failures: int) -> float | None:
+    """The pause before starting a child again after ``quick_failures`` quick failures in
+    a row (0: it had been running for a while), or None: do not start it again."""
+    if quick_failures >= RESTART_GIVE_UP:
+        return None
+    return RESTART_DELAYS_S[min(quick_failures, len(RESTART_DELAYS_S) - 1)]
+
+
+# ---------------------------------------------------------------- child processes
+def open_log(path: Path) -> BinaryIO:
+    """``path``, empty, opened for appending (the child's stderr and our copies of its
+    stdout never overwrite each other). A non-empty log of an earlier run becomes
+    ``<name>.1``, replacing the one before. Raises OSError; a failed rename leaves both
+    files as they were."""
+    with contextlib.suppress(FileNotFoundError):
+        if path.stat().st_size > 0:
+            os.replace(path, path.with_name(f"{path.name}.1"))
+    return path.open("ab")
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_hook() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking the kernel to send PARENT_DEATH_SIGNAL to the child when
+    the thread that forks it ends; None where there is no prctl (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    death_signal = int(PARENT_DEATH_SIGNAL)
+
+    def hook() -> None:  # in the child, between fork and exec
+        if prctl(_PR_SET_PDEATHSIG, death_signal, 0, 0, 0) != 0 or os.getppid() != parent:
+            os._exit(127)  # no signal set, or ``up`` is gone already: do not run orphaned
+
+    return hook
+
+
+class ChildProcess:
+    """A child started by ``spawn``: its pid, its stdout as a Trio stream, and waits that
+    keep the run loop going (on a pidfd where Linux has them, else polling)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], stdout: trio.lowlevel.FdStream) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self.stdout = stdout
+        self._wait_lock = trio.Lock()
+        self._pidfd: int | None
+        try:
+            self._pidfd = os.pidfd_open(popen.pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+
+    @property
+    def returncode(self) -> int | None:
+        """None while it runs, else its exit code (-N: killed by signal N); reaps it."""
+        return self._popen.poll()
+
+    async def wait(self) -> int:
+        """Until it has ended; its return code."""
+        async with self._wait_lock:
+            while (code := self._popen.poll()) is None:
+                if self._pidfd is None:
+                    await trio.sleep(EXIT_POLL_S)
+                    continue
+                try:
+                    await trio.lowlevel.wait_readable(self._pidfd)
+                except trio.ClosedResourceError:  # (aclose meanwhile: poll instead)
+                    pass
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        """``sig`` to the child, unless it has ended (and been reaped) already."""
+        self._popen.send_signal(sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    async def aclose(self) -> None:
+        """Close our ends of it (its stdout, the pidfd); the process itself is left alone.
+        Idempotent."""
+        if self._pidfd is not None:
+            pidfd, self._pidfd = self._pidfd, None
+            trio.lowlevel.notify_closing(pidfd)
+            os.close(pidfd)
+        await self.stdout.aclose()
+
+
+def spawn(command: list[str], log: BinaryIO) -> ChildProcess:
+    """Start ``command`` in a process group of its own (a terminal's Ctrl-C is for ``up``)
+    with stdin /dev/null, stdout a pipe we read, stderr ``log``, and a parent-death signal.
+
+    It forks from the main thread and blocks it for the fork and exec (milliseconds):
+    the kernel sends the parent-death signal when the *thread* that forked the child
+    ends, so a fork from a worker thread (``trio.lowlevel.open_process`` forks in one,
+    and idle ones end after 10 s) would stop the children long before ``up`` ends.
+    Raises RuntimeError off the main thread, OSError if the command cannot start;
+    nothing is left open then."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("spawn() forks from the main thread only")
+    read_fd, write_fd = os.pipe()
+    try:
+        popen = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=write_fd,
+            stderr=log,
+            process_group=0,
+            preexec_fn=_parent_death_hook(),
+        )
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
+    return ChildProcess(popen, trio.lowlevel.FdStream(read_fd))
+
+
 # ---------------------------------------------------------------- running it
 @attrs.define(eq=False)
 class Child:
     spec: ChildSpec
-    process: trio.Process
+    #: the current process (a restart replaces it)
+    process: ChildProcess
     log_path: Path
     #: the parent's handle on the log (the child writes its stderr through its own)
     log: BinaryIO
     address: str = "-"
     #: the nameservers a broker's ready line names
     namesrvs: list[str] = attrs.Factory(list)
+    #: trio.current_time() when the current process was ready; None before
+    ready_at: float | None = None
+    #: how many times it was started again
+    restarts: int = 0
     #: how it ended, for the stop report
     outcome: str = ""
 
@@ -335,15 +494,15 @@ class Child:
 
 
 class ChildFailed(Exception):
+    """A child that could not be started: ``up`` stops the others."""
+
     def __init__(self, child: Child, what: str) -> None:
         super().__init__(f"{child.title} {what}")
         self.child = child
 
 
-def _open_log(path: Path) -> BinaryIO:
-    # append mode: the child's stderr and our copies of its stdout never overwrite each other
-    path.write_bytes(b"")
-    return path.open("ab")
+class NothingLeft(Exception):
+    """Every child has ended and none will be started again."""
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -379,32 +538,39 @@ def _say(message: str, *, err: bool = False) -> None:
 
 
 class Cluster:
-    """Starts, watches and stops the children of one profile (``run`` does all)."""
+    """Starts, watches (and restarts) and stops the children of one profile (``run``)."""
 
-    def __init__(self, profile: Profile, log_dir: Path, log_level: str) -> None:
+    def __init__(self, profile: Profile, log_dir: Path, log_level: str, *, restart: bool) -> None:
         self.profile = profile
         self.log_dir = log_dir
         self.log_level = log_level
+        self.restart = restart
         self.children: list[Child] = []
         self.exit_code = 0
+        #: children that ended and will not be started again
+        self._ended = 0
         #: a second signal while stopping: SIGKILL whatever is left, now
         self._hurry = False
         self._stop_wait: trio.CancelScope | None = None
 
     async def run(self) -> int:
-        """Up until a signal or a child's failure, then down; the exit code."""
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        """Up until a signal (or a child that cannot start, or none left), then down;
+        the exit code."""
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._until_signalled, signals, nursery.cancel_scope)
                     await self._up(nursery)
-                    await trio.sleep_forever()  # the watchers raise ChildFailed
+                    await trio.sleep_forever()  # the supervisors raise NothingLeft
             except* ChildFailed as group:
                 for exc in _leaves(group):
                     assert isinstance(exc, ChildFailed)
                     self._report_failure(exc)
                 self.exit_code = 1
-            except* OSError as group:  # a log file or a spawn that failed
+            except* NothingLeft:
+                _say("error: every process has ended; nothing left to run", err=True)
+                self.exit_code = 1
+            except* OSError as group:  # a log file or a first spawn that failed
                 for exc in _leaves(group):
                     _say(f"error: {exc}", err=True)
                 self.exit_code = 1
@@ -420,63 +586,72 @@ class Cluster:
             return
 
     # ------------------------------------------------------------ up
+    @property
+    def _restart_note(self) -> str:
+        return "restarts: on" if self.restart else "restarts: off"
+
     async def _up(self, nursery: trio.Nursery) -> None:
         p = self.profile
         _say(
             f"starting profile {p.name} ({p.directory}): {len(p.children)} process(es); "
-            f"logs in {self.log_dir}/{p.name}-<name>.log"
+            f"logs in {self.log_dir}/{p.name}-<name>.log; {self._restart_note}"
         )
         for spec in p.children:
             child = await self._start(spec)
-            nursery.start_soon(self._watch, child)
+            nursery.start_soon(self._supervise, child)
         self._print_table()
 
+    def _command(self, spec: ChildSpec) -> list[str]:
+        return [sys.executable, "-m", "cli.main", "--log-level", self.log_level, *spec.args]
+
     async def _start(self, spec: ChildSpec) -> Child:
+        """The first start: rotate the log, spawn, wait until ready. Raises ChildFailed
+        (the child recorded, for ``_down``) or OSError (nothing started)."""
         log_path = self.log_dir / f"{self.profile.name}-{spec.name}.log"
-        log = _open_log(log_path)
-        command = [sys.executable, "-m", "cli.main", "--log-level", self.log_level, *spec.args]
+        log = open_log(log_path)
         try:
-            with trio.CancelScope(shield=True):  # spawned means recorded
-                process = await trio.lowlevel.open_process(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=log,
-                    process_group=0,  # a terminal's Ctrl-C is for us, not for the children
-                )
+            process = spawn(self._command(spec), log)
         except BaseException:
             log.close()
             raise
-        child = Child(spec, process, log_path, log)
+        child = Child(spec, process, log_path, log)  # spawned means recorded: no await between
         self.children.append(child)
         started = trio.current_time()
-        try:
-            with trio.fail_after(READY_TIMEOUT_S):
-                line = await self._ready_line(child)
-        except trio.TooSlowError:
-            raise ChildFailed(child, f"was not ready after {READY_TIMEOUT_S:.0f} s") from None
-        if line is None:
-            with trio.move_on_after(KILL_WAIT_S):
-                await process.wait()
-            code = process.returncode
-            how = describe_exit(code) if code is not None else "its output closed"
-            raise ChildFailed(child, f"ended before it was ready ({how})")
-        match = _BROKER_READY.match(line) or _NAMESERVER_READY.match(line)
-        if match:
-            child.address = match.group(1).rstrip(",")
-            if match.re is _BROKER_READY:
-                child.namesrvs = [a.strip(",") for a in match.group(2).split(";") if a.strip(",")]
+        problem = await self._until_ready(child)
+        if problem is not None:
+            raise ChildFailed(child, problem)
         _say(
             f"  {spec.name}: {spec.kind.value} ready at {child.address} "
             f"in {trio.current_time() - started:.1f} s (pid {process.pid})"
         )
         return child
 
+    async def _until_ready(self, child: Child) -> str | None:
+        """Wait (at most READY_TIMEOUT_S) for the child's ready line; None once it is
+        ready, else what went wrong (a late child is still running)."""
+        try:
+            with trio.fail_after(READY_TIMEOUT_S):
+                line = await self._ready_line(child)
+        except trio.TooSlowError:
+            return f"was not ready after {READY_TIMEOUT_S:.0f} s"
+        if line is None:
+            with trio.move_on_after(KILL_WAIT_S):
+                await child.process.wait()
+            code = child.process.returncode
+            how = describe_exit(code) if code is not None else "its output closed"
+            return f"ended before it was ready ({how})"
+        child.ready_at = trio.current_time()
+        match = _BROKER_READY.match(line) or _NAMESERVER_READY.match(line)
+        if match:
+            child.address = match.group(1).rstrip(",")
+            if match.re is _BROKER_READY:
+                child.namesrvs = [a.strip(",") for a in match.group(2).split(";") if a.strip(",")]
+        return None
+
     async def _ready_line(self, child: Child) -> str | None:
         """The child's ``hamq ... ready:`` line; None if its stdout ends first. Other
         lines, and what follows the ready line in the same read, go to its log."""
         stream = child.process.stdout
-        assert stream is not None
         buffer = b""
         while True:
             chunk = await stream.receive_some(4096)
@@ -492,14 +667,74 @@ class Cluster:
                     return line
                 child.write_log(raw + b"\n")
 
-    async def _watch(self, child: Child) -> None:
-        """Copy the child's stdout to its log until it exits; an exit now is a failure."""
-        stream = child.process.stdout
-        assert stream is not None
-        async for chunk in stream:
+    # ------------------------------------------------------------ supervising
+    async def _supervise(self, child: Child) -> None:
+        """Copy the child's stdout to its log until it ends; an end now is unexpected:
+        one line says so. With restarts on, start it again after ``restart_delay`` of
+        its quick failures in a row (ended before it was ready, or less than
+        QUICK_FAILURE_S after); give up after RESTART_GIVE_UP of them. Raises
+        NothingLeft once every child has ended for good."""
+        quick = 0
+        problem = await self._until_exit(child)
+        while True:
+            ready_at = child.ready_at
+            if ready_at is None or trio.current_time() - ready_at < QUICK_FAILURE_S:
+                quick += 1
+            else:
+                quick = 0
+            delay = restart_delay(quick) if self.restart else None
+            if delay is None:
+                self._given_up(child, problem, quick)
+                return
+            _say(f"warning: {child.title} {problem}; starting it again in {delay:g} s", err=True)
+            await trio.sleep(delay)
+            problem = await self._restart(child) or await self._until_exit(child)
+
+    async def _until_exit(self, child: Child) -> str:
+        """Copy the child's stdout to its log until it ends; how it ended."""
+        async for chunk in child.process.stdout:
             child.write_log(chunk)
         code = await child.process.wait()
-        raise ChildFailed(child, f"exited unexpectedly ({describe_exit(code)})")
+        await child.process.aclose()
+        return f"exited unexpectedly ({describe_exit(code)})"
+
+    async def _restart(self, child: Child) -> str | None:
+        """Start the child's command again, its output appended to the same log; None
+        once it is ready, else what went wrong (it does not run then)."""
+        child.restarts += 1
+        child.ready_at = None
+        child.write_log(
+            f"---- hamq cluster up: {child.title} had ended; start {child.restarts + 1}\n".encode()
+        )
+        started = trio.current_time()
+        try:
+            process = spawn(self._command(child.spec), child.log)
+        except OSError as exc:
+            return f"could not be started again ({exc.strerror or exc})"
+        child.process = process  # spawned means recorded: no await between
+        problem = await self._until_ready(child)
+        if problem is not None:
+            process.kill()  # a late one still runs
+            with trio.move_on_after(KILL_WAIT_S):
+                await process.wait()
+            await process.aclose()
+            return problem
+        _say(
+            f"  {child.spec.name}: {child.spec.kind.value} ready again at {child.address} "
+            f"in {trio.current_time() - started:.1f} s (pid {process.pid}, "
+            f"restart {child.restarts})"
+        )
+        return None
+
+    def _given_up(self, child: Child, problem: str, quick: int) -> None:
+        if self.restart:
+            verdict = f"{quick} quick failures in a row: not starting it again"
+        else:
+            verdict = "not started again (--no-restart), the others keep running"
+        _say(f"error: {child.title} {problem}; {verdict}; its log: {child.log_path}", err=True)
+        self._ended += 1
+        if self._ended == len(self.profile.children):
+            raise NothingLeft
 
     def _print_table(self) -> None:
         columns = ("name", "kind", "role", "broker id", "address", "pid")
@@ -536,7 +771,7 @@ class Cluster:
         _say(f"clients: --namesrv {namesrv if len(namesrvs) < 2 else repr(namesrv)}")
         _say(
             f"hamq cluster ready: {self.profile.name}, {len(self.children)} process(es); "
-            f"logs in {self.log_dir}; Ctrl-C stops them all"
+            f"logs in {self.log_dir}; {self._restart_note}; Ctrl-C stops them all"
         )
 
     def _report_failure(self, exc: ChildFailed) -> None:
@@ -565,11 +800,12 @@ class Cluster:
         finally:
             for child in self.children:
                 child.log.close()
-                if child.process.stdout is not None:
-                    await child.process.stdout.aclose()
+                await child.process.aclose()
 
     async def _hurry_on_signal(self, signals: AsyncIterator[int]) -> None:
         async for signum in signals:
+            if signum == signal.SIGHUP:  # a closing terminal may send two: not a hurry
+                continue
             _say(f"{signal.Signals(signum).name} again: killing what is left", err=True)
             self._hurry = True
             if self._stop_wait is not None:
@@ -646,9 +882,19 @@ def up(
     log_dir: Annotated[
         Path, typer.Option("--log-dir", help="Where the children's logs go.")
     ] = Path("data/logs"),
+    restart: Annotated[
+        bool | None,
+        typer.Option(
+            "--restart/--no-restart",
+            help="Start a process that ends on its own again (after 0.5-4 s; not after "
+            f"{RESTART_GIVE_UP} quick failures in a row). Default: on when the profile's "
+            "brokers are in controller mode (they come back as slaves), off otherwise.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Start a profile's nameservers (with their controllers), masters, slaves and
-    controller-mode brokers; Ctrl-C stops them all (brokers first)."""
+    controller-mode brokers and watch them; Ctrl-C stops them all (brokers first)."""
     try:
         loaded = load_profile(profile)
     except ProfileError as exc:
@@ -658,6 +904,8 @@ def up(
     except OSError as exc:
         raise fail(f"--log-dir {log_dir}: {exc.strerror or exc}", 2) from None
     log_level = (ctx.obj or {}).get("log_level", "info")
-    code = trio.run(Cluster(loaded, log_dir, log_level).run)
+    if restart is None:
+        restart = loaded.controller_mode
+    code = trio.run(Cluster(loaded, log_dir, log_level, restart=restart).run)
     if code:
         raise typer.Exit(code)

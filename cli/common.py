@@ -1,8 +1,24 @@
-"""What the command groups share: running Trio under Ctrl-C / SIGTERM, errors, options."""
+"""What the command groups share: running Trio under Ctrl-C / SIGTERM, errors, options.
+
+How a command ends (``run`` and cli/main.py's ``main`` keep these for every command):
+- an error is one line on stderr, ``error: ...``; exit code 2 for bad input (usage,
+  configuration, arguments the client refuses), 1 for a failure (a server refused,
+  none answered);
+- SIGINT / SIGTERM cancel the command, which shuts down in order; a server then exits
+  0 (a clean stop), a client command run with ``interruptible=True`` exits 128 + the
+  signal (130 for Ctrl-C), as shells report an interrupted program;
+- stdout closed by its reader (``hamq consume ... | head -3``): the command ends at
+  once and quietly, as ``cat`` does: nothing on stderr, exit code 141 (128 + SIGPIPE).
+"""
 
 from __future__ import annotations
 
+import errno
+import os
+import select
 import signal
+import stat
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -10,7 +26,9 @@ import trio
 import typer
 
 from hamq.broker import ConfigError
-from hamq.client import ClientError
+from hamq.client import ClientError, InvalidArgumentError
+from hamq.protocol import RequestError
+from hamq.remoting import RemotingError
 from hamq.store import StoreError
 
 #: ``--namesrv``: one or more nameservers, ``;``-separated as RocketMQ writes them
@@ -48,50 +66,147 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 
 
 #: errors a command reports as one line (no traceback): bad input, a port in use,
-#: a store another broker holds, a refusal from a server
-EXPECTED = (ConfigError, ClientError, OSError, StoreError, CommandError)
+#: a store another broker holds, a refusal from a server, a server not answering (or
+#: answering what does not decode)
+EXPECTED = (
+    ConfigError,
+    ClientError,
+    OSError,
+    StoreError,
+    CommandError,
+    RemotingError,
+    RequestError,
+)
+#: of those, the ones that mean bad input (exit code 2)
+BAD_INPUT = (ConfigError, InvalidArgumentError)
+#: the exit code of a command whose stdout was closed (a shell's for SIGPIPE)
+STDOUT_CLOSED_EXIT = 128 + signal.SIGPIPE
+#: how often a command that prints as it goes looks whether its stdout's reader left
+STDOUT_CHECK_S = 0.2
+
+
+def _only(exc: BaseException) -> BaseException:
+    """``exc``, or the one error inside nested exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _expected(exc: BaseException) -> Exception | None:
     """``exc``, or the one error inside nested exception groups, if it is expected."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
+    exc = _only(exc)
     return exc if isinstance(exc, EXPECTED) else None
 
 
-def run(main: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+def _one_broken_pipe(exc: BaseException) -> bool:
+    # (rich's Console answers a broken pipe with SystemExit(1))
+    return isinstance(exc, BrokenPipeError) or (
+        isinstance(exc, SystemExit) and isinstance(exc.__context__, BrokenPipeError)
+    )
+
+
+def is_broken_pipe(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write to a closed pipe (or a group of nothing else)."""
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(_one_broken_pipe)
+        return rest is None
+    return _one_broken_pipe(exc)
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (Linux reports POLLERR on
+    the write end; nothing is written to find out)."""
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+    except (OSError, ValueError, AttributeError):
+        return False
+    poller = select.poll()
+    poller.register(fd, 0)  # no events asked for: only POLLERR / POLLHUP come back
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null, so that what is still buffered (flushed at exit)
+    cannot fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def run(
+    main: Callable[..., Awaitable[Any]],
+    *args: Any,
+    interruptible: bool = False,
+    watch_stdout: bool = False,
+) -> Any:
     """``trio.run(main, *args)``; SIGINT and SIGTERM cancel it (shutdown runs), client
-    and configuration errors end the command with their message."""
+    and configuration errors end the command with their message (exit code 2 for bad
+    input, else 1).
+
+    ``interruptible``: a signal ends the command with 128 + its number (130 for
+    Ctrl-C) once ``main`` has shut down; otherwise a signal is a clean stop (0).
+    ``watch_stdout``: the command ends as soon as stdout's reader goes away, even
+    when it has nothing to write (a consumer waiting for messages). A closed stdout
+    (BrokenPipeError) ends any command quietly: BrokenPipeError propagates, for
+    cli/main.py's ``main`` to end with STDOUT_CLOSED_EXIT.
+    """
 
     result: Any = None
     error: Exception | None = None
+    signalled: int | None = None
+    stdout_closed = False
 
     async def supervised() -> None:
         async with trio.open_nursery() as nursery:
 
             async def until_signalled() -> None:
+                nonlocal signalled
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for _ in signals:
+                    async for signum in signals:
+                        signalled = signum
                         nursery.cancel_scope.cancel()
                         return
 
+            async def until_stdout_closes() -> None:
+                nonlocal stdout_closed
+                while True:
+                    if stdout_reader_gone():
+                        stdout_closed = True
+                        nursery.cancel_scope.cancel()
+                        return
+                    await trio.sleep(STDOUT_CHECK_S)
+
             async def body() -> None:
-                nonlocal result, error
+                nonlocal result, error, stdout_closed
                 try:
                     result = await main(*args)
-                except Exception as exc:
-                    error = _expected(exc)
+                except (Exception, SystemExit) as exc:
+                    if is_broken_pipe(exc):
+                        stdout_closed = True
+                        return
+                    error = _expected(exc) if isinstance(exc, Exception) else None
                     if error is None:
                         raise
                 finally:
                     nursery.cancel_scope.cancel()
 
             nursery.start_soon(until_signalled)
+            if watch_stdout:
+                nursery.start_soon(until_stdout_closes)
             nursery.start_soon(body)
 
     trio.run(supervised)
-    if isinstance(error, ConfigError):
+    if stdout_closed:
+        raise BrokenPipeError(errno.EPIPE, "stdout was closed")
+    if isinstance(error, BAD_INPUT):
         raise fail(str(error), 2)
     if error is not None:
         raise fail(str(error))
+    if signalled is not None and interruptible:
+        raise typer.Exit(128 + signalled)
     return result

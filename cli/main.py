@@ -1,23 +1,32 @@
 """``hamq``: the root command. One typer app per command group, combined here.
 
 Global options live in the callback and reach the commands through ``ctx.obj``.
+``main`` runs the app and owns how every command ends (cli/common.py's comment): a
+usage error is one ``error: ...`` line and exit code 2, a closed stdout ends quietly,
+Ctrl-C outside Trio exits 130 without a traceback.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated
 
 import typer
+import typer.main
 
 from cli import bench, clients, cluster, servers, topic
+from cli.common import STDOUT_CLOSED_EXIT, is_broken_pipe, silence_stdout
 
 app = typer.Typer(
     name="hamq",
     help="hamq: a RocketMQ-style, highly available message broker on Trio.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command()(servers.broker)
 app.command()(servers.nameserver)
@@ -30,18 +39,26 @@ app.add_typer(bench.app, name="bench")
 app.add_typer(cluster.app, name="cluster")
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
+#: commands that run servers log what they do (info); the others, the client commands,
+#: only what went wrong (warning): their output is their answer
+_SERVER_COMMANDS = frozenset({"broker", "nameserver", "controller", "cluster", "bench"})
 
 
 @app.callback()
 def _root(
     ctx: typer.Context,
     log_level: Annotated[
-        str,
+        str | None,
         typer.Option(
-            "--log-level", help=f"One of {', '.join(_LOG_LEVELS)}.", envvar="HAMQ_LOG_LEVEL"
+            "--log-level",
+            help=f"One of {', '.join(_LOG_LEVELS)} (default: info for servers, warning "
+            "for client commands).",
+            envvar="HAMQ_LOG_LEVEL",
         ),
-    ] = "info",
+    ] = None,
 ) -> None:
+    if log_level is None:
+        log_level = "info" if ctx.invoked_subcommand in _SERVER_COMMANDS else "warning"
     if log_level.lower() not in _LOG_LEVELS:
         raise typer.BadParameter(
             f"{log_level!r} is not a log level; use one of {', '.join(_LOG_LEVELS)}",
@@ -66,8 +83,50 @@ def version_command() -> None:
     typer.echo(f"hamq {hamq_version} (RocketMQ remoting protocol version {HAMQ_PROTOCOL_VERSION})")
 
 
+def _one_line(message: str) -> str:
+    """A click message as one line, starting lower-case: 'no such option: --bogus'."""
+    line = " ".join(message.split()).rstrip(".")
+    if len(line) > 1 and line[0].isupper() and line[1].islower():
+        line = line[0].lower() + line[1:]
+    return line
+
+
+def run_command(args: Sequence[str]) -> int:
+    """Run ``hamq <args>``; its exit code."""
+    command = typer.main.get_command(app)
+    try:
+        with command.make_context("hamq", list(args)) as ctx:
+            command.invoke(ctx)
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.TyperException as exc:  # click's errors: usage, bad parameters
+        message = exc.format_message()
+        if "\n" in message:  # a group called without a command: its help
+            typer.echo(message, err=True)
+        else:
+            usage = getattr(exc, "ctx", None)
+            hint = f" (see '{usage.command_path} -h')" if usage is not None else ""
+            typer.echo(f"error: {_one_line(message)}{hint}", err=True)
+        return getattr(exc, "exit_code", 1)
+    except typer.Abort:
+        typer.echo("error: aborted", err=True)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BaseException as exc:
+        if is_broken_pipe(exc):
+            silence_stdout()
+            return STDOUT_CLOSED_EXIT
+        if isinstance(exc, BaseExceptionGroup):
+            _, rest = exc.split(KeyboardInterrupt)
+            if rest is None:
+                return 130
+        raise
+    return 0
+
+
 def main() -> None:
-    app()
+    sys.exit(run_command(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ foreground.
 
 Both print one line when they serve (``hamq broker ready: ...``), log to stderr, and
 stop cleanly on Ctrl-C or SIGTERM (the broker writes its state and closes its store).
+A broker whose store directory another process holds says so in one line, naming the
+holder's PID (exit code 2).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from cli.common import fail, run
 from hamq.broker import BrokerNode, ConfigError, load_config
 from hamq.controller import DEFAULT_CONTROLLER_PORT, ControllerConfig, ControllerServer
 from hamq.controller.service import Controller
+from hamq.store.message_store import StoreLockedError
 from nameserver import DEFAULT_PORT, NameServer, NameServerConfig
 
 RaftAddress = Annotated[
@@ -120,17 +123,31 @@ def broker(
     except ConfigError as exc:
         raise fail(str(exc), 2) from None
 
+    locked: BaseException | None = None
+
     async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(node.run)
-            embedded = " (embedded)" if node.nameserver is not None else ""
-            typer.echo(
-                f"hamq broker ready: broker {node.config.broker_name} at {node.address}, "
-                f"nameserver {';'.join(node.namesrv_addrs)}{embedded}, "
-                f"store {node.config.store.store_dir}"
-            )
+        nonlocal locked
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(node.run)
+                embedded = " (embedded)" if node.nameserver is not None else ""
+                typer.echo(
+                    f"hamq broker ready: broker {node.config.broker_name} at {node.address}, "
+                    f"nameserver {';'.join(node.namesrv_addrs)}{embedded}, "
+                    f"store {node.config.store.store_dir}"
+                )
+        except* StoreLockedError as refused:
+            locked = _first_leaf(refused)
 
     run(main)
+    if locked is not None:  # the store directory given is another broker's: bad input
+        raise fail(str(locked), 2)
+
+
+def _first_leaf(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
 
 
 def nameserver(

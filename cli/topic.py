@@ -12,6 +12,7 @@ and remark, as does no controller answering (exit code 1).
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import attrs
@@ -27,7 +28,8 @@ from cli.common import (
     fail,
     run,
 )
-from hamq.client import AdminClient
+from hamq.client import AdminClient, InvalidArgumentError
+from hamq.client.admin import TopicShrinkError
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode, code_name
 from hamq.protocol.bodies import (
     PERM_READ,
@@ -51,6 +53,24 @@ def _perm(perm: int) -> str:
     return ("R" if perm & PERM_READ else "-") + ("W" if perm & PERM_WRITE else "-")
 
 
+def _run_refusing_bad_input(main: Callable[[], Awaitable[None]], shrink_hint: str = "") -> None:
+    """``run(main)``; input the admin client refused before changing anything (a topic
+    that does not exist, queues that hold messages) ends the command with exit code 2."""
+    refused: InvalidArgumentError | None = None
+
+    async def checked() -> None:
+        nonlocal refused
+        try:
+            await main()
+        except InvalidArgumentError as exc:
+            refused = exc
+
+    run(checked)
+    if refused is not None:
+        hint = shrink_hint if isinstance(refused, TopicShrinkError) else ""
+        raise fail(f"{refused}{hint}", 2)
+
+
 @app.command()
 def create(
     topic: Annotated[str, typer.Argument(help="Topic name: letters, digits, %|_- (<=127).")],
@@ -62,9 +82,19 @@ def create(
         str | None, typer.Option("--broker", help="Create on this broker (host:port) only.")
     ] = None,
     read_only: Annotated[bool, typer.Option("--read-only", help="No writes.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Shrink the queue count even if the queues it hides hold messages."
+        ),
+    ] = False,
     namesrv: NamesrvOption = DEFAULT_NAMESRV,
 ) -> None:
-    """Create TOPIC (or change its queue count) on every master, or on one broker."""
+    """Create TOPIC (or change its queue count) on every master, or on one broker.
+
+    Fewer queues than the topic has hide the others from consumers: refused (exit
+    code 2, naming each queue and its messages) while one of them holds messages,
+    unless --force."""
 
     async def main() -> None:
         async with AdminClient(namesrv) as admin:
@@ -74,10 +104,11 @@ def create(
                 perm=PERM_READ if read_only else PERM_READ | PERM_WRITE,
                 cluster=cluster,
                 broker_addr=broker,
+                force=force,
             )
         typer.echo(f"topic {topic}: {queues} queue(s) on {', '.join(brokers)}")
 
-    run(main)
+    _run_refusing_bad_input(main, shrink_hint="; --force shrinks it anyway")
 
 
 @app.command("list")
@@ -154,7 +185,7 @@ def delete(
             brokers = await admin.delete_topic(topic, cluster=cluster)
         typer.echo(f"topic {topic} deleted from {', '.join(brokers)}")
 
-    run(main)
+    _run_refusing_bad_input(main)
 
 
 @admin_app.command()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import signal
 import socket
@@ -15,6 +16,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import IO
 
 import trio
 
@@ -139,12 +141,85 @@ def write_toml(path: Path, values: dict[str, object]) -> Path:
     return path
 
 
+#: where ``free_ports`` looks: below the kernel's ephemeral range, which it reads here
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+FREE_PORTS_FROM = 20000
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free right now (the sockets are closed on return)."""
+    """``count`` distinct ports free right now (the sockets are closed on return), for
+    servers started later. They are taken below the ephemeral range: a port bound to 0
+    comes from that range, and any outgoing connection (of the cluster itself, of other
+    tests) could take it as its local port before the server that is to listen there
+    starts ("Address already in use", by chance)."""
+    try:
+        below = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        below = 0
     with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
+        ports: list[int] = []
+        while len(ports) < count:
             sock = stack.enter_context(socket.socket())
-            sock.bind(("127.0.0.1", 0))
-            ports.append(sock.getsockname()[1])
+            if below - FREE_PORTS_FROM < 100 * count:  # no room below: the kernel's choice
+                sock.bind(("127.0.0.1", 0))
+                ports.append(sock.getsockname()[1])
+                continue
+            port = random.randrange(FREE_PORTS_FROM, below)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            if port not in ports:
+                ports.append(port)
         return ports
+
+
+#: ``hamq`` at its default log level, as a user runs it (HAMQ asks for warnings only)
+HAMQ_AS_RUN = [sys.executable, "-m", "cli.main"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def user_env() -> dict[str, str]:
+    """This environment without the HAMQ_* settings a user may not have."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("HAMQ_")}
+
+
+@asynccontextmanager
+async def hamq_process(
+    *args: str, stdout: int | Path = subprocess.PIPE, stderr: Path | None = None
+) -> AsyncIterator[trio.Process]:
+    """``hamq <args>`` at its default log level, running while the block runs; its
+    stdout a pipe (``proc.stdout``), a file descriptor or a file, its stderr a file
+    (so that much logging cannot block it). Killed by PID at the end."""
+    with contextlib.ExitStack() as files:
+        out: int | IO[bytes] = (
+            files.enter_context(stdout.open("wb")) if isinstance(stdout, Path) else stdout
+        )
+        err = files.enter_context(stderr.open("wb")) if stderr is not None else None
+        proc = await trio.lowlevel.open_process(
+            [*HAMQ_AS_RUN, *args], stdout=out, stderr=err, cwd=ROOT, env=user_env()
+        )
+    try:
+        yield proc
+    finally:
+        with trio.CancelScope(shield=True):
+            if proc.returncode is None:
+                os.kill(proc.pid, signal.SIGKILL)
+            with trio.move_on_after(10):
+                await proc.wait()
+            if proc.stdout is not None:
+                await proc.stdout.aclose()
+
+
+async def hamq_as_run(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[bytes]:
+    """Run ``hamq <args>`` at its default log level to the end (bounded; killed if it
+    runs longer); its output captured."""
+    with trio.fail_after(timeout_s):
+        return await trio.run_process(
+            [*HAMQ_AS_RUN, *args],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            cwd=ROOT,
+            env=user_env(),
+        )

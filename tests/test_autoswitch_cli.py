@@ -27,7 +27,7 @@ from cli.topic import _from_ha_status
 from hamq.client import Message, Producer, SendStatus
 from tests.broker_support import SMALL_STORE
 from tests.processes import free_ports, hamq_command, hamq_server, write_toml
-from tests.test_cluster import cluster_up, wait_gone
+from tests.test_cluster import alive, cluster_up, wait_gone
 
 GROUP = "broker-t"
 #: how long the controller may take to see both brokers in the SyncStateSet
@@ -334,3 +334,73 @@ async def test_cluster_up_with_controllers_in_the_nameservers(tmp_path: Path) ->
         assert code == 0, text + (tmp_path / "cluster-up.stderr").read_text()
         assert "stopping: controller-mode brokers, then nameservers" in text, text
         assert not await wait_gone(list(pids.values())), text
+
+
+@pytest.mark.slow
+async def test_cluster_up_restarts_a_killed_master_which_comes_back_as_a_slave(
+    tmp_path: Path,
+) -> None:
+    """Controller mode: ``--restart`` is on by default. kill -9 of the master: one line,
+    the controllers elect the other broker, ``up`` starts the dead one again (same
+    arguments, same store) and it rejoins the SyncStateSet as a slave."""
+    ns_port, raft_port, *broker_ports = free_ports(6)
+    controller = f"127.0.0.1:{ns_port}"
+    profile = tmp_path / "failover"
+    profile.mkdir()
+    write_toml(
+        profile / "cluster.toml",
+        {
+            "nameserver_ports": [ns_port],
+            "embed_controller": True,
+            "raft_ports": [raft_port],
+            "controller_dir": str(tmp_path / "data" / "controller"),
+        },
+    )
+    addresses: dict[str, str] = {}
+    for name, (port, ha_port) in (("n0", broker_ports[:2]), ("n1", broker_ports[2:])):
+        broker_toml(
+            profile / f"{name}.toml",
+            tmp_path / "data" / name,
+            [controller],
+            listen_port=port,
+            ha_listen_port=ha_port,
+        )
+        addresses[f"127.0.0.1:{port}"] = name
+    async with cluster_up(profile, tmp_path / "logs") as up:
+        await up.read_until(r"^hamq cluster ready: failover, 3 process\(es\).*restarts: on", 30)
+        pids = up.table_pids()
+        group = await until_in_sync(controller, 2)
+        old_id, old_epoch = group["masterBrokerId"], group["masterEpoch"]
+        master = addresses[group["masterAddress"]]
+        (other,) = {"n0", "n1"} - {master}
+
+        os.kill(pids[master], signal.SIGKILL)
+        again = await up.read_until(
+            rf"^  {master}: broker ready again at \S+ in [\d.]+ s \(pid (\d+), restart 1\)$", 45
+        )
+        errors = (tmp_path / "cluster-up.stderr").read_text().splitlines()
+        assert errors == [
+            f"warning: {master} (broker, pid {pids[master]}) exited unexpectedly (killed by "
+            + "SIGKILL); starting it again in "
+            + search(r"again in ([\d.]+ s)$", errors[0]).group(1)
+        ], errors
+
+        after: dict[str, Any] = {}
+        with trio.move_on_after(SYNC_S):
+            while True:
+                after = (await sync_state(controller)).get(GROUP, {})
+                if after.get("masterEpoch", 0) > old_epoch and len(after["inSyncReplicas"]) == 2:
+                    break
+                await trio.sleep(0.3)
+        assert addresses.get(after.get("masterAddress", "")) == other, after
+        assert after["masterEpoch"] > old_epoch and after["masterBrokerId"] != old_id, after
+        assert {r["brokerId"] for r in after["inSyncReplicas"]} >= {old_id}, after
+        assert alive(int(again.group(1))) and alive(pids[other])
+        assert alive(pids[f"nameserver-{ns_port}"])
+
+        os.kill(up.proc.pid, signal.SIGINT)
+        with trio.fail_after(30):
+            code = await up.proc.wait()
+        text = await up.read_to_end(5)
+        assert code == 0, text + (tmp_path / "cluster-up.stderr").read_text()
+        assert not await wait_gone([*pids.values(), int(again.group(1))]), text

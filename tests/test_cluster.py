@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import subprocess
+import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -80,11 +81,12 @@ def child_pids(pid: int) -> set[int]:
 
 
 def alive(pid: int) -> bool:
+    """``pid`` runs (a zombie does not: once ``up`` is gone, nobody may reap its children)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    return True
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 @attrs.define
@@ -114,6 +116,15 @@ class ClusterUp:
                     )
                 self.out += chunk
 
+    async def stderr_until(self, pattern: str, timeout_s: float) -> re.Match[str]:
+        """Poll ``up``'s stderr (a file) until ``pattern`` matches a whole line (bounded)."""
+        with trio.fail_after(timeout_s):
+            while True:
+                match = re.search(pattern, self.stderr.read_text(), re.MULTILINE)
+                if match:
+                    return match
+                await trio.sleep(0.05)
+
     async def read_to_end(self, timeout_s: float) -> str:
         stream = self.proc.stdout
         assert stream is not None
@@ -133,11 +144,17 @@ class ClusterUp:
 
 
 @asynccontextmanager
-async def cluster_up(profile: Path, log_dir: Path) -> AsyncIterator[ClusterUp]:
+async def cluster_up(profile: Path, log_dir: Path, *options: str) -> AsyncIterator[ClusterUp]:
+    """``hamq cluster up --profile <profile> --log-dir <log_dir> <options>``; every process
+    it started (seen in /proc while it runs, or in its table) is killed by PID at the end."""
     stderr_path = log_dir.parent / "cluster-up.stderr"
     with stderr_path.open("wb") as stderr:
         proc = await trio.lowlevel.open_process(
-            [*HAMQ, "cluster", "up", "--profile", str(profile), "--log-dir", str(log_dir)],
+            [
+                *HAMQ,
+                *("cluster", "up", "--profile", str(profile), "--log-dir", str(log_dir)),
+                *options,
+            ],
             stdout=subprocess.PIPE,
             stderr=stderr,
         )
@@ -328,3 +345,64 @@ def test_the_shipped_profiles_load() -> None:
         == kinds["2m-2s-async"]
         == [Kind.NAMESERVER] * 2 + [Kind.MASTER] * 2 + [Kind.SLAVE] * 2
     )
+
+
+MIB = 1024 * 1024
+#: consume queues a demo store gets files for: a few topics of 4 queues each, their
+#: %RETRY% topics and the delay levels of SCHEDULE_TOPIC_XXXX
+DEMO_QUEUES_PER_STORE = 32
+
+
+@pytest.mark.parametrize("name", ["1m-1s-sync", "2m-2s-sync", "2m-2s-async", "autoswitch"])
+def test_a_demo_profile_reserves_well_under_a_gigabyte(name: str) -> None:
+    """Every store file is reserved whole (posix_fallocate): the first CommitLog segment,
+    the first index file and one file per consume queue that gets a message."""
+    from cli.cluster import load_profile
+    from hamq.broker import build_config
+    from hamq.store.consume_queue import ENTRY_SIZE
+    from hamq.store.index import HEADER_SIZE
+
+    profile = load_profile(name)
+    reserved = 0
+    for path in sorted(profile.directory.glob("*.toml")):
+        if path.name == "cluster.toml":
+            continue
+        store = build_config(tomllib.loads(path.read_text())).store
+        index = HEADER_SIZE + 4 * store.index_hash_slots + 20 * store.index_max_entries
+        queues = DEMO_QUEUES_PER_STORE * ENTRY_SIZE * store.consume_queue_entries_per_file
+        reserved += store.commitlog_segment_bytes + index + queues
+    assert reserved < 512 * MIB, f"{name}: {reserved / MIB:.0f} MiB"
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_the_readme_runs_the_shipped_profiles() -> None:
+    """Each ``hamq cluster up --profile X`` of the README names a profile of conf/, and
+    the synopsis lists them all."""
+    from cli.cluster import profile_names
+
+    known = set(profile_names())
+    text = README.read_text()
+    synopsis = re.search(r"^hamq cluster up (\[.*\] )?--profile (.*)$", text, re.M)
+    assert synopsis, "no `hamq cluster up` in the README's synopsis"
+    listed = [name.strip() for name in synopsis.group(2).split("|")]
+    assert set(listed) == known | {"DIR"}, listed
+    for used in re.findall(r"cluster up --profile ([\w.-]+)", text):
+        assert used in known, used
+
+
+def test_the_readme_autoswitch_example_is_the_profile() -> None:
+    """The broker TOML of "Automatic failover" has conf/autoswitch's addresses."""
+    text = README.read_text()
+    section = text.split("## Automatic failover", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```toml\n(.*?)```", section, re.S)
+    assert block, "no TOML example under Automatic failover"
+    example = tomllib.loads(block.group(1))
+    profile = tomllib.loads(
+        (
+            Path(__file__).resolve().parent.parent / "conf" / "autoswitch" / "broker-a-n0.toml"
+        ).read_text()
+    )
+    for key in ("broker_name", "listen_port", "namesrv_addrs", "controller_addrs"):
+        assert example[key] == profile[key], key

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from hamq.store import (
     MessageStore,
     PutMessageStatus,
 )
+from hamq.store.message_store import StoreLockedError
 from hamq.store.segment import Segment, StoreError
 from tests.store_support import SEGMENT, message, open_store, small_config, virtual_clock
 
@@ -316,7 +318,7 @@ async def test_one_store_directory_one_process(tmp_path: Path) -> None:
         with pytest.raises(ExceptionGroup) as refused:
             async with open_store(small_config(tmp_path)):
                 pass
-        assert refused.group_contains(RuntimeError, match="is in use by another process")
+        assert refused.group_contains(StoreLockedError, match=f"is in use by process {os.getpid()}")
 
 
 async def test_a_slave_rebuilds_queues_from_replicated_bytes(tmp_path: Path) -> None:

@@ -21,8 +21,10 @@ store.role's master/slave part are not used; a SYNC_MASTER role still makes send
 wait for a slave), and replication speaks the auto-switch protocol.
 
 Every key is checked: an unknown key, a value of the wrong type or out of range is
-reported with its name (all of them at once), and nothing starts. Names follow
-RocketMQ's BrokerConfig in snake_case.
+reported with its name (all of them at once), and nothing starts. Types are strict:
+``listen_port = "11011"`` is refused, not converted (the one conversion: an integer
+where a float goes, ``register_interval_s = 30``). Names follow RocketMQ's
+BrokerConfig in snake_case.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -184,12 +186,69 @@ class BrokerConfig:
         return not self.enable_controller_mode and self.broker_id == 0 and self.store.role.is_master
 
 
+class ConfigTypeError(TypeError):
+    """A value of the wrong type; the text says which type was wanted and what came."""
+
+
+_SCALARS: dict[type, str] = {bool: "boolean", int: "integer", float: "number", str: "string"}
+_CONTAINERS: dict[type, str] = {list: "a list", tuple: "a list", dict: "a table"}
+
+
+def _kind(value: object) -> str:
+    """``the string '11011'``, ``the boolean True``, ``a list``: what a value is."""
+    scalar = _SCALARS.get(type(value))
+    if scalar is not None:
+        return f"the {scalar} {value!r}"
+    return _CONTAINERS.get(type(value), f"a {type(value).__name__}")
+
+
+def _exactly(wanted: str, check: Callable[[object], bool], make: Callable[[Any], Any]) -> Any:
+    """A structure hook that takes ``value`` only if ``check`` says it has the right
+    type, and never converts between strings, numbers and booleans (cattrs' default
+    for int does ``int("11011")``; a config file saying ``"11011"`` is a mistake)."""
+
+    def hook(value: object, _type: object) -> Any:
+        if not check(value):
+            raise ConfigTypeError(f"must be {wanted}, not {_kind(value)}")
+        return make(value)
+
+    return hook
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_str(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _is_string_list(value: object) -> bool:
+    return isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+
+
 def _converter() -> cattrs.Converter:
+    """Every field type of the configuration, structured strictly (TOML gives each
+    value its own type; a value of another type is refused, never coerced)."""
     conv = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
-    conv.register_structure_hook(Path, lambda value, _: Path(value))
-    conv.register_structure_hook(BrokerRole, lambda value, _: BrokerRole(value))
-    conv.register_structure_hook(FlushDiskType, lambda value, _: FlushDiskType(value))
-    conv.register_structure_hook(HAProtocol, lambda value, _: HAProtocol(value))
+    conv.register_structure_hook(int, _exactly("an integer", _is_int, int))
+    conv.register_structure_hook(float, _exactly("a number", _is_number, float))
+    conv.register_structure_hook(
+        bool, _exactly("true or false", lambda v: isinstance(v, bool), bool)
+    )
+    conv.register_structure_hook(str, _exactly("a string", _is_str, str))
+    conv.register_structure_hook(
+        Path, _exactly("a path (a string)", lambda v: isinstance(v, str | Path), Path)
+    )
+    conv.register_structure_hook_func(
+        lambda t: t == tuple[str, ...], _exactly("a list of strings", _is_string_list, tuple)
+    )
+    for enum_type in (BrokerRole, FlushDiskType, HAProtocol):
+        conv.register_structure_hook(enum_type, _exactly("a string", _is_str, enum_type))
     return conv
 
 
@@ -198,7 +257,7 @@ _CONVERTER = _converter()
 
 def _describe(exc: BaseException, type_: type | None) -> str:
     """A validator's own message when it has one (it names the value and the rule)."""
-    if isinstance(exc, ValueError) and str(exc):
+    if isinstance(exc, ValueError | ConfigTypeError) and str(exc):
         return str(exc)
     return format_exception(exc, type_)
 
@@ -206,8 +265,10 @@ def _describe(exc: BaseException, type_: type | None) -> str:
 def build_config(values: Mapping[str, Any]) -> BrokerConfig:
     """A BrokerConfig from plain values (a parsed TOML document with overrides)."""
     data = dict(values)
-    data.setdefault("store", {})
-    data["store"] = {"store_dir": "./data/store", **data["store"]}
+    store = data.setdefault("store", {})
+    if not isinstance(store, Mapping):
+        raise ConfigError(f"must be a table, not {_kind(store)} @ broker.store")
+    data["store"] = {"store_dir": "./data/store", **store}
     try:
         return _CONVERTER.structure(data, BrokerConfig)
     except ClassValidationError as exc:

@@ -1,12 +1,14 @@
 """BrokerNode: one broker as one Trio nursery.
 
-Start-up, in order: the message store (recovery first), the managers' JSON state, an
-embedded nameserver when no nameserver address is configured, replication (a master
-starts a new epoch and its HA service on the HA port), the remoting server (reporting
-its port), the background services (long polling, notifications, client housekeeping,
-persisting state), registration with every nameserver, and on a slave the HA client
-and the metadata sync, which follow the master the registration names.
-``await nursery.start(node.run)`` returns once all of them serve.
+Start-up, in order: the message store (recovery first; it takes no sends yet), the
+managers' JSON state, an embedded nameserver when no nameserver address is
+configured, replication (a master's HA service on the HA port), the remoting server
+(reporting its port), the background services (long polling, notifications, client
+housekeeping, persisting state), registration with every nameserver; then a master
+starts a new epoch at the end of its log and its store takes sends, and a slave starts
+its HA client and the metadata sync, which follow the master the registration names.
+``await nursery.start(node.run)`` returns once all of them serve. A start that fails
+(a port in use) or is stopped half-way leaves no new epoch behind.
 
 In controller mode (``enable_controller_mode``) the roles are the controllers' to
 decide: the node starts as a slave without a master, with both HA sides ready (the HA
@@ -88,8 +90,11 @@ class BrokerNode:
         controlled = config.enable_controller_mode
         ha_config = config.ha
         store_config = config.store
-        if controlled:  # a slave (taking no sends) until the controllers say otherwise
+        if controlled:
             ha_config = attrs.evolve(config.ha, protocol=HAProtocol.AUTOSWITCH)
+        if config.is_master or controlled:
+            # the store takes no sends (and delivers no delayed messages) until this
+            # broker becomes master: at the end of start-up, or when the controllers say
             store_config = attrs.evolve(config.store, role=BrokerRole.SLAVE)
         self.store = MessageStore(
             store_config,
@@ -206,13 +211,18 @@ class BrokerNode:
         return self.ha_client.confirm_offset if self.ha_client else 0
 
     async def _recovered(self) -> None:
-        """Store hook, before anything is appended: a master starts a new epoch at the
-        end of its recovered log. (Statically configured masters number epochs
-        themselves; two masters of one group started apart could pick the same epoch —
-        the controller, with automatic failover, is the single authority that avoids it.)"""
+        """Store hook, before anything is appended: the epochs are read."""
         await trio.to_thread.run_sync(self.epochs.load)
-        if self.ha_service is not None and not self.config.enable_controller_mode:
-            await self.epochs.append(self.epochs.last_epoch + 1, self.store.commitlog_max_offset)
+
+    async def _become_master(self) -> None:
+        """A statically configured master, at the end of its start-up (bound, serving,
+        registered once): a new epoch at the end of its log, then sends and delayed
+        messages. A start that fails or is stopped before this point writes no epoch.
+        (Such masters number epochs themselves; two masters of one group started apart
+        could pick the same epoch — the controller, with automatic failover, is the
+        single authority that avoids it; replicas.py writes its epochs.)"""
+        await self.epochs.append(self.epochs.last_epoch + 1, self.store.commitlog_max_offset)
+        await self.store.set_master(True)  # (waits until the reput task dispatched everything)
 
     async def _start_replication(self, nursery: trio.Nursery) -> None:
         """A master listens for slaves; a slave's client and metadata sync start once it
@@ -287,6 +297,8 @@ class BrokerNode:
                         if self.replicas is not None:
                             await registering.start(self.replicas.run)
                         await registering.start(self.registrar.run)
+                        if self.config.is_master:
+                            await self._become_master()
                         if self.ha_client is not None:
                             self.slave_sync = SlaveSync(
                                 ctx, client, self._master_address, self._persist_soon

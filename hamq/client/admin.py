@@ -7,6 +7,16 @@
 Topics are created on brokers (UPDATE_AND_CREATE_TOPIC to every master of a cluster,
 or to one broker); the brokers register the change with their nameservers at once.
 Lookups ask one nameserver, moving on when it fails.
+
+What is checked before anything changes (the brokers take any change: RocketMQ's
+clients must still be able to update topics, so the checks live here):
+- shrinking a topic's queues hides the queues past the new count from consumers;
+  ``create_topic`` asks each broker for its topic config (GET_ALL_TOPIC_CONFIG) and
+  the hidden queues' offsets (GET_MIN_OFFSET / GET_MAX_OFFSET), and refuses
+  (TopicShrinkError, naming each queue and its messages) when one still holds
+  messages, unless ``force``;
+- ``delete_topic`` of a topic no master broker has and no nameserver routes raises
+  TopicNotExistError.
 """
 
 from __future__ import annotations
@@ -36,12 +46,32 @@ from hamq.protocol.bodies import (
     PERM_WRITE,
     ClusterInfo,
     MessageQueue,
+    TopicConfig,
+    TopicConfigSerializeWrapper,
     TopicList,
     TopicRouteData,
     decode_body,
 )
-from hamq.protocol.headers import CreateTopicRequestHeader, DeleteTopicRequestHeader
+from hamq.protocol.headers import (
+    CreateTopicRequestHeader,
+    DeleteTopicRequestHeader,
+    GetMaxOffsetRequestHeader,
+    GetMinOffsetRequestHeader,
+    OffsetResponseHeader,
+)
 from hamq.protocol.message import DEFAULT_TOPIC
+
+
+class TopicNotExistError(InvalidArgumentError):
+    """The topic is on no broker asked and no nameserver knows it."""
+
+
+class TopicShrinkError(InvalidArgumentError):
+    """Fewer queues would hide queues that hold messages; ``queues`` says how many each."""
+
+    def __init__(self, message: str, queues: dict[MessageQueue, int]) -> None:
+        super().__init__(message)
+        self.queues = queues
 
 
 @attrs.frozen
@@ -146,10 +176,15 @@ class AdminClient(InstanceOwner):
         cluster: str | None = None,
         broker_addr: str | None = None,
         order: bool = False,
+        force: bool = False,
     ) -> list[str]:
         """Create (or change) ``topic`` with ``queue_nums`` read and write queues on
         ``broker_addr``, or on every master of ``cluster`` (default: of every cluster).
-        Returns the brokers it was created on."""
+        Returns the brokers it was created on.
+
+        TopicShrinkError, before any broker is changed, when fewer queues would hide
+        queues that still hold messages (``force``: hide them anyway). A broker that
+        refuses raises BrokerError; the brokers before it in the list were changed."""
         check_topic(topic)
         if topic == DEFAULT_TOPIC:
             raise InvalidArgumentError(f"{topic} is a system topic")
@@ -158,6 +193,8 @@ class AdminClient(InstanceOwner):
         if not 0 <= perm <= 15:
             raise InvalidArgumentError(f"perm {perm} is not in 0..15")
         targets = [broker_addr] if broker_addr else await self._masters(cluster)
+        if not force:
+            await self._check_shrink(topic, queue_nums, targets)
         header = CreateTopicRequestHeader(
             topic=topic,
             default_topic=DEFAULT_TOPIC,
@@ -173,12 +210,84 @@ class AdminClient(InstanceOwner):
             )
         return targets
 
+    async def _topic_configs(self, addrs: list[str], topic: str) -> dict[str, TopicConfig]:
+        """``topic``'s config at each broker of ``addrs`` that has it."""
+        instance = self.instance
+        found = {}
+        for addr in addrs:
+            response = await instance.invoke_ok(
+                addr, instance.request(RequestCode.GET_ALL_TOPIC_CONFIG)
+            )
+            table = decode_body(TopicConfigSerializeWrapper, response.body).topic_config_table
+            if topic in table:
+                found[addr] = table[topic]
+        return found
+
+    async def _offset(self, addr: str, code: RequestCode, header: Any) -> int:
+        instance = self.instance
+        response = await instance.invoke_ok(addr, instance.request(code, header))
+        return response.header(OffsetResponseHeader).offset
+
+    async def _broker_names(self) -> dict[str, str]:
+        """Broker address -> broker name, as the nameserver knows them (empty if it
+        cannot be asked: the names only label queues in messages)."""
+        try:
+            info = await self.cluster_info()
+        except NETWORK_ERRORS:
+            return {}
+        return {
+            addr: data.broker_name
+            for data in info.broker_addr_table.values()
+            for addr in data.broker_addrs.values()
+        }
+
+    async def _check_shrink(self, topic: str, queue_nums: int, addrs: list[str]) -> None:
+        """TopicShrinkError if ``queue_nums`` read queues would hide queues of ``topic``
+        that hold messages at one of ``addrs``."""
+        holding: dict[tuple[str, int], int] = {}
+        for addr, config in (await self._topic_configs(addrs, topic)).items():
+            for queue_id in range(queue_nums, config.read_queue_nums):
+                low = await self._offset(
+                    addr, RequestCode.GET_MIN_OFFSET, GetMinOffsetRequestHeader(topic, queue_id)
+                )
+                high = await self._offset(
+                    addr, RequestCode.GET_MAX_OFFSET, GetMaxOffsetRequestHeader(topic, queue_id)
+                )
+                if high > low:
+                    holding[(addr, queue_id)] = high - low
+        if holding:
+            names = await self._broker_names()
+            queues = {
+                MessageQueue(topic, names.get(addr, addr), queue_id): count
+                for (addr, queue_id), count in holding.items()
+            }
+            held = ", ".join(
+                f"{queue} holds {count} message(s)"
+                for queue, count in sorted(
+                    queues.items(), key=lambda item: (item[0].broker_name, item[0].queue_id)
+                )
+            )
+            raise TopicShrinkError(
+                f"topic {topic}: {queue_nums} queue(s) would hide queues that hold "
+                f"messages from consumers: {held}",
+                queues,
+            )
+
     async def delete_topic(self, topic: str, *, cluster: str | None = None) -> list[str]:
-        """Delete ``topic`` from every master of ``cluster`` and from every nameserver."""
+        """Delete ``topic`` from every master of ``cluster`` and from every nameserver.
+
+        TopicNotExistError, before anything is deleted, when no master broker has the
+        topic and the nameserver in use has no route for it."""
         check_topic(topic)
         instance = self.instance
         header = DeleteTopicRequestHeader(topic)
         targets = await self._masters(cluster)
+        if not await self._topic_configs(targets, topic) and not await self._routed(topic):
+            where = f" in cluster {cluster}" if cluster is not None else ""
+            raise TopicNotExistError(
+                f"topic {topic} does not exist{where}: no master broker has it "
+                f"({', '.join(targets)}) and nameserver {instance.namesrv_addr} has no route"
+            )
         for addr in targets:
             await instance.invoke_ok(
                 addr, instance.request(RequestCode.DELETE_TOPIC_IN_BROKER, header)
@@ -201,3 +310,8 @@ class AdminClient(InstanceOwner):
                 f"topic {topic} deleted from brokers, not from nameserver(s): " + "; ".join(errors)
             )
         return targets
+
+    async def _routed(self, topic: str) -> bool:
+        """Does the nameserver in use route ``topic`` to a broker?"""
+        route = await self.instance.fetch_route(topic)
+        return route is not None and bool(route.queue_datas)

@@ -37,7 +37,12 @@ from hamq.protocol.headers import (
     SearchOffsetRequestHeader,
     UpdateConsumerOffsetRequestHeader,
 )
-from hamq.protocol.message import MessageFormatError, decode_messages, parse_tags
+from hamq.protocol.message import (
+    MessageFormatError,
+    TagExpressionError,
+    decode_messages,
+    parse_tags,
+)
 from hamq.remoting import RemotingError
 
 log = logging.getLogger(__name__)
@@ -57,6 +62,10 @@ def check_expression(expression: str) -> None:
         )
     if "\x01" in expression or "\x02" in expression:
         raise InvalidArgumentError("a subscription expression may not hold \\x01 or \\x02")
+    try:
+        parse_tags(expression)
+    except TagExpressionError as exc:
+        raise InvalidArgumentError(str(exc)) from None
 
 
 class PullCaller:

@@ -8,10 +8,11 @@ broker address table, and runs two background tasks in its own nursery:
   broker, naming its producer groups and consumer groups (with subscriptions).
 
 Nameservers: one is used at a time, starting at a random one; when it fails (cannot
-connect, times out, connection drops) the next one is tried at once, and so on round
-the list; the one that answered is kept. ``NameServerUnavailableError`` only when none
-answers. Brokers send NOTIFY_CONSUMER_IDS_CHANGED here; the group's consumer
-rebalances at once.
+connect, times out, connection drops, or the address is a broker's or a controller's)
+the next one is tried at once, and so on round the list; the one that answered is kept
+(and the failures before it logged, once). ``NameServerUnavailableError`` only when
+none answers, naming each address and why. Brokers send NOTIFY_CONSUMER_IDS_CHANGED
+here; the group's consumer rebalances at once.
 """
 
 from __future__ import annotations
@@ -187,24 +188,65 @@ class ClientInstance:
         return self.config.namesrv_addrs[self._namesrv_index]
 
     async def invoke_namesrv(self, request: RemotingCommand) -> RemotingCommand:
-        """Ask the nameserver in use; on failure the next ones, round the list."""
+        """Ask the nameserver in use; on failure the next ones, round the list.
+
+        NameServerUnavailableError when none answers; it names each address once with
+        what went wrong (cannot connect, timed out, or not a nameserver at all: an
+        address that does not serve nameserver requests and turns out to be a broker
+        or a controller). A failure followed by an answer is logged once.
+        """
         addrs = self.config.namesrv_addrs
-        failures = []
+        failures: list[str] = []
+        not_nameservers: list[str] = []
         for i in range(len(addrs)):
             index = (self._namesrv_index + i) % len(addrs)
+            addr = addrs[index]
             try:
-                response = await self.remoting.invoke(
-                    addrs[index], request, self.config.request_timeout_s
-                )
+                response = await self.remoting.invoke(addr, request, self.config.request_timeout_s)
+                if response.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+                    other = await self._what_serves(addr)
+                    if other is not None:
+                        not_nameservers.append(
+                            f"{addr} is not a nameserver (it looks like {other})"
+                        )
+                        continue
             except RemotingError as exc:
-                log.warning("nameserver %s failed: %s", addrs[index], exc)
-                failures.append(f"{addrs[index]}: {exc}")
+                failures.append(str(exc))
                 continue
             if index != self._namesrv_index:
-                log.info("now using nameserver %s", addrs[index])
+                log.warning(
+                    "now using nameserver %s: %s", addr, "; ".join(failures + not_nameservers)
+                )
                 self._namesrv_index = index
             return response
-        raise NameServerUnavailableError("no nameserver answered: " + "; ".join(failures))
+        if not failures:
+            raise NameServerUnavailableError("; ".join(not_nameservers))
+        raise NameServerUnavailableError(
+            "no nameserver answered: " + "; ".join(failures + not_nameservers)
+        )
+
+    async def _what_serves(self, addr: str) -> str | None:
+        """What answers at ``addr``, which did not serve a nameserver request: "a
+        broker", "a controller", or None when it is a nameserver after all (one that
+        lacks that request) or does not say."""
+        probes = (
+            (
+                self.request(
+                    RequestCode.GET_ROUTEINFO_BY_TOPIC, GetRouteInfoRequestHeader(DEFAULT_TOPIC)
+                ),
+                None,
+            ),
+            (self.request(RequestCode.GET_BROKER_RUNTIME_INFO), "a broker"),
+            (self.request(RequestCode.CONTROLLER_GET_METADATA_INFO), "a controller"),
+        )
+        for probe, what in probes:
+            try:
+                response = await self.remoting.invoke(addr, probe, self.config.request_timeout_s)
+            except RemotingError:
+                return None
+            if response.code != ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+                return what
+        return None
 
     async def fetch_route(self, topic: str) -> TopicRouteData | None:
         """The topic's route from a nameserver; None if no broker serves it."""

@@ -11,9 +11,17 @@
   broker when there is one, all within ``send_timeout_s``; the message keeps its
   UNIQ_KEY across attempts. ``retry_another_broker_when_not_store_ok`` retries the
   short-of-durable statuses as well. When every try failed in a way a master failover
-  explains (connections refused or lost, a known topic whose route has no master, a
-  slave's refusal), the send keeps trying with pauses (50 ms doubling to 0.5 s) until
-  ``send_timeout_s``: producers ride out an automatic failover without the user's help.
+  explains (connections refused, lost or timed out, a known topic whose route has no
+  master, a slave's refusal), the send keeps trying with pauses (50 ms doubling to
+  0.5 s) until ``send_timeout_s``, looking the route up again before each try:
+  producers ride out an automatic failover without the user's help.
+- A master that hangs (stopped, not dead: its connections stay open) is only noticed
+  by a timeout. An address that timed out is avoided for as long as that try waited
+  (a success clears it): other brokers are chosen first (RocketMQ's
+  sendLatencyFaultEnable, per address). Each try waits at most
+  ``send_attempt_timeout_s`` (None: the rest of ``send_timeout_s``, as RocketMQ's
+  does); when set, a send whose only broker timed out waits, looking the route up
+  again, until a new master elected meanwhile takes it or the time out has passed.
 - ``send(msg, selector, arg)``: ordered messages. ``selector(queues, msg, arg)`` picks
   the queue (``hash_selector``: the same ``arg`` always gets the same queue); retries
   stay on that queue, so messages with one sharding key keep their order.
@@ -56,7 +64,7 @@ from hamq.client.message import (
     SendStatus,
     check_message,
 )
-from hamq.client.route_cache import LatencyFaultTolerance, PublishInfo
+from hamq.client.route_cache import LatencyFaultTolerance, PublishInfo, TimedOutAddresses
 from hamq.protocol import (
     RemotingCommand,
     RequestCode,
@@ -76,6 +84,7 @@ from hamq.protocol.message import (
     encode_properties,
     java_string_hash,
 )
+from hamq.remoting import RemotingTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +150,7 @@ class Producer(InstanceOwner):
         default_topic_queue_nums: int = 4,
         latency_fault_tolerance: bool = False,
         max_async_in_flight: int = 10000,
+        send_attempt_timeout_s: float | None = None,
         **client_options: Any,
     ) -> None:
         if not group:
@@ -157,9 +167,14 @@ class Producer(InstanceOwner):
                 raise InvalidArgumentError(f"{name} {value} is below {low}")
         if not 0 <= compress_level <= 9:
             raise InvalidArgumentError(f"compress_level {compress_level} is not in 0..9")
+        if send_attempt_timeout_s is not None and send_attempt_timeout_s <= 0:
+            raise InvalidArgumentError(
+                f"send_attempt_timeout_s {send_attempt_timeout_s} is not positive"
+            )
         self.group = group
         self.config = client_config(namesrv, **client_options)
         self.send_timeout_s = send_timeout_s
+        self.send_attempt_timeout_s = send_attempt_timeout_s
         self.retry_times_when_send_failed = retry_times_when_send_failed
         self.retry_another_broker_when_not_store_ok = retry_another_broker_when_not_store_ok
         self.compress_over_bytes = compress_over_bytes
@@ -167,6 +182,7 @@ class Producer(InstanceOwner):
         self.max_message_size = max_message_size
         self.default_topic_queue_nums = default_topic_queue_nums
         self.faults = LatencyFaultTolerance(enabled=latency_fault_tolerance)
+        self.timed_out = TimedOutAddresses()
         self._async_slots = trio.Semaphore(max_async_in_flight)
         self._async_pending = 0
         #: set (and replaced) whenever a send_async ends
@@ -313,6 +329,11 @@ class Producer(InstanceOwner):
 
     # ------------------------------------------------------------------ the kernel
     def _check(self, message: Message) -> None:
+        if isinstance(message, Message) and message.delay_level < 0:
+            raise InvalidArgumentError(
+                f"delay_level {message.delay_level} is negative: 0 sends at once, 1 and up "
+                "name the broker's delay levels (1 = 1s, 2 = 5s, 3 = 10s ... 18 = 2h)"
+            )
         check_message(message, self.max_message_size)
         if message.topic in SYSTEM_TOPICS:
             raise InvalidArgumentError(
@@ -382,11 +403,30 @@ class Producer(InstanceOwner):
                 raise SendError(f"cannot send to topic {request.topic}", attempts) from exc
             last_broker = target.broker_name
             started = trio.current_time()
+            addr = instance.broker_addr(target.broker_name)
+            if (
+                self.send_attempt_timeout_s is not None
+                and not oneway
+                and addr is not None
+                and self.timed_out.avoided(addr, started)
+            ):
+                # the route still names a broker that timed out (hung?) and the budget
+                # has room for more tries: wait for a failover to name another master,
+                # or for that broker's time out to pass
+                attempts.append(f"{target}: {addr} timed out; waiting for another route")
+                last_error = last_error or RemotingTimeoutError(addr, "timed out before")
+                instance.forget_publish_info(request.topic)
+                continue
+            try_s = deadline - started
+            if self.send_attempt_timeout_s is not None:
+                try_s = min(try_s, self.send_attempt_timeout_s)
             try:
-                result = await self._send_to(target, request, deadline - started, oneway)
+                result = await self._send_to(target, request, try_s, oneway)
             except NETWORK_ERRORS as exc:
                 now = trio.current_time()
                 self.faults.update(target.broker_name, now - started, now, failed=True)
+                if isinstance(exc, RemotingTimeoutError):
+                    self.timed_out.add(exc.addr, now, now - started)
                 attempts.append(f"{target}: {exc}")
                 last_error = exc
                 if isinstance(exc, RequestError) or (
@@ -398,6 +438,8 @@ class Producer(InstanceOwner):
                     "send to %s failed (attempt %d of %d): %s", target, attempt + 1, tries, exc
                 )
                 continue
+            if addr is not None:
+                self.timed_out.discard(addr)
             if self.faults.enabled:
                 now = trio.current_time()
                 self.faults.update(target.broker_name, now - started, now, failed=False)
@@ -436,10 +478,16 @@ class Producer(InstanceOwner):
                     f"the selector returned {chosen!r}, not one of the topic's queues"
                 )
             return chosen
-        if not self.faults.enabled:
-            return info.select(last_broker)
         now = trio.current_time()
-        return info.select(last_broker, lambda b: self.faults.available(b, now))
+        instance = self.instance
+
+        def available(broker: str) -> bool:
+            addr = instance.broker_addr(broker)
+            if addr is not None and self.timed_out.avoided(addr, now):
+                return False
+            return self.faults.available(broker, now)
+
+        return info.select(last_broker, available)
 
     async def _send_to(
         self,

@@ -28,7 +28,13 @@ How it works (RocketMQ's push consumer, clustering model):
 - Failure (concurrent mode): a handler that answers RECONSUME_LATER or raises has its
   messages sent back (CONSUMER_SEND_MSG_BACK) to be delivered again from the retry
   topic after a delay that grows with each attempt; after ``max_reconsume_times``
-  (16) the broker moves them to ``%DLQ%group``.
+  (16) the broker moves them to ``%DLQ%group``. The send-back goes to the current
+  master of the broker group the message was pulled from (by broker name, as
+  RocketMQ's client does: after a failover the message's store host may be a slave),
+  once more after a fresh route lookup if that names another master; if it still
+  fails, the message is sent to ``%RETRY%group`` as a new message through a producer
+  (RocketMQ's fallback: RETRY_TOPIC, reconsume times + 1, delay level 3 + reconsume
+  times). Only messages neither way took are handled again here, after a pause.
 - Orderly mode (``orderly=True``): the member locks each queue at its broker before
   consuming it (LOCK_BATCH_MQ, renewed every 20 s), and a failed batch is retried in
   place after ``suspend_current_queue_s`` so that order holds; past
@@ -39,6 +45,7 @@ How it works (RocketMQ's push consumer, clustering model):
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import math
@@ -52,7 +59,15 @@ import trio
 from hamq.client.consumer import PullCaller, check_expression
 from hamq.client.errors import NETWORK_ERRORS, ClientError, InvalidArgumentError, NoRouteError
 from hamq.client.instance import ClientConfig, ClientInstance, client_config
-from hamq.client.message import ConsumeResult, MessageExt, PullStatus, check_group, check_topic
+from hamq.client.message import (
+    ConsumeResult,
+    Message,
+    MessageExt,
+    PullStatus,
+    check_group,
+    check_topic,
+)
+from hamq.client.producer import Producer
 from hamq.client.rebalance import allocate_average
 from hamq.protocol import RemotingCommand, RequestCode, RequestError
 from hamq.protocol.bodies import (
@@ -76,7 +91,15 @@ from hamq.protocol.headers import (
     GetConsumerListByGroupRequestHeader,
 )
 from hamq.protocol.message import (
+    PROPERTY_DELAY,
+    PROPERTY_KEYS,
+    PROPERTY_MAX_RECONSUME_TIMES,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_RECONSUME_TIME,
     PROPERTY_RETRY_TOPIC,
+    PROPERTY_TAGS,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_WAIT,
     is_retry_topic,
     java_string_hash,
     parse_tags,
@@ -95,6 +118,10 @@ LOCK_VALID_S = 30.0
 MISSING_TOPIC_RETRY_S = 2.0
 #: how long a stop may take to commit offsets and say goodbye
 CLOSE_TIMEOUT_S = 5.0
+#: the producer group of the producer that sends retries no broker took back (Java's)
+INNER_PRODUCER_GROUP = "CLIENT_INNER_PRODUCER"
+#: a retry sent through that producer waits this delay level plus its reconsume times
+RETRY_BASE_DELAY_LEVEL = 3
 
 Handler = Callable[[list[MessageExt]], "ConsumeResult | Awaitable[ConsumeResult | None] | None"]
 
@@ -227,6 +254,9 @@ class PushConsumer:
         #: subscribed topics no nameserver knows yet: looked for every few seconds
         self._missing_topics: set[str] = set()
         self._running = False
+        #: sends the retries no broker took back; started when first needed
+        self._producer: Producer | None = None
+        self._producer_lock = trio.Lock()
         self.consumed = 0
         self.sent_back = 0
         self.rebalances = 0
@@ -339,6 +369,7 @@ class PushConsumer:
             self._running = False
             self._instance = None
             self._caller = None
+            self._producer = None
             self._states = {}
 
     async def _close(self, instance: ClientInstance) -> None:
@@ -601,7 +632,7 @@ class PushConsumer:
                     if self.orderly:
                         await self._consume_orderly(state, chunk)
                     else:
-                        await self._consume_concurrently(chunk)
+                        await self._consume_concurrently(state.queue, chunk)
                     state.offset = chunk[-1].queue_offset + 1
                     self.consumed += len(chunk)
                 state.offset = max(state.offset, batch.next_offset)
@@ -622,12 +653,12 @@ class PushConsumer:
             return ConsumeResult.RECONSUME_LATER
         return outcome
 
-    async def _consume_concurrently(self, messages: list[MessageExt]) -> None:
+    async def _consume_concurrently(self, queue: MessageQueue, messages: list[MessageExt]) -> None:
         while messages:
             if await self._handle(messages) is ConsumeResult.SUCCESS:
                 return
             # the ones that could not be sent back are handled here again later
-            messages = await self._send_back(messages, delay_level=0)
+            messages = await self._send_back(queue, messages, delay_level=0)
             if messages:
                 await trio.sleep(SEND_BACK_RETRY_S)
 
@@ -639,37 +670,129 @@ class PushConsumer:
                 return
             attempts += 1
             if 0 <= self.max_reconsume_times < attempts:
-                messages = await self._send_back(messages, delay_level=-1)  # to the DLQ
+                messages = await self._send_back(state.queue, messages, delay_level=-1)  # DLQ
                 if not messages:
                     return
             await trio.sleep(self.suspend_current_queue_s)
 
-    async def _send_back(self, messages: list[MessageExt], *, delay_level: int) -> list[MessageExt]:
-        """CONSUMER_SEND_MSG_BACK each message to the broker that stored it; the
-        messages that could not be sent back."""
+    async def _send_back(
+        self, queue: MessageQueue, messages: list[MessageExt], *, delay_level: int
+    ) -> list[MessageExt]:
+        """Send each message (pulled from ``queue``) back for a retry (``delay_level``
+        0: the broker's choice; -1: to the DLQ): CONSUMER_SEND_MSG_BACK to the queue's
+        master — after the first failure of a call, once more after a fresh route
+        lookup if it names another master — else a new message to the retry topic. The
+        messages neither way took."""
         assert self._instance is not None
         instance = self._instance
         failed = []
+        looked_up = False
         for message in messages:
-            header = ConsumerSendMsgBackRequestHeader(
-                offset=message.physical_offset,
-                group=self.group,
-                delay_level=delay_level,
-                origin_msg_id=message.msg_id,
-                origin_topic=_original_topic(message).topic,
-                max_reconsume_times=(
-                    self.max_reconsume_times if self.max_reconsume_times >= 0 else None
-                ),
-            )
-            request = instance.request(RequestCode.CONSUMER_SEND_MSG_BACK, header)
             try:
-                await instance.invoke_ok(message.store_host, request)
+                addr = self._send_back_addr(queue, message)
+                try:
+                    await self._send_msg_back(addr, message, delay_level)
+                except NETWORK_ERRORS as exc:
+                    if looked_up:
+                        raise
+                    looked_up = True  # (once per call: a batch asks the nameserver once)
+                    log.info("sending %s back to %s failed: %s", message.msg_id, addr, exc)
+                    with contextlib.suppress(*NETWORK_ERRORS):
+                        await instance.update_route(queue.topic)
+                    master = instance.broker_addr(queue.broker_name, only_this=True)
+                    if master is None or master == addr:
+                        raise
+                    await self._send_msg_back(master, message, delay_level)
             except NETWORK_ERRORS as exc:
-                log.warning("sending %s back for retry failed: %s", message.msg_id, exc)
-                failed.append(message)
-                continue
+                log.warning(
+                    "sending %s back for retry failed (%s); sending it to %s instead",
+                    message.msg_id,
+                    exc,
+                    retry_topic(self.group),
+                )
+                try:
+                    await self._send_to_retry_topic(message, delay_level)
+                except NETWORK_ERRORS as again:
+                    log.warning("sending %s to the retry topic failed: %s", message.msg_id, again)
+                    failed.append(message)
+                    continue
             self.sent_back += 1
         return failed
+
+    def _send_back_addr(self, queue: MessageQueue, message: MessageExt) -> str:
+        """The master of ``queue``'s broker group (RocketMQ's client: by broker name;
+        after a failover the message's store host may be a slave), else the store host."""
+        assert self._instance is not None
+        master = self._instance.broker_addr(queue.broker_name, only_this=True)
+        return master or message.store_host
+
+    async def _send_msg_back(self, addr: str, message: MessageExt, delay_level: int) -> None:
+        """CONSUMER_SEND_MSG_BACK of ``message`` to ``addr``; NETWORK_ERRORS if it fails."""
+        assert self._instance is not None
+        instance = self._instance
+        header = ConsumerSendMsgBackRequestHeader(
+            offset=message.physical_offset,
+            group=self.group,
+            delay_level=delay_level,
+            origin_msg_id=message.msg_id,
+            origin_topic=_original_topic(message).topic,
+            max_reconsume_times=(
+                self.max_reconsume_times if self.max_reconsume_times >= 0 else None
+            ),
+        )
+        await instance.invoke_ok(addr, instance.request(RequestCode.CONSUMER_SEND_MSG_BACK, header))
+
+    async def _send_to_retry_topic(self, message: MessageExt, delay_level: int) -> None:
+        """RocketMQ's fallback when no broker takes a send-back: the message, as a new
+        one, to ``%RETRY%group`` through a producer, with RETRY_TOPIC, ORIGIN_MESSAGE_ID
+        and reconsume times + 1; delayed by level 3 + reconsume times (to the DLQ,
+        ``delay_level`` -1: past the maximum reconsume times, which the broker takes as
+        the DLQ's)."""
+        original = _original_topic(message)
+        properties = dict(message.properties)
+        tags = properties.pop(PROPERTY_TAGS, None)
+        keys = properties.pop(PROPERTY_KEYS, "")
+        wait = properties.pop(PROPERTY_WAIT, None) != "false"
+        for name in (PROPERTY_DELAY, PROPERTY_TRANSACTION_PREPARED):
+            properties.pop(name, None)
+        properties[PROPERTY_RETRY_TOPIC] = original.topic
+        properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, message.msg_id)
+        if delay_level < 0:
+            most = max(self.max_reconsume_times, 0)
+            reconsume, level = most + 1, 0
+        else:
+            most = self.max_reconsume_times
+            reconsume = message.reconsume_times + 1
+            level = delay_level or RETRY_BASE_DELAY_LEVEL + message.reconsume_times
+        properties[PROPERTY_RECONSUME_TIME] = str(reconsume)
+        if most >= 0:
+            properties[PROPERTY_MAX_RECONSUME_TIMES] = str(most)
+        retry = Message(
+            retry_topic(self.group),
+            message.body,
+            tags=tags,
+            keys=keys,
+            flag=message.flag,
+            delay_level=level,
+            wait_store_msg_ok=wait,
+            properties=properties,
+        )
+        producer = await self._retry_producer()
+        await producer.send(retry)
+
+    async def _retry_producer(self) -> Producer:
+        """The producer of the retries no broker took back, started on first use in
+        this consumer's nursery (it stops with the consumer)."""
+        async with self._producer_lock:
+            if self._producer is None:
+                assert self._nursery is not None
+                self._producer = await self._nursery.start(self._run_producer)
+            return self._producer
+
+    async def _run_producer(self, *, task_status: trio.TaskStatus[Producer]) -> None:
+        async with Producer(INNER_PRODUCER_GROUP, self.config) as producer:
+            task_status.started(producer)
+            await trio.sleep_forever()
 
 
 def _original_topic(message: MessageExt) -> MessageExt:

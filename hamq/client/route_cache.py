@@ -12,6 +12,10 @@ Pure state, no I/O (``ClientInstance`` fetches the routes and feeds them here).
 - ``LatencyFaultTolerance``: optional; a broker whose send failed is avoided for
   ``isolation_s`` (30 s), one that answered slowly for the time Java's table gives
   (>= 550 ms: 30 s ... >= 15 s: 600 s).
+- ``TimedOutAddresses``: always on; a broker address whose request timed out (a master
+  that hangs) is avoided for as long as that request waited, or until it answers.
+  Keyed by address, not broker name: after a failover the same broker name has a new
+  master at another address.
 """
 
 from __future__ import annotations
@@ -146,3 +150,26 @@ def _avoid_for(latency_s: float) -> float:
         if latency_ms >= at_least_ms:
             return avoid_ms / 1000
     return 0.0
+
+
+class TimedOutAddresses:
+    """Broker addresses whose last request timed out, avoided until a time (trio clock, s)."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def add(self, addr: str, now: float, avoid_s: float) -> None:
+        self._until[addr] = now + avoid_s
+
+    def discard(self, addr: str) -> None:
+        """``addr`` answered."""
+        self._until.pop(addr, None)
+
+    def avoided(self, addr: str, now: float) -> bool:
+        until = self._until.get(addr)
+        if until is None:
+            return False
+        if now >= until:
+            del self._until[addr]
+            return False
+        return True

@@ -144,12 +144,36 @@ def dlq_topic(group: str) -> str:
     return DLQ_GROUP_TOPIC_PREFIX + group
 
 
+#: what separates the tags of a subscription expression
+TAG_SEPARATOR = "||"
+
+
+class TagExpressionError(ValueError):
+    """A subscription expression that is neither ``*`` nor tags joined by ``||``; the
+    text quotes the expression and says what is wrong with it."""
+
+
 def parse_tags(expression: str | None) -> frozenset[str] | None:
-    """The tags a subscription expression (``a || b``) accepts; None: all (``*``, empty)."""
+    """The tags a subscription expression (``a || b``) accepts; None: all (``*``, or
+    empty). Spaces around tags are trimmed, as RocketMQ does.
+
+    TagExpressionError for an empty tag (``a ||``, ``|| a``, ``a || || b``) or ``*``
+    among tags; RocketMQ's FilterAPI drops trailing empty tags silently, which hides
+    a typo, so hamq refuses them."""
     text = (expression or "").strip()
     if not text or text == "*":
         return None
-    return frozenset(t.strip() for t in text.split("||") if t.strip()) or None
+    tags = [t.strip() for t in text.split(TAG_SEPARATOR)]
+    if "" in tags:
+        raise TagExpressionError(
+            f"tag expression {expression!r} has an empty tag: write '*' for every tag, "
+            f"or tags joined by '||' ('a || b')"
+        )
+    if "*" in tags:
+        raise TagExpressionError(
+            f"tag expression {expression!r} mixes '*' with tags: '*' alone takes every tag"
+        )
+    return frozenset(tags)
 
 
 # ---------------------------------------------------------------- small codecs

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 from collections.abc import Iterator
 from types import TracebackType
 
@@ -160,7 +161,7 @@ class RemotingClient:
         except trio.TooSlowError:
             raise RemotingConnectError(addr, f"connect timed out after {limit_s:g}s") from None
         except OSError as exc:
-            raise RemotingConnectError(addr, f"cannot connect: {exc}") from None
+            raise RemotingConnectError(addr, f"cannot connect: {_reason(exc)}") from None
         if self._closing or self._nursery is None:
             await stream.aclose()
             raise RemotingConnectError(addr, "the client closed")
@@ -192,6 +193,20 @@ class RemotingClient:
     def _forget(self, conn: Connection) -> None:
         if self._connections.get(conn.peer) is conn:
             del self._connections[conn.peer]
+
+
+def _reason(exc: OSError) -> str:
+    """Why a connect failed, in the system's words: 'connection refused' rather than
+    trio's 'all attempts to connect to host:port failed' (the reasons are its cause)."""
+    errors = [exc]
+    if isinstance(exc.__cause__, BaseExceptionGroup):
+        errors = [e for e in exc.__cause__.exceptions if isinstance(e, OSError)] or errors
+    reasons = []
+    for error in errors:
+        reason = os.strerror(error.errno).lower() if error.errno else str(error)
+        if reason not in reasons:
+            reasons.append(reason)
+    return "; ".join(reasons)
 
 
 class _Attempt:

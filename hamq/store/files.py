@@ -9,6 +9,7 @@ All of it blocks: callers on the event loop use a worker thread.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import tempfile
@@ -38,27 +39,65 @@ def write_atomically(path: Path, data: bytes) -> None:
     fsync_directory(path.parent)
 
 
+class DirectoryInUseError(Exception):
+    """Another process (or another lock in this one) holds the directory: ``pid`` is
+    the holder's process id as it wrote it in the lock file, None if unreadable."""
+
+    def __init__(self, directory: Path, pid: int | None) -> None:
+        self.directory = directory
+        self.pid = pid
+        holder = f"process {pid}" if pid is not None else "another process"
+        super().__init__(f"{directory} is in use by {holder}")
+
+
 class DirectoryLock:
-    """An exclusive ``flock`` on ``<directory>/lock``: one process per store directory."""
+    """An exclusive ``flock`` on ``<directory>/lock``: one process per store directory.
+
+    The holder writes its PID (decimal, then a newline) into the file once it has the
+    lock, and empties it when it lets go; the PID only names the holder in the error
+    of whoever is refused (the lock itself is the flock, which the kernel drops when
+    the holder dies)."""
 
     def __init__(self, directory: Path) -> None:
+        self.directory = directory
         self.path = directory / "lock"
         self._fd = -1
 
     def acquire(self) -> None:
+        """Take the lock; DirectoryInUseError (nothing held, nothing written) if another
+        open holds it, OSError if the file cannot be opened."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)
-            raise RuntimeError(
-                f"store directory {self.path.parent} is in use by another process"
-            ) from None
+            try:
+                holder = _read_pid(fd)
+            finally:
+                os.close(fd)
+            raise DirectoryInUseError(self.directory, holder) from None
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            os.close(fd)  # (closing drops the flock too)
+            raise
         self._fd = fd
 
     def release(self) -> None:
         if self._fd >= 0:
+            with contextlib.suppress(OSError):  # (else a stale PID stays; the flock rules)
+                os.ftruncate(self._fd, 0)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = -1
+
+
+def _read_pid(fd: int) -> int | None:
+    """The PID a lock file names; None if it holds none (yet): the holder may be
+    between taking the lock and writing it."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None

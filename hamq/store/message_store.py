@@ -1,6 +1,7 @@
 """MessageStore: the one object the broker's processors use.
 
-Lifecycle: ``await nursery.start(store.run)`` locks the directory, recovers (in a worker
+Lifecycle: ``await nursery.start(store.run)`` locks the directory (StoreLockedError,
+naming the holder's PID, if another process has it), recovers (in a worker
 thread), drops the abort marker, starts the dispatch, flush, schedule (master only) and
 retention tasks, then reports started. Cancelling ``run`` stops it cleanly: the rest
 is dispatched and flushed, the checkpoint written, the abort marker removed. A
@@ -49,7 +50,12 @@ from hamq.store.checkpoint import Checkpoint, load_checkpoint
 from hamq.store.commitlog import AppendResult, CommitLog
 from hamq.store.config import FlushDiskType, StoreConfig
 from hamq.store.dispatcher import ConsumeQueueTable, ReputService
-from hamq.store.files import DirectoryLock, fsync_directory, write_atomically
+from hamq.store.files import (
+    DirectoryInUseError,
+    DirectoryLock,
+    fsync_directory,
+    write_atomically,
+)
 from hamq.store.flush import FlushService
 from hamq.store.index import IndexService
 from hamq.store.recovery import RecoveryReport, recover
@@ -63,6 +69,15 @@ log = logging.getLogger(__name__)
 MAX_FILTERED_SCAN = 16_000
 #: put_message yields to other tasks once per this many calls
 YIELD_EVERY = 32
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the store directory (its lock file): the text names the
+    directory as configured and the holder's PID; ``pid`` is None if it is unknown."""
+
+    def __init__(self, message: str, pid: int | None) -> None:
+        super().__init__(message)
+        self.pid = pid
 
 
 def wall_clock_ms() -> int:
@@ -219,7 +234,10 @@ class MessageStore:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         config = self.config
         config.store_dir.mkdir(parents=True, exist_ok=True)
-        self._lock.acquire()
+        try:
+            self._lock.acquire()
+        except DirectoryInUseError as exc:
+            raise StoreLockedError(str(exc), exc.pid) from None
         try:
             clean = not self._abort_path.exists()
             try:

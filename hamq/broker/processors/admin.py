@@ -146,6 +146,7 @@ class AdminProcessor:
     def runtime_info(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         stats = attrs.asdict(self.ctx.store.statistics())
         table = {key: str(value) for key, value in stats.items()}
+        table["role"] = self.ctx.role.value  # (the store's own says SLAVE until it takes sends)
         table["brokerAddr"] = self.ctx.address
         return request.response_to(body=json.dumps({"table": table}).encode())
 

@@ -2,12 +2,13 @@
 LOCK_BATCH_MQ / UNLOCK_BATCH_MQ, and the offset requests (shared/PROTOCOL.md §5.4-5.8).
 
 A heartbeat registers each consumer in its group (creating the group's retry topic,
-one queue, as RocketMQ does) and each producer in its group. QUERY_CONSUMER_OFFSET
-answers a group that never committed with offset 0 when the queue still starts at 0
-(deliver from the beginning, as Java does while message 0 is in memory), else
-QUERY_NOT_FOUND so that the client starts where its consume-from setting says;
-a request with ``setZeroIfNotFound`` false (Java 5 and hamq clients) always gets
-QUERY_NOT_FOUND then.
+one queue, as RocketMQ does) and each producer in its group; a tag subscription that
+does not parse (``a ||``) refuses the whole heartbeat (SUBSCRIPTION_PARSE_FAILED).
+QUERY_CONSUMER_OFFSET answers a group that never committed with offset 0 when the
+queue still starts at 0 (deliver from the beginning, as Java does while message 0 is
+in memory), else QUERY_NOT_FOUND so that the client starts where its consume-from
+setting says; a request with ``setZeroIfNotFound`` false (Java 5 and hamq clients)
+always gets QUERY_NOT_FOUND then.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from hamq.protocol.bodies import (
     HeartbeatData,
     LockBatchRequestBody,
     LockBatchResponseBody,
+    SubscriptionData,
     UnlockBatchRequestBody,
     decode_body,
     encode_body,
@@ -37,8 +39,23 @@ from hamq.protocol.headers import (
     UnregisterClientRequestHeader,
     UpdateConsumerOffsetRequestHeader,
 )
-from hamq.protocol.message import retry_topic, topic_error
+from hamq.protocol.message import TagExpressionError, parse_tags, retry_topic, topic_error
 from hamq.remoting import Connection, Dispatcher
+
+
+def _check_subscription(group: str, subscription: SubscriptionData) -> None:
+    """A tag subscription must parse (SUBSCRIPTION_PARSE_FAILED); other expression
+    types are refused when a pull uses them."""
+    if (subscription.expression_type or "TAG").upper() != "TAG":
+        return
+    try:
+        parse_tags(subscription.sub_string)
+    except TagExpressionError as exc:
+        raise RequestError(
+            ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+            f"parse the consumer's subscription failed, group {group} "
+            f"topic {subscription.topic}: {exc}",
+        ) from None
 
 
 class ClientProcessor:
@@ -73,6 +90,8 @@ class ClientProcessor:
                     ResponseCode.INVALID_PARAMETER,
                     f"group {consumer.group_name!r} cannot have a retry topic: {problem}",
                 )
+            for subscription in consumer.subscription_data_set:
+                _check_subscription(consumer.group_name, subscription)
         conn.attributes["serialize_type"] = request.serialize_type  # for notifications
         now = self.ctx.clock()
         channel = ClientChannel(data.client_id, conn, request.language, request.version, now)

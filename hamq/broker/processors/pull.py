@@ -3,7 +3,8 @@
 - Filtering by tags: the subscription comes from the request when its sys flag says so
   (0x4), else from the group's last heartbeat; ``*`` takes everything, ``a || b``
   takes messages whose consume-queue tag hash is a's or b's (Java's String.hashCode;
-  clients check the TAGS themselves again). SQL92 filters are refused by name.
+  clients check the TAGS themselves again). SQL92 filters are refused by name, and so
+  is a malformed expression (``a ||``): SUBSCRIPTION_PARSE_FAILED.
 - Commit flag (0x1): the request's commitOffset is stored for the group first.
 - Store status -> response code as RocketMQ maps them: FOUND 0; NO_MATCHED_MESSAGE and
   MESSAGE_WAS_REMOVING 20; an empty queue or an offset one past the end 19 (21 if the
@@ -28,7 +29,7 @@ from hamq.protocol.headers import (
     PullMessageRequestHeader,
     PullMessageResponseHeader,
 )
-from hamq.protocol.message import parse_tags, tags_code
+from hamq.protocol.message import TagExpressionError, parse_tags, tags_code
 from hamq.remoting import Connection, Dispatcher
 from hamq.store import GetMessageStatus
 
@@ -44,7 +45,8 @@ _CODES = {
 
 
 def tag_filter(expression: str | None) -> frozenset[int] | None:
-    """Tag hashes a subscription expression accepts; None accepts everything."""
+    """Tag hashes a subscription expression accepts; None accepts everything.
+    TagExpressionError for a malformed expression."""
     tags = parse_tags(expression)
     return None if tags is None else frozenset(tags_code(t) for t in tags)
 
@@ -189,4 +191,11 @@ class PullProcessor:
                 ResponseCode.SUBSCRIPTION_PARSE_FAILED,
                 f"{expression_type} filters are not supported; subscribe by tags",
             )
-        return tag_filter(expression)
+        try:
+            return tag_filter(expression)
+        except TagExpressionError as exc:
+            raise RequestError(
+                ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                f"parse the consumer's subscription failed, group {header.consumer_group} "
+                f"topic {header.topic}: {exc}",
+            ) from None

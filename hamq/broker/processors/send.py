@@ -15,6 +15,9 @@ TBW102 when allowed), its write permission, the queue id, the body's size,
 transactions (not supported: NO_PERMISSION). The broker adds CLUSTER and, when the
 producer sent none, a UNIQ_KEY. A batch (code 320, or code 10 with ``batch`` "1" or
 "true" as the C++ client sends it) is split and each entry stored as its own message.
+A send to a retry topic takes its reconsume times from the header, else from the
+RECONSUME_TIME property (a consumer's fallback retry); past the group's maximum it
+goes to the DLQ.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from hamq.protocol.message import (
     PROPERTY_DELAY,
     PROPERTY_MAX_RECONSUME_TIMES,
     PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_RECONSUME_TIME,
     PROPERTY_RETRY_TOPIC,
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT,
@@ -92,6 +96,30 @@ def peer_host(conn: Connection) -> tuple[str, int]:
     return host
 
 
+def _reconsume_times(
+    topic: str, header: SendMessageRequestHeader, properties: dict[str, str]
+) -> int:
+    """How often a message was consumed before: the header's ``reconsumeTimes``; for a
+    retry topic, when the header has none, the RECONSUME_TIME property (taken out of the
+    properties), which a consumer's fallback retry carries (Java's producer moves it
+    into the header; others may not)."""
+    if header.reconsume_times or not is_retry_topic(topic):
+        return header.reconsume_times or 0
+    text = properties.pop(PROPERTY_RECONSUME_TIME, None)
+    if text is None:
+        return 0
+    try:
+        times = int(text)
+    except ValueError:
+        times = -1
+    if times < 0:
+        raise RequestError(
+            ResponseCode.MESSAGE_ILLEGAL,
+            f"property {PROPERTY_RECONSUME_TIME} {text!r} is not a count",
+        )
+    return times
+
+
 class SendProcessor:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
@@ -131,7 +159,10 @@ class SendProcessor:
                 "the broker sending transaction message is forbidden: transactions are not "
                 "supported by this broker",
             )
-        topic, queue_id = self._retry_or_dead_letter(topic, queue_id, header, properties)
+        reconsume_times = _reconsume_times(topic, header, properties)
+        topic, queue_id = self._retry_or_dead_letter(
+            topic, queue_id, header, properties, reconsume_times
+        )
         born_host = peer_host(conn)
         if batch:
             try:
@@ -148,12 +179,17 @@ class SendProcessor:
                     entry.body,
                     {**properties, **decode_properties(entry.properties)},
                     born_host,
+                    reconsume_times,
                     flag=entry.flag,
                 )
                 for entry in entries
             ]
         else:
-            messages = [self._message(header, topic, queue_id, request.body, properties, born_host)]
+            messages = [
+                self._message(
+                    header, topic, queue_id, request.body, properties, born_host, reconsume_times
+                )
+            ]
         return self._store(request, conn, messages)
 
     def _check(self, header: SendMessageRequestHeader) -> tuple[str, int]:
@@ -200,6 +236,7 @@ class SendProcessor:
         queue_id: int,
         header: SendMessageRequestHeader,
         properties: dict[str, str],
+        reconsume_times: int,
     ) -> tuple[str, int]:
         """A consumer re-sending to its retry topic past its retries goes to its DLQ."""
         if not is_retry_topic(topic):
@@ -218,7 +255,7 @@ class SendProcessor:
                 ) from None
         if most < 0:
             most = config.retry_max_times if config else 16
-        if (header.reconsume_times or 0) > most:
+        if reconsume_times > most:
             dead = dlq_topic(group)
             self.ctx.topics.ensure(dead)
             return dead, 0
@@ -232,6 +269,7 @@ class SendProcessor:
         body: bytes,
         properties: dict[str, str],
         born_host: tuple[str, int],
+        reconsume_times: int,
         *,
         flag: int | None = None,
     ) -> MessageToStore:
@@ -248,7 +286,7 @@ class SendProcessor:
             born_timestamp=header.born_timestamp,
             born_host=born_host,
             store_host=self.ctx.store_host,
-            reconsume_times=header.reconsume_times or 0,
+            reconsume_times=reconsume_times,
         )
 
     def _store(
