@@ -25,6 +25,7 @@ run: $(STAMP)
 	@echo "    . .venv/bin/activate"
 	@echo "    hamq produce --topic demo --count 1000"
 	@echo "    hamq consume --topic demo --group g"
+	@echo "Metrics: curl http://127.0.0.1:10919/metrics (master), :10929 (slave)."
 	@echo "Ctrl-C stops both (cleanly: the slave first)."
 	@$(BIN)/hamq cluster up --profile 1m-1s-sync
 

@@ -281,6 +281,8 @@ def _check_distinct(
             ports.add(config.ha_port)
         if not config.namesrv_addrs:
             ports.add(config.embedded_namesrv_port)
+        if config.metrics_port:
+            ports.add(config.metrics_port)
         keys: list[tuple[str, object]] = [
             ("store_dir", config.store.store_dir.resolve()),
             *(("port", port) for port in sorted(ports) if port),

@@ -40,6 +40,22 @@ ControllerDir = Annotated[
     Path | None,
     typer.Option("--controller-dir", help="Where the controller keeps its Raft log."),
 ]
+MetricsPort = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        min=0,
+        max=65535,
+        help="Serve Prometheus metrics over HTTP on this port (/metrics; 0: any free one).",
+    ),
+]
+
+
+def _metrics_note(host: str, port: int | None) -> str:
+    """', metrics http://host:port/metrics' for a ready line, or nothing."""
+    return "" if port is None else f", metrics http://{host}:{port}/metrics"
+
+
 Unclean = Annotated[
     bool,
     typer.Option(
@@ -104,6 +120,7 @@ def broker(
         Path | None, typer.Option("--store-dir", help="Where the data goes (./data/store).")
     ] = None,
     flush: Annotated[str | None, typer.Option("--flush", help="ASYNC_FLUSH or SYNC_FLUSH.")] = None,
+    metrics_port: MetricsPort = None,
 ) -> None:
     """Run a broker. With no nameserver address it embeds one: one command, a broker."""
     overrides: dict[str, Any] = {
@@ -115,6 +132,7 @@ def broker(
         "embedded_namesrv_port": namesrv_port,
         "store.store_dir": str(store_dir) if store_dir is not None else None,
         "store.flush_disk_type": flush,
+        "metrics_port": metrics_port,
     }
     if namesrv is not None:
         overrides["namesrv_addrs"] = [a.strip() for a in namesrv.split(";") if a.strip()]
@@ -131,10 +149,11 @@ def broker(
             async with trio.open_nursery() as nursery:
                 await nursery.start(node.run)
                 embedded = " (embedded)" if node.nameserver is not None else ""
+                metrics = _metrics_note(node.config.listen_host, node.metrics_port)
                 typer.echo(
                     f"hamq broker ready: broker {node.config.broker_name} at {node.address}, "
                     f"nameserver {';'.join(node.namesrv_addrs)}{embedded}, "
-                    f"store {node.config.store.store_dir}"
+                    f"store {node.config.store.store_dir}{metrics}"
                 )
         except* StoreLockedError as refused:
             locked = _first_leaf(refused)
@@ -167,6 +186,7 @@ def nameserver(
     raft_peers: RaftPeers = None,
     controller_dir: ControllerDir = None,
     unclean: Unclean = False,
+    metrics_port: MetricsPort = None,
 ) -> None:
     """Run a nameserver. Several may run side by side; they never talk to each other
     (embedded controllers do, over Raft)."""
@@ -175,12 +195,15 @@ def nameserver(
         embedded = Controller(
             _controller_config(host, port, raft_address, raft_peers, controller_dir, unclean)
         )
-    server = NameServer(NameServerConfig(host=host, port=port), controller=embedded)
+    server = NameServer(
+        NameServerConfig(host=host, port=port, metrics_port=metrics_port), controller=embedded
+    )
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             bound = await nursery.start(server.run)
             extra = f", controller raft {embedded.config.raft_address}" if embedded else ""
+            extra += _metrics_note(host, server.metrics_port)
             typer.echo(f"hamq nameserver ready: {host}:{bound}{extra}")
 
     run(main)
@@ -195,12 +218,14 @@ def controller(
     raft_peers: RaftPeers = None,
     data_dir: ControllerDir = None,
     unclean: Unclean = False,
+    metrics_port: MetricsPort = None,
 ) -> None:
     """Run a controller (automatic failover): 1 or 3 of them, Raft between them."""
     server = ControllerServer(
         _controller_config(host, port, raft_address, raft_peers, data_dir, unclean),
         host=host,
         port=port,
+        metrics_port=metrics_port,
     )
 
     async def main() -> None:
@@ -209,6 +234,7 @@ def controller(
             typer.echo(
                 f"hamq controller ready: {host}:{bound}, raft "
                 f"{server.controller.config.raft_address}"
+                f"{_metrics_note(host, server.metrics_port)}"
             )
 
     run(main)

@@ -22,9 +22,12 @@ import trio
 from attrs import validators as v
 
 from hamq.controller import Controller
+from hamq.controller.metrics import ControllerCollector
+from hamq.metrics import MetricsServer, new_registry
 from hamq.protocol import RemotingCommand, RequestCode
 from hamq.protocol.headers import BrokerHeartbeatRequestHeader
 from hamq.remoting import Connection, Dispatcher, RemotingConfig, RemotingServer
+from nameserver.metrics import NameServerCollector
 from nameserver.processors import NameServerProcessors
 from nameserver.route_table import DEFAULT_BROKER_TIMEOUT_MS, RouteTable
 
@@ -43,6 +46,10 @@ class NameServerConfig:
     port: int = attrs.field(default=DEFAULT_PORT, validator=[v.ge(0), v.le(65535)])
     scan_interval_s: float = attrs.field(default=10.0, validator=v.gt(0.0))
     broker_timeout_ms: int = attrs.field(default=DEFAULT_BROKER_TIMEOUT_MS, validator=v.gt(0))
+    #: Prometheus metrics over HTTP (``/metrics``) on ``host``; None: off, 0: a free port
+    metrics_port: int | None = attrs.field(
+        default=None, validator=v.optional([v.ge(0), v.le(65535)])
+    )
     remoting: RemotingConfig = attrs.field(factory=RemotingConfig)
 
 
@@ -78,6 +85,8 @@ class NameServer:
         )
         self.server.on_close(self._connection_closed)
         self._expired = 0
+        #: the port metrics are served on (None: off)
+        self.metrics_port: int | None = None
 
     @property
     def address(self) -> str:
@@ -88,9 +97,20 @@ class NameServer:
             if self.controller is not None:
                 await nursery.start(self.controller.run)
             port = await nursery.start(self.server.run)
+            if self.config.metrics_port is not None:
+                self.metrics_port = await nursery.start(self._metrics_server().run)
             nursery.start_soon(self._housekeeping)
             log.info("nameserver serving on %s", self.server.address)
             task_status.started(port)
+
+    def _metrics_server(self) -> MetricsServer:
+        """This nameserver's metrics, and its embedded controller's, on metrics_port."""
+        registry = new_registry()
+        registry.register(NameServerCollector(self))
+        if self.controller is not None:
+            registry.register(ControllerCollector(self.controller))
+        assert self.config.metrics_port is not None
+        return MetricsServer(registry, self.config.host, self.config.metrics_port)
 
     def shutdown(self, grace_s: float = 5.0) -> None:
         self.server.shutdown(grace_s)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 import trio
@@ -12,8 +13,14 @@ from prometheus_client import Counter
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from hamq.client import AdminClient, Message, Producer, PullConsumer, SendStatus
+from hamq.controller import Controller, ControllerConfig, ControllerServer
 from hamq.metrics import MetricsServer, Snapshot, new_registry
 from hamq.metrics.server import MAX_CONNECTIONS, BadRequest, parse_request
+from nameserver import NameServer, NameServerConfig
+from tests.broker_support import namesrv, running_broker
+from tests.processes import ROOT, free_ports, hamq_command
+from tests.test_cluster import READY_S, cluster_up
 
 
 @asynccontextmanager
@@ -140,3 +147,176 @@ def test_request_heads_are_parsed_strictly() -> None:
     for bad in (b"", b"GET /metrics", b"GET / HTTP/1.1\r\n: empty name"):
         with pytest.raises(BadRequest):
             parse_request(bad)
+
+
+# ---------------------------------------------------------------- what servers show
+
+
+async def scrape(port: int) -> dict[str, Metric]:
+    return families(await http(port, b"GET /metrics HTTP/1.1\r\n\r\n"))
+
+
+def value(metrics: dict[str, Metric], name: str, sample: str = "", **labels: str) -> float:
+    """The value of ``name``'s sample (``name`` + ``sample`` suffix) with ``labels``."""
+    family = metrics[name]
+    wanted = family.name + sample
+    for s in family.samples:
+        if s.name == wanted and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    raise AssertionError(f"no sample {wanted} {labels} in {family.samples}")
+
+
+async def test_a_broker_shows_messages_in_and_out_sends_pulls_lag_and_its_store(
+    tmp_path: Path,
+) -> None:
+    async with running_broker(tmp_path, metrics_port=0) as node:
+        assert node.metrics_port is not None
+        ns = namesrv(node)
+        async with AdminClient(ns) as admin:
+            await admin.create_topic("M", 2)
+        async with Producer("PG", ns) as producer:
+            for i in range(10):
+                result = await producer.send(Message("M", b"x" * 100, keys=[f"k{i}"]))
+                assert result.status is SendStatus.SEND_OK
+        before = await scrape(node.metrics_port)
+        assert value(before, "hamq_broker_messages_in", "_total", topic="M") == 10
+        assert value(before, "hamq_broker_bytes_in", "_total", topic="M") > 10 * 100
+        assert value(before, "hamq_broker_send_latency_seconds", "_count", status="SEND_OK") == 10
+        assert value(before, "hamq_broker_master") == 1
+        assert value(before, "hamq_broker_info", role="ASYNC_MASTER", broker_name="broker-a") == 1
+        assert value(before, "hamq_broker_commitlog_offset", which="max") > 0
+        assert value(before, "hamq_broker_store_disk_bytes", kind="reserved") > 0
+        assert value(before, "hamq_nameserver_brokers") == 1  # the embedded nameserver
+        async with PullConsumer("G", ns) as puller:
+            pulled = 0
+            for queue in await puller.queues("M"):
+                result = await puller.pull(queue, 0, max_nums=32)
+                pulled += len(result.messages)
+                if result.messages:
+                    await puller.commit_offset(queue, 1)  # one consumed, the rest behind
+            committed_queues = sum(1 for q in await puller.queues("M"))
+        after = await scrape(node.metrics_port)
+        assert pulled == 10
+        assert value(after, "hamq_broker_messages_out", "_total", topic="M") == 10
+        assert value(after, "hamq_broker_pull_requests", "_total", outcome="SUCCESS") >= 1
+        lag = value(after, "hamq_broker_consumer_lag_messages", group="G", topic="M")
+        assert 10 - committed_queues <= lag <= 9
+        assert documented(after) == []
+
+
+async def test_a_nameserver_with_a_controller_shows_the_group_it_elected(tmp_path: Path) -> None:
+    (raft_port,) = free_ports(1)
+    controller = Controller(
+        ControllerConfig(raft_address=f"127.0.0.1:{raft_port}", data_dir=tmp_path / "raft")
+    )
+    server = NameServer(NameServerConfig(port=0, metrics_port=0), controller=controller)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(server.run)
+        ns = f"127.0.0.1:{port}"
+        assert server.metrics_port is not None
+        async with running_broker(
+            tmp_path / "broker",
+            namesrv_addrs=[ns],
+            enable_controller_mode=True,
+            controller_addrs=[ns],
+            metrics_port=0,
+        ) as node:
+            with trio.fail_after(30):
+                while not node.ctx.is_master:  # noqa: ASYNC110 - the controller elects it
+                    await trio.sleep(0.05)
+            shown = await scrape(server.metrics_port)
+            labels = {"cluster": "DefaultCluster", "broker_name": "broker-a"}
+            assert value(shown, "hamq_controller_leader") == 1
+            assert node.replicas is not None  # (a master registers as id 0; this is its own)
+            assert value(shown, "hamq_controller_master_id", **labels) == node.replicas.broker_id
+            assert value(shown, "hamq_controller_master_epoch", **labels) >= 1
+            assert value(shown, "hamq_controller_sync_state_set_size", **labels) == 1
+            assert value(shown, "hamq_nameserver_brokers") == 1
+            assert node.metrics_port is not None
+            broker = await scrape(node.metrics_port)
+            assert value(broker, "hamq_broker_master") == 1
+            assert value(broker, "hamq_broker_sync_state_set_size") == 1
+            assert value(broker, "hamq_broker_epoch") >= 1
+            assert documented(shown) == documented(broker) == []
+        nursery.cancel_scope.cancel()
+
+
+def documented(metrics: dict[str, Metric]) -> list[str]:
+    """The hamq_* families in ``metrics`` that README.md's metrics table does not name."""
+    readme = (ROOT / "README.md").read_text()
+    missing = []
+    for family in metrics.values():
+        if not family.name.startswith("hamq_"):
+            continue
+        shown = family.name + ("_total" if family.type == "counter" else "")
+        if f"`{shown}`" not in readme and f"`{shown}{{" not in readme:
+            missing.append(shown)
+    return missing
+
+
+async def test_a_standalone_controller_serves_its_metrics(tmp_path: Path) -> None:
+    (raft_port,) = free_ports(1)
+    config = ControllerConfig(raft_address=f"127.0.0.1:{raft_port}", data_dir=tmp_path)
+    server = ControllerServer(config, port=0, metrics_port=0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        assert server.metrics_port is not None
+        with trio.fail_after(30):
+            # a single Raft node elects itself
+            while value(await scrape(server.metrics_port), "hamq_controller_leader") != 1:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        shown = await scrape(server.metrics_port)
+        assert value(shown, "hamq_controller_live_brokers") == 0
+        assert "hamq_nameserver_brokers" not in shown
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.slow
+async def test_the_make_run_profile_shows_messages_moving_under_hamq_produce(
+    tmp_path: Path,
+) -> None:
+    """``make run``'s profile (conf/1m-1s-sync, its ports moved to free ones) serves
+    metrics; ``hamq produce`` and ``hamq consume`` move messages in and out."""
+    master, slave, ns_port, master_metrics, slave_metrics = free_ports(5)
+    moved = {
+        "10911": master,
+        "10921": slave,
+        "9876": ns_port,
+        "10919": master_metrics,
+        "10929": slave_metrics,
+    }
+    profile = tmp_path / "1m-1s-sync"
+    profile.mkdir()
+    for shipped in (ROOT / "conf" / "1m-1s-sync").iterdir():
+        text = shipped.read_text().replace("./data/", f"{tmp_path}/data/")
+        for old, new in moved.items():
+            text = text.replace(old, str(new))
+        (profile / shipped.name).write_text(text)
+    ns = f"127.0.0.1:{ns_port}"
+    async with cluster_up(profile, tmp_path / "logs") as up:
+        await up.read_until(r"^hamq cluster ready: 1m-1s-sync", READY_S)
+        before = await scrape(master_metrics)
+        assert value(before, "hamq_broker_info", role="SYNC_MASTER") == 1
+        assert value(await scrape(slave_metrics), "hamq_broker_info", role="SLAVE") == 1
+        with trio.fail_after(30):  # SEND_OK once the slave is in sync
+            while value(await scrape(master_metrics), "hamq_broker_in_sync_replicas") < 2:  # noqa: ASYNC110
+                await trio.sleep(0.1)
+        produced = await hamq_command(
+            "produce", "-n", ns, "--topic", "demo", "--count", "200", timeout_s=60
+        )
+        assert produced.returncode == 0, produced.stderr
+        after_produce = await scrape(master_metrics)
+        assert value(after_produce, "hamq_broker_messages_in", "_total", topic="demo") == 200
+        latency = "hamq_broker_send_latency_seconds"
+        assert value(after_produce, latency, "_count", status="SEND_OK") >= 1
+        consumed = await hamq_command(
+            "consume", "-n", ns, "--topic", "demo", "--group", "g", "--count", "200",
+            timeout_s=60,
+        )  # fmt: skip
+        assert consumed.returncode == 0, consumed.stderr
+        after_consume = await scrape(master_metrics)
+        assert value(after_consume, "hamq_broker_messages_out", "_total", topic="demo") >= 200
+        slave_shown = await scrape(slave_metrics)
+        assert value(slave_shown, "hamq_broker_commitlog_offset", which="max") > 0
+        [replica] = after_consume["hamq_broker_replication_lag_bytes"].samples  # the slave
+        assert replica.value >= 0

@@ -107,6 +107,10 @@ class BrokerConfig:
     ha_listen_port: int | None = attrs.field(
         default=None, validator=v.optional([v.ge(0), v.le(65535)])
     )
+    #: Prometheus metrics over HTTP (``/metrics``) on listen_host; None: off, 0: a free port
+    metrics_port: int | None = attrs.field(
+        default=None, validator=v.optional([v.ge(0), v.le(65535)])
+    )
     #: a slave's master HA address; default: what the nameservers say (haMasterAddress)
     ha_master_address: str | None = attrs.field(default=None, validator=v.optional(check_address))
     ha: HAConfig = attrs.field(factory=HAConfig)

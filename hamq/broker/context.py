@@ -11,6 +11,7 @@ from hamq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockM
 from hamq.broker.config import BrokerConfig
 from hamq.broker.long_polling import PullHoldService
 from hamq.broker.offsets import ConsumerOffsetManager
+from hamq.broker.stats import BrokerStats
 from hamq.broker.subscriptions import SubscriptionGroupManager
 from hamq.broker.topics import TopicConfigManager
 from hamq.ha import HAService
@@ -47,6 +48,8 @@ class BrokerContext:
     broker_id: int = 0
     #: the SyncStateSet is below minInSyncReplicas: why sends are refused (controller mode)
     sends_refused: str | None = None
+    #: what the broker counts (messages in and out, send answers, pulls)
+    stats: BrokerStats = attrs.field(factory=BrokerStats)
 
     @property
     def is_master(self) -> bool:

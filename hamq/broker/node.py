@@ -35,6 +35,7 @@ from hamq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockM
 from hamq.broker.config import BrokerConfig
 from hamq.broker.context import BrokerContext
 from hamq.broker.long_polling import PullHoldService
+from hamq.broker.metrics import BrokerCollector
 from hamq.broker.offsets import ConsumerOffsetManager
 from hamq.broker.processors.admin import AdminProcessor
 from hamq.broker.processors.clients import ClientProcessor
@@ -47,6 +48,7 @@ from hamq.broker.subscriptions import SubscriptionGroupManager
 from hamq.broker.topics import TopicConfigManager
 from hamq.ha import EpochFile, HAClient, HAService
 from hamq.ha.epoch import FILE_NAME as EPOCH_FILE_NAME
+from hamq.metrics import MetricsServer, new_registry
 from hamq.protocol.ha_wire import HAProtocol
 from hamq.protocol.message import MessageIdGenerator
 from hamq.remoting import (
@@ -60,6 +62,7 @@ from hamq.remoting import (
 from hamq.store import BrokerRole, MessageStore
 from hamq.store.message_store import wall_clock_ms
 from nameserver import NameServer, NameServerConfig
+from nameserver.metrics import NameServerCollector
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +178,8 @@ class BrokerNode:
         )
         self.server.on_close(self._connection_closed)
         self.nameserver: NameServer | None = None
+        #: the port metrics are served on (None: off)
+        self.metrics_port: int | None = None
         self.registrar: Registrar | None = None
         #: the nameservers this broker registers with (the embedded one's address once up)
         self.namesrv_addrs: list[str] = list(config.namesrv_addrs)
@@ -271,6 +276,8 @@ class BrokerNode:
                 self.namesrv_addrs = namesrv_addrs
             await self._start_replication(nursery)
             ctx.port = await nursery.start(self.server.run)
+            if self.config.metrics_port is not None:
+                self.metrics_port = await nursery.start(self._metrics_server().run)
             await nursery.start(ctx.pull_holds.run)
             await nursery.start(self.notifier.run)
             nursery.start_soon(self._housekeeping)
@@ -318,6 +325,15 @@ class BrokerNode:
                     if self.nameserver is None:  # an embedded one stops with us anyway
                         with trio.CancelScope(shield=True):
                             await self.registrar.unregister_all()
+
+    def _metrics_server(self) -> MetricsServer:
+        """This broker's metrics, and its embedded nameserver's, on metrics_port."""
+        registry = new_registry()
+        registry.register(BrokerCollector(self))
+        if self.nameserver is not None:
+            registry.register(NameServerCollector(self.nameserver))
+        assert self.config.metrics_port is not None
+        return MetricsServer(registry, self.config.listen_host, self.config.metrics_port)
 
     def _topics_changed(self) -> None:
         if self.registrar is not None:

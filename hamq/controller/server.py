@@ -10,7 +10,9 @@ import logging
 
 import trio
 
+from hamq.controller.metrics import ControllerCollector
 from hamq.controller.service import Controller, ControllerConfig
+from hamq.metrics import MetricsServer, new_registry
 from hamq.remoting import Dispatcher, RemotingConfig, RemotingServer
 
 log = logging.getLogger(__name__)
@@ -27,8 +29,13 @@ class ControllerServer:
         host: str = "127.0.0.1",
         port: int = DEFAULT_CONTROLLER_PORT,
         remoting: RemotingConfig | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.controller = Controller(config)
+        self.host = host
+        #: Prometheus metrics over HTTP on ``host``: None off, 0 a free port (then the
+        #: port it got, once running)
+        self.metrics_port = metrics_port
         dispatcher = Dispatcher()
         self.controller.install(dispatcher)
         self.server = RemotingServer(
@@ -44,5 +51,10 @@ class ControllerServer:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.controller.run)
             port = await nursery.start(self.server.run)
+            if self.metrics_port is not None:
+                registry = new_registry()
+                registry.register(ControllerCollector(self.controller))
+                metrics = MetricsServer(registry, self.host, self.metrics_port)
+                self.metrics_port = await nursery.start(metrics.run)
             log.info("controller serving on %s", self.server.address)
             task_status.started(port)

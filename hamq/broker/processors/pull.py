@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 from hamq.broker.context import BrokerContext
+from hamq.broker.stats import code_name
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import MASTER_ID, PERM_READ, SubscriptionGroupConfig, TopicConfig
 from hamq.protocol.headers import (
@@ -59,7 +60,14 @@ class PullProcessor:
         dispatcher.register(RequestCode.PULL_MESSAGE, self.pull)
 
     def pull(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
-        return self.process(request, conn, allow_suspend=True)
+        stats = self.ctx.stats
+        try:
+            response = self.process(request, conn, allow_suspend=True)
+        except RequestError as exc:
+            stats.pulled(code_name(exc.code))
+            raise
+        stats.pulled("HELD" if response is None else code_name(response.code))
+        return response
 
     def execute_held(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         """A held pull, run again (no more waiting)."""
@@ -154,12 +162,11 @@ class PullProcessor:
             min_offset=result.min_offset,
             max_offset=result.max_offset,
         )
-        return request.response_to(
-            code,
-            status.value,
-            header=response_header,
-            body=result.body if code == ResponseCode.SUCCESS else b"",
-        )
+        body = b""
+        if code == ResponseCode.SUCCESS:
+            body = result.body
+            ctx.stats.delivered(header.topic, result.message_count, len(body))
+        return request.response_to(code, status.value, header=response_header, body=body)
 
     def _suggest(self, group: SubscriptionGroupConfig, lag_bytes: int) -> int:
         """Where the consumer should pull next (RocketMQ's rule): with slave reads on, a

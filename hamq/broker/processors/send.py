@@ -28,6 +28,7 @@ import random
 import trio
 
 from hamq.broker.context import BrokerContext
+from hamq.broker.stats import code_name
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import PERM_WRITE
 from hamq.protocol.headers import (
@@ -80,6 +81,15 @@ _STATUS_CODES = {
     PutMessageStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
     PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
 }
+#: a stored send's answer by the SendStatus a client reads from it (for the broker's stats)
+_SEND_STATUSES: dict[int, str] = {
+    ResponseCode.SUCCESS: "SEND_OK",
+    ResponseCode.FLUSH_DISK_TIMEOUT: "FLUSH_DISK_TIMEOUT",
+    ResponseCode.FLUSH_SLAVE_TIMEOUT: "FLUSH_SLAVE_TIMEOUT",
+    ResponseCode.SLAVE_NOT_AVAILABLE: "SLAVE_NOT_AVAILABLE",
+}
+
+
 #: delay level a sent-back message gets when the consumer asks for none: 3 + reconsume times
 BASE_RETRY_DELAY_LEVEL = 3
 
@@ -148,6 +158,16 @@ class SendProcessor:
             raise RequestError(ResponseCode.SYSTEM_ERROR, ctx.sends_refused)
 
     def send(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        started = trio.current_time()
+        try:
+            return self._send(request, conn, started)
+        except RequestError as exc:
+            self.ctx.stats.refused(code_name(exc.code))
+            raise
+
+    def _send(
+        self, request: RemotingCommand, conn: Connection, started: float
+    ) -> RemotingCommand | None:
         self._refuse_on_slave()
         header = decode_send_header(request.ext_fields, v2=request.code != RequestCode.SEND_MESSAGE)
         batch = request.code == RequestCode.SEND_BATCH_MESSAGE or bool(header.batch)
@@ -190,7 +210,7 @@ class SendProcessor:
                     header, topic, queue_id, request.body, properties, born_host, reconsume_times
                 )
             ]
-        return self._store(request, conn, messages)
+        return self._store(request, conn, messages, started)
 
     def _check(self, header: SendMessageRequestHeader) -> tuple[str, int]:
         topic = header.topic
@@ -289,8 +309,17 @@ class SendProcessor:
             reconsume_times=reconsume_times,
         )
 
+    def _answered(self, response: RemotingCommand, started: float) -> None:
+        """Count an answer to a send that stored its message(s), by its SendStatus."""
+        status = _SEND_STATUSES.get(response.code, code_name(response.code))
+        self.ctx.stats.answered(status, trio.current_time() - started)
+
     def _store(
-        self, request: RemotingCommand, conn: Connection, messages: list[MessageToStore]
+        self,
+        request: RemotingCommand,
+        conn: Connection,
+        messages: list[MessageToStore],
+        started: float,
     ) -> RemotingCommand | None:
         # A send that waits (for its fsync, for a slave's ack) takes its place in flight
         # first: refused for being one too many (SYSTEM_BUSY), it must not be stored.
@@ -303,6 +332,10 @@ class SendProcessor:
         else:
             results = self.ctx.store.put_batch_nowait(messages)
         last = results[-1]
+        stats = self.ctx.stats
+        for result in results:
+            if result.append is not None:
+                stats.stored(messages[0].topic, 1, result.append.size)
         if last.append is None:
             if len(results) > 1:
                 log.error(
@@ -319,9 +352,11 @@ class SendProcessor:
             if responder is None:
                 raise refusal
             responder.send(request.response_to(refusal.code, str(refusal)))
+            stats.refused(code_name(refusal.code))
             return None
         response = self._response(request, messages, results)
         if responder is None:
+            self._answered(response, started)
             return response
         end_offset = last.append.end_offset
         ha = self.ctx.ha
@@ -332,6 +367,7 @@ class SendProcessor:
             response.remark = "no slave in sync (none connected, or too far behind); stored"
         if not waits_flush and not waits_slave:
             responder.send(response)
+            self._answered(response, started)
             return None
         if waits_slave and not waits_flush and ha is not None:
             # the common SYNC_MASTER case: no task, the ack (or its timeout) answers
@@ -342,11 +378,18 @@ class SendProcessor:
                     response.code = ResponseCode.FLUSH_SLAVE_TIMEOUT
                     response.remark = f"no slave had it within {timeout_s:g}s; stored"
                 responder.send(response)
+                self._answered(response, started)
 
             ha.acks.notify(end_offset, answer, timeout_s)
             return None
         conn.spawn(
-            self._answer_when_safe, responder, end_offset, response, waits_flush, waits_slave
+            self._answer_when_safe,
+            responder,
+            end_offset,
+            response,
+            waits_flush,
+            waits_slave,
+            started,
         )
         return None
 
@@ -357,6 +400,7 @@ class SendProcessor:
         response: RemotingCommand,
         waits_flush: bool,
         waits_slave: bool,
+        started: float,
     ) -> None:
         """Answer once the message is on disk (SYNC_FLUSH) and on a slave (SYNC_MASTER),
         or say which did not happen in time: FLUSH_SLAVE_TIMEOUT (or the
@@ -392,6 +436,7 @@ class SendProcessor:
             response.code = ResponseCode.FLUSH_DISK_TIMEOUT
             response.remark = f"not on disk within {config.store.sync_flush_timeout_s:g}s; stored"
         responder.send(response)
+        self._answered(response, started)
 
     def _response(
         self,

@@ -1,0 +1,235 @@
+"""A broker's metrics, built at scrape time from its counters and statistics.
+
+Every family is named ``hamq_broker_*`` (README: "Metrics" lists them with their
+meaning). Counters come from hamq/broker/stats.py; the rest is read when scraped:
+consumer lag from the committed offsets and the consume queues, replication from the
+HA service, the store's offsets and disk use (disk use is walked at most every
+DISK_WALK_S, not at every scrape).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from hamq.broker.offsets import TOPIC_GROUP_SEPARATOR
+from hamq.broker.stats import LATENCY_BUCKETS_S
+
+if TYPE_CHECKING:
+    from hamq.broker.node import BrokerNode
+
+#: how often the store's disk use is measured again (a walk of its files)
+DISK_WALK_S = 10.0
+
+
+def disk_use(directory: Path) -> tuple[int, int]:
+    """(bytes reserved: the files' sizes, bytes really on disk: their blocks) under
+    ``directory``; files that vanish during the walk are skipped."""
+    reserved = used = 0
+    pending = [directory]
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False):
+                    stat = entry.stat(follow_symlinks=False)
+                    reserved += stat.st_size
+                    used += stat.st_blocks * 512
+            except OSError:
+                continue
+    return reserved, used
+
+
+class BrokerCollector:
+    """A prometheus-client collector over one broker (``registry.register(...)``)."""
+
+    def __init__(self, node: BrokerNode) -> None:
+        self.node = node
+        self._disk: tuple[int, int] = (0, 0)
+        self._disk_at = -DISK_WALK_S
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._identity()
+        yield from self._traffic()
+        yield from self._consumers()
+        yield from self._replication()
+        yield from self._store()
+
+    def _identity(self) -> Iterator[Metric]:
+        node, ctx = self.node, self.node.ctx
+        info = GaugeMetricFamily(
+            "hamq_broker_info",
+            "This broker: cluster, broker group, id and role now (value 1)",
+            labels=["cluster", "broker_name", "broker_id", "role", "address"],
+        )
+        role = ctx.role.value if ctx.is_master else "SLAVE"
+        info.add_metric(
+            [
+                node.config.cluster_name,
+                node.config.broker_name,
+                str(ctx.broker_id),
+                role,
+                ctx.address,
+            ],
+            1,
+        )
+        yield info
+        yield GaugeMetricFamily(
+            "hamq_broker_master", "1 while this broker is its group's master", value=ctx.is_master
+        )
+        yield GaugeMetricFamily(
+            "hamq_broker_epoch",
+            "The last epoch in this broker's epoch file",
+            node.epochs.last_epoch,
+        )
+
+    def _traffic(self) -> Iterator[Metric]:
+        ctx = self.node.ctx
+        stats = ctx.stats
+        names = (
+            ("messages_in", "Messages stored, by topic"),
+            ("bytes_in", "Bytes stored (whole records), by topic"),
+            ("messages_out", "Messages delivered to pulls, by topic"),
+            ("bytes_out", "Bytes delivered to pulls (whole records), by topic"),
+        )
+        families = {
+            name: CounterMetricFamily(f"hamq_broker_{name}", text, labels=["topic"])
+            for name, text in names
+        }
+        for topic, counters in sorted(stats.topics.items()):
+            for name, family in families.items():
+                family.add_metric([topic], getattr(counters, name))
+        yield from families.values()
+        latency = HistogramMetricFamily(
+            "hamq_broker_send_latency_seconds",
+            "Time from a send's arrival to its answer, by SendStatus (stored sends)",
+            labels=["status"],
+        )
+        bounds = [f"{b:g}" for b in LATENCY_BUCKETS_S] + ["+Inf"]
+        for status, histogram in sorted(stats.sends.items()):
+            cumulative, buckets = 0, []
+            for bound, count in zip(bounds, histogram.counts, strict=True):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            latency.add_metric([status], buckets, sum_value=histogram.sum_s)
+        yield latency
+        refused = CounterMetricFamily(
+            "hamq_broker_sends_refused",
+            "Sends refused with nothing stored, by response code",
+            labels=["code"],
+        )
+        for code, count in sorted(stats.sends_refused.items()):
+            refused.add_metric([code], count)
+        yield refused
+        pulls = CounterMetricFamily(
+            "hamq_broker_pull_requests",
+            "Pull requests, by outcome (a response code, or HELD for a long poll)",
+            labels=["outcome"],
+        )
+        for outcome, count in sorted(stats.pulls.items()):
+            pulls.add_metric([outcome], count)
+        yield pulls
+        holds = ctx.pull_holds
+        yield GaugeMetricFamily(
+            "hamq_broker_held_pulls",
+            "Pulls held now (long polling)",
+            value=holds.held if holds is not None else 0,
+        )
+
+    def _consumers(self) -> Iterator[Metric]:
+        ctx = self.node.ctx
+        store = ctx.store
+        lag = GaugeMetricFamily(
+            "hamq_broker_consumer_lag_messages",
+            "Messages in this broker's queues past a group's committed offsets, by group and topic",
+            labels=["group", "topic"],
+        )
+        for key, queues in sorted(ctx.offsets.table.items()):
+            topic, _, group = key.partition(TOPIC_GROUP_SEPARATOR)
+            behind = 0
+            for queue_id, offset in queues.items():
+                behind += max(0, store.max_offset_in_queue(topic, queue_id) - max(offset, 0))
+            lag.add_metric([group, topic], behind)
+        yield lag
+        yield GaugeMetricFamily(
+            "hamq_broker_consumer_groups", "Consumer groups online", len(ctx.consumers.groups)
+        )
+        yield GaugeMetricFamily(
+            "hamq_broker_topics", "Topics this broker has", len(ctx.topics.table)
+        )
+
+    def _replication(self) -> Iterator[Metric]:
+        node = self.node
+        slaves = GaugeMetricFamily(
+            "hamq_broker_replication_lag_bytes",
+            "How far each slave's acknowledged offset is behind this master's log (broker_id"
+            " -1: the classic HA protocol does not say it)",
+            labels=["slave", "broker_id"],
+        )
+        in_sync = 1 if node.ctx.is_master else 0
+        if node.ha_service is not None and node.ctx.is_master:
+            for slave in node.ha_service.statistics().slaves:
+                slaves.add_metric([slave.address, str(slave.broker_id)], slave.lag_bytes)
+                in_sync += slave.in_sync
+        yield slaves
+        yield GaugeMetricFamily(
+            "hamq_broker_in_sync_replicas",
+            "On a master: itself and the slaves in sync with it (0 on a slave)",
+            in_sync,
+        )
+        if node.replicas is not None:
+            view = node.replicas.applied
+            yield GaugeMetricFamily(
+                "hamq_broker_sync_state_set_size",
+                "Members of the group's SyncStateSet, as the controllers last said",
+                len(view.sync_state_set) if view is not None else 0,
+            )
+            yield GaugeMetricFamily(
+                "hamq_broker_master_epoch",
+                "The group's master epoch, as the controllers last said",
+                view.master_epoch if view is not None else 0,
+            )
+
+    def _store(self) -> Iterator[Metric]:
+        store = self.node.store
+        stats = store.statistics()
+        offsets = GaugeMetricFamily(
+            "hamq_broker_commitlog_offset",
+            "CommitLog offsets: min (oldest kept), max (end), flushed, dispatched",
+            labels=["which"],
+        )
+        for which, value in (
+            ("min", stats.commitlog_min_offset),
+            ("max", stats.commitlog_max_offset),
+            ("flushed", stats.flushed_offset),
+            ("dispatched", stats.dispatched_offset),
+        ):
+            offsets.add_metric([which], value)
+        yield offsets
+        now = time.monotonic()
+        if now - self._disk_at >= DISK_WALK_S:
+            self._disk = disk_use(store.config.store_dir)
+            self._disk_at = now
+        disk = GaugeMetricFamily(
+            "hamq_broker_store_disk_bytes",
+            "The store's files: reserved (their sizes) and used (blocks on disk)",
+            labels=["kind"],
+        )
+        disk.add_metric(["reserved"], self._disk[0])
+        disk.add_metric(["used"], self._disk[1])
+        yield disk
