@@ -223,3 +223,44 @@ async def hamq_as_run(*args: str, timeout_s: float = 60) -> subprocess.Completed
             cwd=ROOT,
             env=user_env(),
         )
+
+
+#: a port in a shipped profile (conf/): RocketMQ's 98xx and 109xx-style numbers, whole
+_PROFILE_PORT = re.compile(r"(?<![\d.])(9[89]\d\d|1[01]\d\d\d)(?![\d.])")
+
+
+def copy_profile(name: str, directory: Path, data_dir: Path) -> dict[int, int]:
+    """conf/<name> copied into ``directory`` with ``./data/`` moved to ``data_dir`` and
+    every port moved to a free one whose next port is free too (a broker's HA port is
+    its listen port + 1); returns {shipped port: port used}."""
+    shipped = sorted((ROOT / "conf" / name).glob("*.toml"))
+    texts = {path.name: path.read_text() for path in shipped}
+    old_ports = sorted({int(p) for text in texts.values() for p in _PROFILE_PORT.findall(text)})
+    taken: set[int] = set()
+    moved: dict[int, int] = {}
+    for old in old_ports:
+        after = moved.get(old - 1, -2) + 1  # (kept next to it when it was: an HA port)
+        if after > 0 and after + 1 not in taken and _bindable(after + 1):
+            new = after
+        else:
+            while True:
+                (new,) = free_ports(1)
+                if not {new, new + 1} & taken and _bindable(new + 1):
+                    break
+        taken |= {new, new + 1}
+        moved[old] = new
+    directory.mkdir(parents=True)
+    for file_name, text in texts.items():
+        text = text.replace("./data/", f"{data_dir}/")
+        text = _PROFILE_PORT.sub(lambda m: str(moved[int(m.group(1))]), text)
+        (directory / file_name).write_text(text)
+    return moved
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

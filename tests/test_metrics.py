@@ -19,7 +19,7 @@ from hamq.metrics import MetricsServer, Snapshot, new_registry
 from hamq.metrics.server import MAX_CONNECTIONS, BadRequest, parse_request
 from nameserver import NameServer, NameServerConfig
 from tests.broker_support import namesrv, running_broker
-from tests.processes import ROOT, free_ports, hamq_command
+from tests.processes import ROOT, copy_profile, free_ports, hamq_command
 from tests.test_cluster import READY_S, cluster_up
 
 
@@ -277,21 +277,9 @@ async def test_the_make_run_profile_shows_messages_moving_under_hamq_produce(
 ) -> None:
     """``make run``'s profile (conf/1m-1s-sync, its ports moved to free ones) serves
     metrics; ``hamq produce`` and ``hamq consume`` move messages in and out."""
-    master, slave, ns_port, master_metrics, slave_metrics = free_ports(5)
-    moved = {
-        "10911": master,
-        "10921": slave,
-        "9876": ns_port,
-        "10919": master_metrics,
-        "10929": slave_metrics,
-    }
     profile = tmp_path / "1m-1s-sync"
-    profile.mkdir()
-    for shipped in (ROOT / "conf" / "1m-1s-sync").iterdir():
-        text = shipped.read_text().replace("./data/", f"{tmp_path}/data/")
-        for old, new in moved.items():
-            text = text.replace(old, str(new))
-        (profile / shipped.name).write_text(text)
+    moved = copy_profile("1m-1s-sync", profile, tmp_path / "data")
+    ns_port, master_metrics, slave_metrics = moved[9876], moved[10919], moved[10929]
     ns = f"127.0.0.1:{ns_port}"
     async with cluster_up(profile, tmp_path / "logs") as up:
         await up.read_until(r"^hamq cluster ready: 1m-1s-sync", READY_S)

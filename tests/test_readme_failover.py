@@ -1,0 +1,112 @@
+"""The README's failover walkthrough, run as written, on the shipped autoswitch profile
+(its ports moved to free ones, its data under tmp_path):
+
+    hamq cluster up --profile autoswitch
+    hamq produce --topic demo --count N        (in a second terminal)
+    kill -9 <the master's pid>                 (while it runs)
+
+``produce`` ends with every message acknowledged, and ``up`` starts the killed broker
+again: it is back in the SyncStateSet as a slave of the new master. (The README says
+100000 messages; the test sends fewer to stay short: COUNT.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from hamq.client import NoRouteError, PullConsumer
+from tests.processes import HAMQ, copy_profile
+from tests.test_autoswitch_cli import sync_state
+from tests.test_cluster import READY_S, STOP_S, cluster_up
+
+GROUP = "broker-a"
+COUNT = 5000
+#: how many must be acknowledged before the kill, so it lands mid-run
+BEFORE_KILL = 1000
+BROKERS = {10911: "broker-a-n0", 10921: "broker-a-n1", 10931: "broker-a-n2"}
+
+
+async def group_state(controller: str, until: Any, timeout_s: float = 60) -> dict[str, Any]:
+    """GROUP's entry of ``hamq admin sync-state-set --json`` once ``until(entry)`` holds."""
+    entry: dict[str, Any] = {}
+    with trio.move_on_after(timeout_s):
+        while True:
+            entry = (await sync_state(controller)).get(GROUP, {})
+            if entry and until(entry):
+                return entry
+            await trio.sleep(0.3)
+    raise AssertionError(f"not reached within {timeout_s} s: {entry}")
+
+
+async def stored(namesrv: str, topic: str) -> int:
+    """Messages in the topic's queues on its master (sum of max offsets)."""
+    async with PullConsumer("walkthrough-probe", namesrv) as probe:
+        try:
+            queues = await probe.queues(topic)
+        except NoRouteError:  # (not created yet)
+            return 0
+        return sum([await probe.max_offset(q) for q in queues])
+
+
+@pytest.mark.slow
+async def test_the_readme_failover_walkthrough(tmp_path: Path) -> None:
+    moved = copy_profile("autoswitch", tmp_path / "autoswitch", tmp_path / "data")
+    namesrv = f"127.0.0.1:{moved[9876]}"  # produce's default: the first nameserver
+    names = {f"127.0.0.1:{moved[port]}": name for port, name in BROKERS.items()}
+    async with cluster_up(tmp_path / "autoswitch", tmp_path / "logs") as up:
+        await up.read_until(r"^hamq cluster ready: autoswitch, 6 process\(es\)", READY_S)
+        pids = up.table_pids()
+        before = await group_state(namesrv, lambda g: len(g.get("inSyncReplicas") or []) == 3)
+
+        producing = await trio.lowlevel.open_process(
+            [*HAMQ, "produce", "-n", namesrv, "--topic", "demo", "--count", str(COUNT)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            with trio.fail_after(60):
+                while await stored(namesrv, "demo") < BEFORE_KILL:  # noqa: ASYNC110
+                    await trio.sleep(0.1)
+            master = names[before["masterAddress"]]
+            os.kill(pids[master], signal.SIGKILL)
+
+            with trio.fail_after(180):
+                assert producing.stdout is not None and producing.stderr is not None
+                out = b""
+                while chunk := await producing.stdout.receive_some(65536):
+                    out += chunk
+                code = await producing.wait()
+            err = (await producing.stderr.receive_some(1 << 20) or b"").decode()
+        finally:
+            if producing.returncode is None:
+                producing.kill()
+                with trio.move_on_after(10):
+                    await producing.wait()
+        summary = out.decode()
+        assert code == 0, summary + err
+        acknowledged = re.search(r"(\d+) acknowledged \(SEND_OK\)", summary)
+        assert acknowledged is not None and int(acknowledged.group(1)) == COUNT, summary
+
+        # the killed broker is started again and rejoins the new master's SyncStateSet
+        await up.read_until(rf"^  {master}: broker ready again at ", 60)
+        after = await group_state(
+            namesrv,
+            lambda g: (
+                g["masterEpoch"] > before["masterEpoch"] and len(g.get("inSyncReplicas") or []) == 3
+            ),
+        )
+        assert names[after["masterAddress"]] != master
+        assert before["masterBrokerId"] in {r["brokerId"] for r in after["inSyncReplicas"]}
+        assert await stored(namesrv, "demo") >= COUNT  # all there (a retry may add one)
+
+        os.kill(up.proc.pid, signal.SIGINT)
+        with trio.fail_after(STOP_S):
+            assert await up.proc.wait() == 0, await up.read_to_end(5)
