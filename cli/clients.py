@@ -1,17 +1,24 @@
 """``hamq produce`` and ``hamq consume``: a producer and a push consumer at the terminal.
 
-produce: messages go one at a time; each may take ``--send-timeout`` (30 s), retries
-and a master failover included, a single try at most ATTEMPT_TIMEOUT_S (a master that
-hangs is given up for the next try, on a fresh route). The command ends with one
-summary line on stdout (how many were sent, how many acknowledged SEND_OK) whether it
-finished, gave up on a message (then one ``error:`` line, exit code 1) or was
+produce: ``--concurrency`` tasks (1) send requests of ``--batch`` messages (1: one
+message a request; more: SEND_BATCH_MESSAGE, a batch stored in one queue), numbered
+0 to COUNT - 1 and taken in turn, each task one request at a time. Each request may
+take ``--send-timeout`` (30 s), retries and a master failover included, a single try
+at most ATTEMPT_TIMEOUT_S (a master that hangs is given up for the next try, on a
+fresh route). The command ends with one summary line on stdout (how many were sent,
+how many acknowledged SEND_OK: counted per answered request, so exact whatever the
+concurrency) whether it finished, gave up on a request (then no new request starts,
+those under way end, and one ``error:`` line follows, exit code 1) or was
 interrupted (exit code 130); exit code 1 too when a message was stored short of
-SEND_OK.
+SEND_OK. A batch too large for the broker (``max_message_size``) is refused before
+anything is sent.
 
 consume: prints each message as it is handled, and commits only what it printed:
 with ``--count N`` exactly N, the next run of the group starts right after them. A
 topic no nameserver knows is said once on stderr; the consumer waits for it. A
-closed stdout ends it (cli/common.py).
+closed stdout ends it (cli/common.py). It ends with a summary line on stderr.
+
+Both draw their count and rate live on stderr when it is a terminal (LiveCount).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import trio
 import typer
 
 from cli.common import DEFAULT_NAMESRV, CommandError, NamesrvOption, fail, run
+from cli.progress import LiveCount
 from hamq.client import (
     AdminClient,
     ConsumeFrom,
@@ -45,6 +53,9 @@ log = logging.getLogger(__name__)
 
 #: above this many messages, produce prints a summary instead of every result
 ECHO_EACH_UP_TO = 20
+#: the most tasks ``produce --concurrency`` runs, and messages one ``--batch`` holds
+MAX_CONCURRENCY = 1024
+MAX_BATCH = 1024
 #: RocketMQ's delay levels by default (messageDelayLevel): 1=1s 2=5s 3=10s ... 18=2h
 MAX_DELAY_LEVEL = 18
 #: how long one message may take by default, retries and a failover included
@@ -72,9 +83,10 @@ class _Tally:
     def acknowledged(self) -> int:
         return self.statuses[SendStatus.SEND_OK]
 
-    def add(self, result: SendResult) -> None:
-        self.statuses[result.status] += 1
-        self.per_queue[str(result.queue)] += 1
+    def add(self, result: SendResult, messages: int = 1) -> None:
+        """The answer to a request of ``messages`` messages (a batch has one status)."""
+        self.statuses[result.status] += messages
+        self.per_queue[str(result.queue)] += messages
 
     def short_of_ok(self) -> str:
         return ", ".join(
@@ -122,9 +134,27 @@ def produce(
         typer.Option(
             "--send-timeout",
             min=0.1,
-            help="Seconds one message may take, retries and a master failover included.",
+            help="Seconds one message (or batch) may take, retries and a master failover included.",
         ),
     ] = SEND_TIMEOUT_S,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            "--concurrency",
+            min=1,
+            max=MAX_CONCURRENCY,
+            help="How many requests are under way at once (COUNT stays the total).",
+        ),
+    ] = 1,
+    batch: Annotated[
+        int,
+        typer.Option(
+            "--batch",
+            min=1,
+            max=MAX_BATCH,
+            help="Messages per request, sent as one batch to one queue (1: no batching).",
+        ),
+    ] = 1,
     namesrv: NamesrvOption = DEFAULT_NAMESRV,
 ) -> None:
     """Send COUNT messages to TOPIC and report where they went (Ctrl-C stops; the
@@ -140,42 +170,76 @@ def produce(
             delay_level=delay_level,
         )
 
+    requests = range(0, count, batch)  # the first message of each
+    if batch > 1 and delay_level > 0:
+        raise fail("--batch cannot be used with --delay-level (a batch has no delay level)", 2)
     try:
         check_topic(topic)
-        check_message(message(0), DEFAULT_MAX_MESSAGE_SIZE)
-    except InvalidArgumentError as exc:
-        raise fail(str(exc), 2) from None
-    tally = _Tally(count)
-
-    async def main() -> None:
-        async with Producer(
+        # '{i}' grows with i: the last message is the longest, the last two requests
+        # hold the largest batch
+        for i in (0, count - 1):
+            check_message(message(i), DEFAULT_MAX_MESSAGE_SIZE)
+        producer = Producer(
             group,
             namesrv,
             send_timeout_s=send_timeout_s,
             send_attempt_timeout_s=min(ATTEMPT_TIMEOUT_S, send_timeout_s),
-        ) as producer:
+        )
+    except InvalidArgumentError as exc:
+        raise fail(str(exc), 2) from None
+    try:
+        for first in requests[-2:] if batch > 1 else ():
+            producer.check_batch([message(i) for i in range(first, min(first + batch, count))])
+    except InvalidArgumentError as exc:
+        raise fail(f"--batch {batch}: {exc}", 2) from None
+    tally = _Tally(count)
+    meter = LiveCount(f"produce {topic}", total=count)
+
+    async def main() -> None:
+        async with producer:
             # the route first: a nameserver that is not there ends the command here
             await producer.queues(topic)
+            failure: str | None = None
+            next_request = iter(requests)  # shared by the senders: each request goes once
+
+            async def sender() -> None:
+                nonlocal failure
+                for first in next_request:
+                    if failure is not None:
+                        return
+                    numbers = range(first, min(first + batch, count))
+                    try:
+                        if batch == 1:
+                            result = await producer.send(message(first))
+                        else:
+                            result = await producer.send_batch([message(i) for i in numbers])
+                    except SendError as exc:
+                        if failure is None:
+                            what = f"message #{first}"
+                            if batch > 1:
+                                what = f"the batch of messages #{first}-#{numbers[-1]}"
+                            last = f"; the last: {exc.attempts[-1]}" if exc.attempts else ""
+                            failure = (
+                                f"gave up on {what}: not sent within {send_timeout_s:g}s "
+                                f"({len(exc.attempts)} attempt(s){last})"
+                            )
+                        return
+                    tally.add(result, len(numbers))
+                    meter.add(len(numbers))
+                    if count <= ECHO_EACH_UP_TO:
+                        _echo_sent(meter, result, numbers)
+
             started = time.perf_counter()
             try:
-                for i in range(count):
-                    try:
-                        result = await producer.send(message(i))
-                    except SendError as exc:
-                        last = f"; the last: {exc.attempts[-1]}" if exc.attempts else ""
-                        raise CommandError(
-                            f"gave up on message #{i}: not sent within {send_timeout_s:g}s "
-                            f"({len(exc.attempts)} attempt(s){last})"
-                        ) from exc
-                    tally.add(result)
-                    if count <= ECHO_EACH_UP_TO:
-                        typer.echo(
-                            f"#{i} {result.status.value} {result.queue} offset "
-                            f"{result.queue_offset} id {result.msg_id}"
-                        )
+                with meter:
+                    async with trio.open_nursery() as nursery:
+                        for _ in range(min(concurrency, len(requests))):
+                            nursery.start_soon(sender)
             finally:
                 tally.elapsed_s = time.perf_counter() - started
                 typer.echo(tally.summary(topic))
+            if failure is not None:
+                raise CommandError(failure)
 
     run(main, interruptible=True)
     if tally.acknowledged < count:
@@ -223,6 +287,7 @@ def consume(
 
     printed = 0
     stdout_closed = False
+    meter = LiveCount(f"consume {topic}", total=count)
 
     async def main() -> None:
         nonlocal stdout_closed
@@ -242,7 +307,7 @@ def consume(
                 if not quiet:
                     body = message.body.decode(errors="replace")
                     try:
-                        typer.echo(
+                        meter.echo(
                             f"{message.topic} q{message.queue_id} #{message.queue_offset} "
                             f"tags={message.tags or '-'} id={message.msg_id} {body}"
                         )
@@ -251,31 +316,48 @@ def consume(
                         done.set()
                         await trio.sleep_forever()
                 printed += 1
+                meter.add()
                 if count is not None and printed >= count:
                     done.set()
             last_activity = trio.current_time()
 
-        async with consumer.consuming(handle):
-            log.info(
-                "consuming %s (%s) as %s; queues: %s",
-                topic,
-                expression,
-                group,
-                ", ".join(str(q) for q in consumer.assigned),
-            )
-            if idle_exit_s is None:
-                await done.wait()
-            while idle_exit_s is not None and not done.is_set():
-                remaining = last_activity + idle_exit_s - trio.current_time()
-                if remaining <= 0:
-                    break
-                with trio.move_on_after(remaining):
+        with meter:
+            async with consumer.consuming(handle):
+                log.info(
+                    "consuming %s (%s) as %s; queues: %s",
+                    topic,
+                    expression,
+                    group,
+                    ", ".join(str(q) for q in consumer.assigned),
+                )
+                if idle_exit_s is None:
                     await done.wait()
+                while idle_exit_s is not None and not done.is_set():
+                    remaining = last_activity + idle_exit_s - trio.current_time()
+                    if remaining <= 0:
+                        break
+                    with trio.move_on_after(remaining):
+                        await done.wait()
         if stdout_closed:
             raise BrokenPipeError("stdout was closed")
 
     run(main, watch_stdout=True)
-    typer.echo(f"consumed {printed} message(s) from {topic} as {group}", err=True)
+    typer.echo(
+        f"consumed {printed} message(s) from {topic} as {group} in {meter.elapsed_s:.2f}s "
+        f"({meter.rate():,.0f} msgs/s)",
+        err=True,
+    )
+
+
+def _echo_sent(meter: LiveCount, result: SendResult, numbers: range) -> None:
+    """One line per message of a request: a batch's are stored one after the other."""
+    ids = result.msg_id.split(",") if len(numbers) > 1 else [result.msg_id]
+    for k, i in enumerate(numbers):
+        msg_id = ids[k] if k < len(ids) else "?"
+        meter.echo(
+            f"#{i} {result.status.value} {result.queue} offset {result.queue_offset + k} "
+            f"id {msg_id}"
+        )
 
 
 async def _topic_known(namesrv: str, topic: str) -> bool:

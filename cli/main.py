@@ -4,27 +4,33 @@ Global options live in the callback and reach the commands through ``ctx.obj``.
 ``main`` runs the app and owns how every command ends (cli/common.py's comment): a
 usage error is one ``error: ...`` line and exit code 2, a closed stdout ends quietly,
 Ctrl-C outside Trio exits 130 without a traceback.
+
+Shell completion is typer's (``--install-completion``, ``--show-completion``): the
+script a shell sources runs ``hamq`` again with COMPLETE_VAR set, and ``run_command``
+answers with the completions of the words typed instead of running a command.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated
 
 import typer
+import typer.completion
 import typer.main
 
-from cli import bench, clients, cluster, servers, topic
+from cli import admin, bench, clients, cluster, servers, topic
 from cli.common import STDOUT_CLOSED_EXIT, is_broken_pipe, silence_stdout
 
 app = typer.Typer(
     name="hamq",
     help="hamq: a RocketMQ-style, highly available message broker on Trio.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -34,14 +40,33 @@ app.command()(servers.controller)
 app.command()(clients.produce)
 app.command()(clients.consume)
 app.add_typer(topic.app, name="topic")
-app.add_typer(topic.admin_app, name="admin")
+app.add_typer(admin.app, name="admin")
 app.add_typer(bench.app, name="bench")
 app.add_typer(cluster.app, name="cluster")
+
+#: the environment variable of a completion request (typer's, from the program's name)
+COMPLETE_VAR = "_HAMQ_COMPLETE"
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 #: commands that run servers log what they do (info); the others, the client commands,
 #: only what went wrong (warning): their output is their answer
 _SERVER_COMMANDS = frozenset({"broker", "nameserver", "controller", "cluster", "bench"})
+
+
+def _version_line() -> str:
+    from hamq.protocol import HAMQ_PROTOCOL_VERSION
+
+    try:
+        hamq_version = version("hamq")
+    except PackageNotFoundError:
+        hamq_version = "unknown (not installed)"
+    return f"hamq {hamq_version} (RocketMQ remoting protocol version {HAMQ_PROTOCOL_VERSION})"
+
+
+def _print_version(ctx: typer.Context, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        typer.echo(_version_line())
+        raise typer.Exit()
 
 
 @app.callback()
@@ -56,6 +81,15 @@ def _root(
             envvar="HAMQ_LOG_LEVEL",
         ),
     ] = None,
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print hamq's version (as 'hamq version') and exit.",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
 ) -> None:
     if log_level is None:
         log_level = "info" if ctx.invoked_subcommand in _SERVER_COMMANDS else "warning"
@@ -74,13 +108,7 @@ def _root(
 @app.command("version")
 def version_command() -> None:
     """Print hamq's version and the RocketMQ protocol version it speaks."""
-    from hamq.protocol import HAMQ_PROTOCOL_VERSION
-
-    try:
-        hamq_version = version("hamq")
-    except PackageNotFoundError:
-        hamq_version = "unknown (not installed)"
-    typer.echo(f"hamq {hamq_version} (RocketMQ remoting protocol version {HAMQ_PROTOCOL_VERSION})")
+    typer.echo(_version_line())
 
 
 def _one_line(message: str) -> str:
@@ -92,8 +120,12 @@ def _one_line(message: str) -> str:
 
 
 def run_command(args: Sequence[str]) -> int:
-    """Run ``hamq <args>``; its exit code."""
+    """Run ``hamq <args>``; its exit code. With COMPLETE_VAR set (by the script of
+    ``--show-completion``), answer the shell's completion request instead."""
     command = typer.main.get_command(app)
+    instruction = os.environ.get(COMPLETE_VAR)
+    if instruction:
+        return typer.completion.shell_complete(command, {}, "hamq", COMPLETE_VAR, instruction)
     try:
         with command.make_context("hamq", list(args)) as ctx:
             command.invoke(ctx)

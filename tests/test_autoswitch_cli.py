@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 from cli.cluster import Kind, load_profile
 from cli.main import app
-from cli.topic import _from_ha_status
 from hamq.client import Message, Producer, SendStatus
+from hamq.client.admin import epochs_from_ha_status as _from_ha_status
 from tests.broker_support import SMALL_STORE
 from tests.processes import free_ports, hamq_command, hamq_server, write_toml
 from tests.test_cluster import alive, cluster_up, wait_gone

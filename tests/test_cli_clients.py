@@ -1,18 +1,25 @@
 """``hamq produce`` and ``hamq consume`` as people use them (issue 13): riding out a
 master that hangs, Ctrl-C, a closed stdout (``| head``), exactly ``--count`` messages,
-a topic that does not exist yet, delay levels, and every error as one line.
+a topic that does not exist yet, delay levels, every error as one line; loading a
+broker (``--concurrency``, ``--batch``), the live progress at a terminal and the summary
+lines elsewhere, ``--version`` and shell completion.
 
 Every command runs as a real ``hamq`` process at its default log level, against real
 servers on 127.0.0.1 with ports found free at run time; every wait is bounded and every
-process is killed by PID at the end.
+process is killed by PID at the end. "At a terminal" is a pseudo-terminal (``pty``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import re
+import shlex
 import signal
+import struct
 import subprocess
+import termios
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -25,11 +32,14 @@ from hamq.client.route_cache import TimedOutAddresses
 from tests.autoswitch_support import autoswitch_cluster
 from tests.ha_support import ha_status
 from tests.processes import (
+    HAMQ_AS_RUN,
+    ROOT,
     broker_process,
     free_ports,
     hamq_as_run,
     hamq_process,
     hamq_server,
+    user_env,
 )
 
 pytestmark = pytest.mark.slow
@@ -261,6 +271,207 @@ async def test_consume_count_prints_and_commits_exactly_that_many(namesrv: str) 
     assert rest.returncode == 0 and rest.stdout == b"", rest.stdout
 
 
+# ---------------------------------------------------------------- loading a broker
+
+#: the summary line of hamq consume (stderr)
+CONSUMED = re.compile(
+    r"consumed (\d+) message\(s\) from (\S+) as (\S+) in [\d.]+s \([\d,]+ msgs/s\)"
+)
+
+
+async def test_produce_concurrency_and_batches_send_each_message_once(namesrv: str) -> None:
+    """4 tasks sending batches of 10: every message stored once, and both summaries
+    exact; into pipes, neither command draws any progress (no escape codes)."""
+    produced = await hamq_as_run(
+        "produce", "-t", "Loaded", "-c", "1000", "--concurrency", "4", "--batch", "10",
+        "-n", namesrv, "L{i}",
+    )  # fmt: skip
+    out = produced.stdout.decode()
+    assert produced.returncode == 0, out + produced.stderr.decode()
+    assert "sent 1000 message(s) to Loaded" in out, out
+    assert "1000 acknowledged (SEND_OK)" in out, out
+    assert out.count("\n") == 1 and produced.stderr == b"", out + produced.stderr.decode()
+    assert await stored(namesrv, "Loaded") == 1000
+    got = await hamq_as_run("consume", "-t", "Loaded", "-g", "loaded", "-c", "1000", "-n", namesrv)
+    assert got.returncode == 0, got.stderr
+    printed = printed_bodies(got.stdout)
+    assert len(printed) == 1000 and set(printed) == {f"L{i}" for i in range(1000)}
+    err = got.stderr.decode()
+    summary = CONSUMED.fullmatch(err.strip())
+    assert summary and summary.groups() == ("1000", "Loaded", "loaded"), err
+    assert b"\x1b" not in produced.stdout + got.stdout + got.stderr
+
+
+async def test_produce_batches_echo_each_message(namesrv: str) -> None:
+    """Few messages: one line per message, a batch's with consecutive queue offsets."""
+    produced = await hamq_as_run(
+        "produce", "-t", "Echoed", "-c", "7", "--batch", "3", "--concurrency", "2",
+        "-n", namesrv, "e{i}",
+    )  # fmt: skip
+    assert produced.returncode == 0, produced.stderr
+    lines = produced.stdout.decode().splitlines()
+    assert len(lines) == 8, lines
+    numbered = sorted(int(line.split()[0][1:]) for line in lines[:7])
+    assert numbered == list(range(7)), lines
+    assert "sent 7 message(s) to Echoed" in lines[7] and "7 acknowledged" in lines[7]
+    # the messages of one batch are stored one after the other in one queue
+    by_number = {int(line.split()[0][1:]): line.split() for line in lines[:7]}
+    for first in (0, 3):
+        queues = {by_number[i][2] for i in range(first, first + 3)}
+        offsets = [int(by_number[i][4]) for i in range(first, first + 3)]
+        assert len(queues) == 1 and offsets == list(range(offsets[0], offsets[0] + 3)), lines
+
+
+# ---------------------------------------------------------------- progress at a terminal
+
+
+class Ran:
+    """How a command run at a terminal ended: its exit code, what the terminal showed
+    and (when stdout was a pipe) its stdout."""
+
+    def __init__(self) -> None:
+        self.code: int | None = None
+        self.terminal = b""
+        self.stdout = b""
+
+    def shows(self, pattern: bytes) -> bool:
+        return re.search(pattern, self.terminal) is not None
+
+
+async def run_at_terminal(
+    *args: str,
+    stdout: str = "terminal",
+    during: Callable[[trio.Process, Ran], Awaitable[None]] | None = None,
+    timeout_s: float = 60,
+) -> Ran:
+    """Run ``hamq <args>`` to the end with stderr a pseudo-terminal (120 columns) and
+    stdout the same terminal, a pipe (``"pipe"``, read here) or a pipe whose reader has
+    gone (``"closed"``); ``during(process, ran)`` runs meanwhile. The process is killed
+    by PID at the end."""
+    ran = Ran()
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    env = {**user_env(), "TERM": "xterm-256color"}
+    for name in ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE"):
+        env.pop(name, None)
+    out: int = slave
+    if stdout == "pipe":
+        out = subprocess.PIPE
+    elif stdout == "closed":
+        read, out = os.pipe()
+        os.close(read)
+    try:
+        proc = await trio.lowlevel.open_process(
+            [*HAMQ_AS_RUN, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=slave,
+            cwd=ROOT,
+            env=env,
+        )
+    finally:
+        os.close(slave)
+        if stdout == "closed":
+            os.close(out)
+
+    async def read_terminal() -> None:
+        async with trio.lowlevel.FdStream(master) as terminal:
+            while True:
+                try:
+                    chunk = await terminal.receive_some()
+                except trio.BrokenResourceError:  # EIO: the command closed the terminal
+                    return
+                if not chunk:
+                    return
+                ran.terminal += chunk
+
+    async def read_stdout() -> None:
+        assert proc.stdout is not None
+        while chunk := await proc.stdout.receive_some():
+            ran.stdout += chunk
+
+    try:
+        with trio.fail_after(timeout_s):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read_terminal)
+                if proc.stdout is not None:
+                    nursery.start_soon(read_stdout)
+                if during is not None:
+                    await during(proc, ran)
+                ran.code = await proc.wait()
+    finally:
+        with trio.CancelScope(shield=True):
+            if proc.returncode is None:
+                os.kill(proc.pid, signal.SIGKILL)
+            with trio.move_on_after(10):
+                await proc.wait()
+            if proc.stdout is not None:
+                await proc.stdout.aclose()
+    return ran
+
+
+#: rich's live display hides the cursor while it draws, and shows it again at the end
+HIDE_CURSOR, SHOW_CURSOR = b"\x1b[?25l", b"\x1b[?25h"
+
+
+async def test_produce_at_a_terminal_shows_its_progress(namesrv: str) -> None:
+    ran = await run_at_terminal("produce", "-t", "Drawn", "-c", "2000", "-n", namesrv)
+    screen = ran.terminal.decode(errors="replace")
+    assert ran.code == 0, screen
+    assert ran.shows(rb"produce Drawn\b.*\b2000/2000\b.*\bmsgs/s"), screen  # the last drawing
+    assert HIDE_CURSOR in ran.terminal and ran.terminal.rfind(SHOW_CURSOR) > ran.terminal.rfind(
+        HIDE_CURSOR
+    ), screen
+    assert ran.shows(rb"sent 2000 message\(s\) to Drawn .*2000 acknowledged"), screen
+
+
+async def test_consume_at_a_terminal_keeps_its_progress_off_stdout(namesrv: str) -> None:
+    """stdout a pipe (``hamq consume ... > file``), stderr a terminal: the messages go
+    to stdout alone, the progress and the summary to the terminal."""
+    produced = await hamq_as_run("produce", "-t", "Drawn2", "-c", "300", "-n", namesrv, "d{i}")
+    assert produced.returncode == 0, produced.stderr
+    args = ["consume", "-t", "Drawn2", "-g", "drawn", "-c", "300", "-n", namesrv]
+    ran = await run_at_terminal(*args, stdout="pipe")
+    screen = ran.terminal.decode(errors="replace")
+    assert ran.code == 0, screen
+    assert sorted(printed_bodies(ran.stdout)) == sorted(f"d{i}" for i in range(300))
+    assert b"\x1b" not in ran.stdout
+    assert ran.shows(rb"consume Drawn2\b.*\b300/300\b.*\bmsgs/s"), screen
+    summary = CONSUMED.search(screen)  # after the display, erased
+    assert summary and summary.groups() == ("300", "Drawn2", "drawn"), screen
+
+
+async def test_produce_at_a_terminal_interrupted(namesrv: str) -> None:
+    """Ctrl-C while the progress is drawn: the display ends, the summary says what
+    was sent, exit code 130."""
+
+    async def interrupt(proc: trio.Process, ran: Ran) -> None:
+        async def drawn() -> bool:
+            return ran.shows(rb"\b[1-9]\d*/1000000\b")
+
+        await until("the progress is drawn", drawn)
+        os.kill(proc.pid, signal.SIGINT)
+
+    args = ["produce", "-t", "Drawn3", "-c", "1000000", "-n", namesrv]
+    ran = await run_at_terminal(*args, during=interrupt)
+    screen = ran.terminal.decode(errors="replace")
+    assert ran.code == 130, screen
+    assert ran.terminal.rfind(SHOW_CURSOR) > ran.terminal.rfind(HIDE_CURSOR), screen
+    assert ran.shows(rb"sent \d+ of 1000000 message\(s\) to Drawn3 "), screen
+    assert b"Traceback" not in ran.terminal and b"error" not in ran.terminal, screen
+
+
+async def test_consume_at_a_terminal_into_a_closed_pipe_ends_quietly(namesrv: str) -> None:
+    made = await hamq_as_run("produce", "-t", "Drawn4", "-c", "5", "-n", namesrv)
+    assert made.returncode == 0, made.stderr
+    args = ["consume", "-t", "Drawn4", "-g", "drawn4", "-n", namesrv]
+    ran = await run_at_terminal(*args, stdout="closed")
+    screen = ran.terminal.decode(errors="replace")
+    assert ran.code == 141, screen
+    assert b"Traceback" not in ran.terminal and b"error" not in ran.terminal, screen
+    assert b"consumed" not in ran.terminal, screen  # quiet, as cat is
+
+
 # ---------------------------------------------------------------- a topic not there yet
 
 
@@ -305,6 +516,24 @@ async def test_a_negative_delay_level_is_refused_by_the_producer() -> None:
     producer = Producer("PG", "127.0.0.1:1")
     with pytest.raises(ValueError, match="delay_level -1 is negative"):
         await producer.send(Message("T", b"x", delay_level=-1))
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (["--concurrency", "0"], "--concurrency"),
+        (["--concurrency", "1025"], "--concurrency"),
+        (["--batch", "0"], "--batch"),
+        (["--batch", "1025"], "--batch"),
+        (["--batch", "2", "--delay-level", "3"], "--batch cannot be used with --delay-level"),
+        (["-c", "1000", "--batch", "1000", "x" * 5000], "--batch 1000: the batch of 1000"),
+    ],
+)
+async def test_bad_produce_flags_are_refused(flags: list[str], error: str) -> None:
+    done = await hamq_as_run("produce", "-t", "T", *flags, "-n", "127.0.0.1:1")
+    assert done.returncode == 2
+    assert error in one_error_line(done)
+    assert done.stdout == b""
 
 
 @pytest.mark.parametrize(
@@ -377,3 +606,55 @@ def test_a_timed_out_address_is_avoided_for_as_long_as_its_try_waited() -> None:
     timed_out.add("127.0.0.1:1", 200.0, 5.0)
     timed_out.discard("127.0.0.1:1")  # it answered
     assert not timed_out.avoided("127.0.0.1:1", 201.0)
+
+
+# ---------------------------------------------------------------- --version, completion
+
+
+async def test_version_flag_says_what_the_version_command_says() -> None:
+    flag, command = await hamq_as_run("--version"), await hamq_as_run("version")
+    assert flag.returncode == command.returncode == 0, flag.stderr + command.stderr
+    assert flag.stdout == command.stdout and flag.stdout.startswith(b"hamq "), flag.stdout
+    assert flag.stderr == b""
+
+
+async def test_show_completion_prints_the_shells_script() -> None:
+    """The shell is found as typer finds it: the process that started hamq (``bash``)."""
+    command = shlex.join([*HAMQ_AS_RUN, "--show-completion"])
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            ["bash", "-c", f"{command}; exit $?"],  # a command after: bash stays the parent
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            cwd=ROOT,
+            env={**user_env(), "SHELL": "/bin/bash"},
+        )
+    assert done.returncode == 0, done.stderr
+    script = done.stdout.decode()
+    assert "complete -o default -F _hamq_completion hamq" in script, script
+    assert "_HAMQ_COMPLETE=complete_bash" in script, script
+
+
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [
+        ("hamq pro", "produce"),
+        ("hamq produce --conc", "--concurrency"),
+        ("hamq --ver", "--version"),
+    ],
+)
+async def test_completion_answers_the_shell(words: str, expected: str) -> None:
+    """What the completion script asks: hamq itself completes the words typed."""
+    env = {
+        **user_env(),
+        "_HAMQ_COMPLETE": "complete_bash",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split()) - 1),
+    }
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            HAMQ_AS_RUN, capture_stdout=True, capture_stderr=True, check=False, cwd=ROOT, env=env
+        )
+    assert done.returncode == 0, done.stderr
+    assert expected in done.stdout.decode().split(), done.stdout

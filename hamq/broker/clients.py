@@ -89,6 +89,10 @@ class ConsumerManager:
         self._leave(info)
         return True
 
+    def group_info(self, group: str) -> ConsumerGroupInfo | None:
+        """The group while it has members (GET_CONSUMER_CONNECTION_LIST), else None."""
+        return self.groups.get(group)
+
     def client_ids(self, group: str) -> list[str]:
         info = self.groups.get(group)
         return sorted(info.channels) if info else []

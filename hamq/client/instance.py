@@ -11,8 +11,15 @@ Nameservers: one is used at a time, starting at a random one; when it fails (can
 connect, times out, connection drops, or the address is a broker's or a controller's)
 the next one is tried at once, and so on round the list; the one that answered is kept
 (and the failures before it logged, once). ``NameServerUnavailableError`` only when
-none answers, naming each address and why. Brokers send NOTIFY_CONSUMER_IDS_CHANGED
-here; the group's consumer rebalances at once.
+none answers, naming each address and why.
+
+What brokers ask of a client (over the client's own connections):
+- NOTIFY_CONSUMER_IDS_CHANGED (oneway): the group's consumer rebalances at once;
+- RESET_CONSUMER_CLIENT_OFFSET (oneway; an operator reset the group's offsets in a
+  topic, e.g. ``hamq admin reset-offset``): the group's consumer goes on from the
+  offsets given in the queues it holds (the broker has committed them already);
+- GET_CONSUMER_STATUS_FROM_CLIENT: the group's consumer's offsets in a topic
+  (GetConsumerStatusBody; empty when no consumer of the group runs here).
 """
 
 from __future__ import annotations
@@ -50,16 +57,20 @@ from hamq.protocol import RemotingCommand, RequestCode, ResponseCode, SerializeT
 from hamq.protocol.bodies import (
     MASTER_ID,
     ConsumerData,
+    GetConsumerStatusBody,
     HeartbeatData,
     MessageQueue,
     ProducerData,
     TopicRouteData,
     decode_body,
+    decode_reset_offsets,
     encode_body,
 )
 from hamq.protocol.headers import (
+    GetConsumerStatusRequestHeader,
     GetRouteInfoRequestHeader,
     NotifyConsumerIdsChangedRequestHeader,
+    ResetOffsetRequestHeader,
     UnregisterClientRequestHeader,
 )
 from hamq.protocol.message import DEFAULT_TOPIC
@@ -122,6 +133,13 @@ class GroupMember(Protocol):
 
     def members_changed(self) -> None: ...
 
+    def reset_offsets(self, topic: str, offsets: dict[MessageQueue, int]) -> None:
+        """Go on from ``offsets`` in the queues of ``topic`` it holds (soon: it may have
+        to stop handling what it pulled first)."""
+
+    def consume_offsets(self, topic: str) -> dict[MessageQueue, int]:
+        """Its offsets (next to consume) in the queues of ``topic`` it holds."""
+
 
 class ClientInstance:
     def __init__(self, config: ClientConfig) -> None:
@@ -130,6 +148,8 @@ class ClientInstance:
         self.client_id = f"{config.client_ip}@{name}"
         dispatcher = Dispatcher()
         dispatcher.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._notified)
+        dispatcher.register(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, self._reset_offsets)
+        dispatcher.register(RequestCode.GET_CONSUMER_STATUS_FROM_CLIENT, self._consumer_status)
         self.remoting = RemotingClient(dispatcher=dispatcher, config=config.remoting)
         self.routes: dict[str, TopicRouteData] = {}
         self.brokers: dict[str, dict[int, str]] = {}
@@ -414,6 +434,31 @@ class ClientInstance:
             log.info("broker %s: members of %s changed", conn.peer, header.consumer_group)
             member.members_changed()
         return None if request.is_oneway else request.response_to()
+
+    def _reset_offsets(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        header = request.header(ResetOffsetRequestHeader)
+        offsets = decode_reset_offsets(request.body)
+        member = self.consumers.get(header.group)
+        if member is None:
+            log.info(
+                "broker %s reset the offsets of %s: no such consumer here", conn.peer, header.group
+            )
+        else:
+            log.info(
+                "broker %s reset the offsets of %s in %s: %s",
+                conn.peer,
+                header.group,
+                header.topic,
+                ", ".join(f"{q} -> {o}" for q, o in sorted(offsets.items(), key=str)),
+            )
+            member.reset_offsets(header.topic, offsets)
+        return None if request.is_oneway else request.response_to()
+
+    def _consumer_status(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        header = request.header(GetConsumerStatusRequestHeader)
+        member = self.consumers.get(header.group)
+        offsets = member.consume_offsets(header.topic) if member is not None else {}
+        return request.response_to(body=encode_body(GetConsumerStatusBody(offsets)))
 
 
 class InstanceOwner:

@@ -30,7 +30,8 @@
   producer's block waits for sends under way; one cut short is called back with an
   error.
 - ``send_oneway``: no answer is waited for; ``send_batch``: messages of one topic in one
-  request (SEND_BATCH_MESSAGE), stored as separate messages in one queue.
+  request (SEND_BATCH_MESSAGE), stored as separate messages in one queue
+  (``check_batch`` says beforehand whether a batch would be refused, and its size).
 - Bodies over ``compress_over_bytes`` (4 KiB) go zlib-compressed (level 5, sysflag bits
   0 and 8-10); bodies over ``max_message_size`` (4 MiB) are refused before sending.
 """
@@ -299,7 +300,20 @@ class Producer(InstanceOwner):
     ) -> SendResult:
         """Messages of one topic in one request; each is stored as its own message, in
         one queue, in order. No delay levels; the batch's total size counts against
-        ``max_message_size``."""
+        ``max_message_size``. InvalidArgumentError, before anything is sent, for a
+        batch ``check_batch`` refuses."""
+        request = self._batch_request(messages)
+        result = await self._send(request, None, None, queue, timeout_s, oneway=False)
+        assert result is not None
+        return result
+
+    def check_batch(self, messages: Sequence[Message]) -> int:
+        """The size in bytes of ``messages`` as one batch's body, or InvalidArgumentError
+        if ``send_batch`` would refuse them: no message, several topics, a delay level,
+        a message it would refuse alone, over ``max_message_size`` in all. Sends nothing."""
+        return len(self._batch_request(messages).body)
+
+    def _batch_request(self, messages: Sequence[Message]) -> _Request:
         if not messages:
             raise InvalidArgumentError("send_batch got no message")
         topic = messages[0].topic
@@ -322,10 +336,7 @@ class Producer(InstanceOwner):
                 f"the batch of {len(messages)} messages is {len(body)} bytes, over the "
                 f"maximum {self.max_message_size} bytes (max_message_size)"
             )
-        request = _Request(messages[0], topic, body, 0, {}, ids)
-        result = await self._send(request, None, None, queue, timeout_s, oneway=False)
-        assert result is not None
-        return result
+        return _Request(messages[0], topic, body, 0, {}, ids)
 
     # ------------------------------------------------------------------ the kernel
     def _check(self, message: Message) -> None:

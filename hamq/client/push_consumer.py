@@ -25,6 +25,12 @@ How it works (RocketMQ's push consumer, clustering model):
   ``consume_from`` says (LAST_OFFSET: new messages only; FIRST_OFFSET; TIMESTAMP).
   Delivery is at least once: a member that dies before committing, or a queue handed
   over while its new owner reads the old offset, may deliver a message twice.
+- Offsets reset by an operator (the broker's RESET_CONSUMER_CLIENT_OFFSET, after it
+  committed them): each queue named that this member holds stops — what it pulled
+  and had not handled yet is dropped, a handler still running is cancelled — and
+  starts again from the new offset, which is committed again at once (a commit of
+  the old offset that crossed the reset on its way is overwritten). Resets and
+  rebalances take turns (a lock), so a queue is never served twice.
 - Failure (concurrent mode): a handler that answers RECONSUME_LATER or raises has its
   messages sent back (CONSUMER_SEND_MSG_BACK) to be delivered again from the retry
   topic after a delay that grows with each attempt; after ``max_reconsume_times``
@@ -150,6 +156,8 @@ class _QueueState:
     locked_until: float = -math.inf
     #: set (and replaced) whenever the lock is renewed
     relocked: trio.Event = attrs.field(factory=trio.Event)
+    #: replaced by a state with reset offsets: its offsets are never committed again
+    superseded: bool = False
 
     async def wait_locked(self) -> None:
         """Orderly mode: until this member holds the queue's lock."""
@@ -251,6 +259,8 @@ class PushConsumer:
         self._handler: Handler = _no_handler
         self._nursery: trio.Nursery | None = None
         self._rebalance_wakeup = trio.Event()
+        #: held while queues are assigned or reset: they take turns
+        self._assigning = trio.Lock()
         #: subscribed topics no nameserver knows yet: looked for every few seconds
         self._missing_topics: set[str] = set()
         self._running = False
@@ -298,6 +308,16 @@ class PushConsumer:
     def members_changed(self) -> None:
         """The broker said the group changed: rebalance now."""
         self._rebalance_wakeup.set()
+
+    def reset_offsets(self, topic: str, offsets: dict[MessageQueue, int]) -> None:
+        """A broker reset the group's offsets in ``topic``: go on from ``offsets`` in the
+        queues of it this member holds (ClientInstance; see the module doc)."""
+        if self._nursery is not None:
+            self._nursery.start_soon(self._reset, topic, dict(offsets))
+
+    def consume_offsets(self, topic: str) -> dict[MessageQueue, int]:
+        """The next offset to handle in each queue of ``topic`` this member holds."""
+        return {q: s.offset for q, s in self._states.items() if q.topic == topic}
 
     @property
     def client_id(self) -> str:
@@ -419,8 +439,44 @@ class PushConsumer:
                 log.info("consumer list of %s from %s: %s", self.group, addr, exc)
         return None
 
+    async def _reset(self, topic: str, offsets: dict[MessageQueue, int]) -> None:
+        """Serve the queues of ``topic`` named in ``offsets`` afresh from those offsets."""
+        async with self._assigning:
+            old = [s for q, s in self._states.items() if q.topic == topic and q in offsets]
+            for state in old:
+                state.superseded = True
+                state.scope.cancel()
+            fresh = []
+            for state in old:
+                await state.finished.wait()
+                offset = offsets[state.queue]
+                new = _QueueState(
+                    state.queue,
+                    state.expression,
+                    offset,
+                    offset,
+                    committed=offset,
+                    locked_until=state.locked_until,
+                )
+                self._states[state.queue] = new
+                assert self._nursery is not None
+                self._nursery.start_soon(self._serve_queue, new)
+                fresh.append(new)
+                log.info(
+                    "%s: offset of %s reset from %d to %d",
+                    self.group,
+                    state.queue,
+                    state.offset,
+                    offset,
+                )
+        await self._commit(fresh)
+
     async def _rebalance(self) -> None:
         """Take this member's share of every subscribed topic; drop what is not ours."""
+        async with self._assigning:
+            await self._rebalance_now()
+
+    async def _rebalance_now(self) -> None:
         assert self._instance is not None
         me = self._instance.client_id
         wanted: dict[MessageQueue, str] = {}
@@ -502,6 +558,8 @@ class PushConsumer:
         assert self._caller is not None
         assert self._instance is not None
         for state in states:
+            if state.superseded:
+                continue  # its offsets were reset: the old ones are never committed again
             # what changed, or what the broker it would go to has not had: after a master
             # was down and consumers committed to the slave, the master learns them back
             offset = state.offset

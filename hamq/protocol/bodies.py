@@ -11,6 +11,13 @@ converter does the mapping. Decoding is lenient where clients differ:
 - ``topicSysFlag`` is also accepted under its 4.4-era misspelling ``topicSynFlag``.
 A body that is not JSON, or misses a required field, raises ``BodyError`` naming it.
 
+Maps keyed by MessageQueue (ConsumeStats, TopicStatsTable, ResetOffsetBody,
+GetConsumerStatusBody) are written as fastjson writes them, which is not JSON: the key
+is the queue object itself, inline, its fields in alphabetical order —
+``{"offsetTable":{{"brokerName":"b","queueId":0,"topic":"T"}:5}}`` — so that RocketMQ's
+own admin tools read them. Decoding takes that form and the JSON one with the key as a
+string holding the object (``{"{\"brokerName\":...}":5}``).
+
 ``encode_body(obj)`` gives compact UTF-8 JSON bytes; ``decode_body(cls, data)`` the
 object. Enums are written by name, as Java writes them.
 """
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import enum
 import json
+import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -27,7 +35,7 @@ import cattrs
 from cattrs.errors import ClassValidationError
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
-from hamq.protocol.codes import ResponseCode
+from hamq.protocol.codes import LanguageCode, ResponseCode
 from hamq.protocol.errors import RequestError
 
 T = TypeVar("T")
@@ -265,10 +273,14 @@ class UnlockBatchRequestBody:
 
 @attrs.define
 class ConsumerOffsetSerializeWrapper:
-    """GET_ALL_CONSUMER_OFFSET's body: ``topic@group`` -> queue id -> offset."""
+    """GET_ALL_CONSUMER_OFFSET's body: ``topic@group`` -> queue id -> offset.
+    ``reset_table`` is hamq's addition (RocketMQ ignores it): ``topic@group`` -> queue
+    id -> when (ms) an operator last reset that offset, so that a slave takes the
+    reset even though it otherwise never moves an offset back."""
 
     offset_table: dict[str, dict[int, int]] = attrs.field(factory=dict)
     data_version: DataVersion = attrs.field(factory=DataVersion)
+    reset_table: dict[str, dict[int, int]] = attrs.field(factory=dict)
 
 
 @attrs.define
@@ -292,6 +304,123 @@ class SubscriptionGroupConfig:
 class SubscriptionGroupWrapper:
     subscription_group_table: dict[str, SubscriptionGroupConfig] = attrs.field(factory=dict)
     data_version: DataVersion = attrs.field(factory=DataVersion)
+
+
+# ====================================================================== admin
+
+
+@attrs.define
+class OffsetWrapper:
+    """One queue of GET_CONSUME_STATS: the queue's end (``broker_offset``, the next
+    offset to be written), the group's committed offset, and the store time (ms) of the
+    last message it consumed (0: none)."""
+
+    broker_offset: int
+    consumer_offset: int
+    pull_offset: int = 0
+    last_timestamp: int = 0
+
+
+@attrs.define
+class ConsumeStats:
+    """GET_CONSUME_STATS (208)'s body; ``offset_table`` is keyed by queue (inline keys)."""
+
+    offset_table: dict[MessageQueue, OffsetWrapper] = attrs.field(factory=dict)
+    consume_tps: float = 0.0
+
+
+@attrs.define
+class TopicOffset:
+    """One queue of GET_TOPIC_STATS_INFO: its offsets, and the store time (ms) of its
+    newest message (0: none)."""
+
+    min_offset: int
+    max_offset: int
+    last_update_timestamp: int = 0
+
+
+@attrs.define
+class TopicStatsTable:
+    """GET_TOPIC_STATS_INFO (202)'s body; ``offset_table`` is keyed by queue (inline keys)."""
+
+    offset_table: dict[MessageQueue, TopicOffset] = attrs.field(factory=dict)
+    topic_put_tps: float = 0.0
+
+
+@attrs.define
+class Connection:
+    """A client connected to a broker, as GET_CONSUMER_CONNECTION_LIST names it."""
+
+    client_id: str
+    client_addr: str
+    language: LanguageCode = LanguageCode.JAVA
+    version: int = 0
+
+
+@attrs.define
+class ConsumerConnection:
+    """GET_CONSUMER_CONNECTION_LIST (203)'s body: a group's members at one broker, their
+    subscriptions (topic -> subscription), and how the group consumes."""
+
+    connection_set: list[Connection] = attrs.field(factory=list)
+    subscription_table: dict[str, SubscriptionData] = attrs.field(factory=dict)
+    consume_type: ConsumeType | None = None
+    message_model: MessageModel | None = None
+    consume_from_where: ConsumeFromWhere | None = None
+
+
+@attrs.define
+class ResetOffsetBody:
+    """RESET_CONSUMER_CLIENT_OFFSET (220)'s body, and INVOKE_BROKER_TO_RESET_OFFSET's
+    answer: queue -> the offset the group goes on from (inline keys)."""
+
+    offset_table: dict[MessageQueue, int] = attrs.field(factory=dict)
+
+
+@attrs.define
+class MessageQueueForC:
+    topic: str
+    broker_name: str
+    queue_id: int
+    offset: int
+
+
+@attrs.define
+class ResetOffsetBodyForC:
+    """RESET_CONSUMER_CLIENT_OFFSET's body for C++ clients (they cannot read inline keys)."""
+
+    offset_table: list[MessageQueueForC] = attrs.field(factory=list)
+
+
+@attrs.define
+class GetConsumerStatusBody:
+    """GET_CONSUMER_STATUS_FROM_CLIENT (221)'s answer: the client's offsets
+    (``message_queue_table``); INVOKE_BROKER_TO_GET_CONSUMER_STATUS (223)'s: client id
+    -> its offsets (``consumer_table``)."""
+
+    message_queue_table: dict[MessageQueue, int] = attrs.field(factory=dict)
+    consumer_table: dict[str, dict[MessageQueue, int]] = attrs.field(factory=dict)
+
+
+@attrs.define
+class KVTable:
+    """GET_BROKER_RUNTIME_INFO (28)'s body: name -> value, both strings."""
+
+    table: dict[str, str] = attrs.field(factory=dict)
+
+
+def decode_reset_offsets(data: bytes | bytearray | memoryview) -> dict[MessageQueue, int]:
+    """A RESET_CONSUMER_CLIENT_OFFSET body in either form (ResetOffsetBody, or the C++
+    clients' list); BodyError if it is neither."""
+    raw = _load(ResetOffsetBody, data)
+    if isinstance(raw, dict) and isinstance(raw.get("offsetTable"), list):
+        listed = _structure(raw, ResetOffsetBodyForC).offset_table
+        return {MessageQueue(q.topic, q.broker_name, q.queue_id): q.offset for q in listed}
+    return _structure(raw, ResetOffsetBody).offset_table
+
+
+#: bodies with maps keyed by MessageQueue: written with inline object keys (fastjson's way)
+_OBJECT_KEYED = (ConsumeStats, TopicStatsTable, ResetOffsetBody, GetConsumerStatusBody)
 
 
 # ====================================================================== the converter
@@ -348,17 +477,50 @@ def _structure_bool(value: Any, _type: object) -> bool:
     raise ValueError(f"{value!r} is not a boolean")
 
 
+def _structure_float(value: Any, _type: object) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ValueError(f"{value!r} is not a number")
+
+
+class ObjectKey(str):
+    """A map key that is an object, as fastjson writes it: the object's compact JSON
+    (fields sorted), written inline, unquoted."""
+
+
+def _queue_key(queue: MessageQueue) -> ObjectKey:
+    return ObjectKey(
+        json.dumps(
+            {"brokerName": queue.broker_name, "queueId": queue.queue_id, "topic": queue.topic},
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+    )
+
+
+def _queue_keyed(tp: Any) -> bool:
+    return typing.get_origin(tp) is dict and typing.get_args(tp)[:1] == (MessageQueue,)
+
+
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(detailed_validation=True, forbid_extra_keys=False)
     conv.register_structure_hook(int, _structure_int)
     conv.register_structure_hook(str, _structure_str)
     conv.register_structure_hook(bool, _structure_bool)
+    conv.register_structure_hook(float, _structure_float)
     conv.register_structure_hook_func(
         lambda t: isinstance(t, type) and issubclass(t, enum.Enum), _structure_enum
     )
     conv.register_unstructure_hook_func(
         lambda t: isinstance(t, type) and issubclass(t, enum.Enum), lambda member: member.name
     )
+    # (an IntEnum is an int too: without its own hook the int one would take it)
+    conv.register_structure_hook(LanguageCode, _structure_enum)
 
     def structure_factory(cls: type) -> Callable[[Any, Any], Any]:
         attrs.resolve_types(cls)
@@ -380,6 +542,27 @@ def _make_converter() -> cattrs.Converter:
 
     conv.register_structure_hook_factory(attrs.has, structure_factory)
     conv.register_unstructure_hook_factory(attrs.has, unstructure_factory)
+
+    # a MessageQueue as a map key: an object (inline, or in a string holding its JSON)
+    queue_fields: Callable[[Any, Any], Any] = structure_factory(MessageQueue)
+
+    def structure_queue(data: Any, target: Any) -> MessageQueue:
+        if isinstance(data, str):
+            try:
+                data = json.loads(data)
+            except ValueError:
+                raise ValueError(f"{data!r} is not a MessageQueue") from None
+        queue: MessageQueue = queue_fields(data, target)
+        return queue
+
+    def unstructure_queue_keyed(tp: Any) -> Callable[[Any], Any]:
+        value_type = typing.get_args(tp)[1]
+        return lambda table: {
+            _queue_key(queue): conv.unstructure(value, value_type) for queue, value in table.items()
+        }
+
+    conv.register_structure_hook(MessageQueue, structure_queue)
+    conv.register_unstructure_hook_factory(_queue_keyed, unstructure_queue_keyed)
     return conv
 
 
@@ -395,59 +578,130 @@ def _without_nulls(value: Any) -> Any:
 
 
 def encode_body(obj: object) -> bytes:
-    """Compact JSON of a body object (enums by name, numeric map keys quoted, nulls out)."""
+    """Compact JSON of a body object (enums by name, numeric map keys quoted, nulls out;
+    maps keyed by MessageQueue with inline object keys, as fastjson writes them)."""
     data = _without_nulls(_CONVERTER.unstructure(obj))
+    if isinstance(obj, _OBJECT_KEYED):
+        return _dumps(data).encode()
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _fix_unquoted_keys(text: str) -> str:
-    """fastjson writes ``{0:"ip:port"}`` for Long-keyed maps; make the keys strings."""
-    out, in_string, escaped = [], False, False
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if in_string:
-            out.append(c)
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-            out.append(c)
-        elif c in "{," and i + 1 < len(text):
-            out.append(c)
-            j = i + 1
-            while j < len(text) and text[j] in " \n\t":
-                j += 1
-            k = j
-            while k < len(text) and (text[k].isdigit() or text[k] == "-"):
-                k += 1
-            if k > j and k < len(text) and text[k] == ":":
-                out.append(f'"{text[j:k]}"')
-                i = k
-                continue
-        else:
-            out.append(c)
+def _dumps(value: Any) -> str:
+    """Compact JSON, except that ObjectKey keys are written as they are (inline)."""
+    if isinstance(value, dict):
+        items = []
+        for key, item in value.items():
+            name = key if isinstance(key, ObjectKey) else json.dumps(str(key), ensure_ascii=False)
+            items.append(f"{name}:{_dumps(item)}")
+        return "{" + ",".join(items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_dumps(item) for item in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------- fastjson's JSON
+# fastjson writes what JSON parsers refuse: Long-keyed maps with bare numbers as keys
+# ({0:"ip:port"}) and MessageQueue-keyed maps with the object as key. This reader
+# takes both (and JSON); scalars and strings are the json module's.
+
+_SCALARS = json.JSONDecoder()
+_WHITESPACE = " \t\n\r"
+
+
+def _lenient_loads(text: str) -> Any:
+    """Parse fastjson's output; ValueError (naming the position) if it is not that."""
+    value, end = _lenient_value(text, _skip(text, 0))
+    end = _skip(text, end)
+    if end != len(text):
+        raise ValueError(f"extra data at char {end}")
+    return value
+
+
+def _skip(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _WHITESPACE:
         i += 1
-    return "".join(out)
+    return i
 
 
-def decode_body(cls: type[T], data: bytes | bytearray | memoryview | str) -> T:
-    """The body as ``cls``; BodyError names what is wrong."""
+def _lenient_value(text: str, i: int) -> tuple[Any, int]:
+    if i >= len(text):
+        raise ValueError(f"a value expected at char {i}")
+    if text[i] == "{":
+        return _lenient_object(text, i + 1)
+    if text[i] == "[":
+        return _lenient_array(text, i + 1)
+    try:
+        value, end = _SCALARS.raw_decode(text, i)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{exc.msg} at char {exc.pos}") from None
+    return value, end
+
+
+def _lenient_key(text: str, i: int) -> tuple[str, int]:
+    value, end = _lenient_value(text, i)
+    if isinstance(value, str):
+        return value, end
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value), end
+    if isinstance(value, dict | list):
+        compact = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return ObjectKey(compact), end
+    raise ValueError(f"a key expected at char {i}")
+
+
+def _lenient_object(text: str, i: int) -> tuple[dict[str, Any], int]:
+    result: dict[str, Any] = {}
+    i = _skip(text, i)
+    if text.startswith("}", i):
+        return result, i + 1
+    while True:
+        key, i = _lenient_key(text, _skip(text, i))
+        i = _skip(text, i)
+        if not text.startswith(":", i):
+            raise ValueError(f"':' expected at char {i}")
+        result[key], i = _lenient_value(text, _skip(text, i + 1))
+        i = _skip(text, i)
+        if text.startswith(",", i):
+            i += 1
+        elif text.startswith("}", i):
+            return result, i + 1
+        else:
+            raise ValueError(f"',' or '}}' expected at char {i}")
+
+
+def _lenient_array(text: str, i: int) -> tuple[list[Any], int]:
+    result: list[Any] = []
+    i = _skip(text, i)
+    if text.startswith("]", i):
+        return result, i + 1
+    while True:
+        item, i = _lenient_value(text, _skip(text, i))
+        result.append(item)
+        i = _skip(text, i)
+        if text.startswith(",", i):
+            i += 1
+        elif text.startswith("]", i):
+            return result, i + 1
+        else:
+            raise ValueError(f"',' or ']' expected at char {i}")
+
+
+def _load(cls: type, data: bytes | bytearray | memoryview | str) -> Any:
+    """The body's JSON (or fastjson's) as plain values; BodyError if it is neither."""
     try:
         text = data if isinstance(data, str) else bytes(data).decode()
     except UnicodeDecodeError as exc:
         raise BodyError(f"{cls.__name__} body is not UTF-8: {exc}") from None
     try:
-        raw = json.loads(text)
+        return json.loads(text)
     except ValueError:
         try:
-            raw = json.loads(_fix_unquoted_keys(text))
+            return _lenient_loads(text)
         except ValueError as exc:
             raise BodyError(f"{cls.__name__} body is not JSON: {exc}") from None
+
+
+def _structure(raw: Any, cls: type[T]) -> T:
     try:
         return _CONVERTER.structure(raw, cls)
     except ClassValidationError as exc:
@@ -455,3 +709,8 @@ def decode_body(cls: type[T], data: bytes | bytearray | memoryview | str) -> T:
         raise BodyError(problems) from None
     except (ValueError, TypeError) as exc:
         raise BodyError(f"{cls.__name__} body: {exc}") from None
+
+
+def decode_body(cls: type[T], data: bytes | bytearray | memoryview | str) -> T:
+    """The body as ``cls``; BodyError names what is wrong."""
+    return _structure(_load(cls, data), cls)

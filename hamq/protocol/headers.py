@@ -494,6 +494,60 @@ class GetConsumerConnectionListRequestHeader:
 
 
 @attrs.frozen
+class GetConsumeStatsRequestHeader:
+    """GET_CONSUME_STATS (208): a group's progress in ``topic``, or (no topic) in every
+    topic it committed offsets for; ``topic_list`` (``a;b;``) names several instead."""
+
+    consumer_group: str
+    topic: str | None = None
+    topic_list: str | None = None
+
+
+@attrs.frozen
+class ResetOffsetRequestHeader:
+    """INVOKE_BROKER_TO_RESET_OFFSET (222), admin -> broker, and RESET_CONSUMER_CLIENT_OFFSET
+    (220), broker -> consumer: the group's offsets in ``topic`` go to the first message
+    stored at or after ``timestamp`` (ms; -1: the end of each queue). ``is_force``
+    False moves offsets back only. Java 5: ``queue_id`` >= 0 with ``offset`` resets that
+    one queue to that offset."""
+
+    topic: str
+    group: str
+    timestamp: int
+    is_force: bool = False
+    queue_id: int | None = None
+    offset: int | None = None
+
+
+@attrs.frozen
+class ResetOffsetResponseHeader:
+    """hamq's addition to INVOKE_BROKER_TO_RESET_OFFSET's answer (RocketMQ's has none):
+    how many of the group's online consumers were told."""
+
+    notified_clients: int | None = None
+
+
+@attrs.frozen
+class GetConsumerStatusRequestHeader:
+    """GET_CONSUMER_STATUS_FROM_CLIENT (221), broker -> consumer, and
+    INVOKE_BROKER_TO_GET_CONSUMER_STATUS (223): a group's offsets in ``topic`` as its
+    consumers hold them (``client_addr``: only that client)."""
+
+    topic: str
+    group: str
+    client_addr: str | None = None
+
+
+@attrs.frozen
+class GetBrokerConfigResponseHeader:
+    """GET_BROKER_CONFIG (26)'s answer: ``version`` is the configuration's data version
+    (JSON). hamq adds ``live_keys``: the keys UPDATE_BROKER_CONFIG takes, comma-separated."""
+
+    version: str
+    live_keys: str | None = None
+
+
+@attrs.frozen
 class DeleteSubscriptionGroupRequestHeader:
     """DELETE_SUBSCRIPTIONGROUP (207)."""
 
@@ -551,6 +605,11 @@ ALL_HEADERS: tuple[type, ...] = (
     CreateTopicRequestHeader,
     GetTopicStatsInfoRequestHeader,
     GetConsumerConnectionListRequestHeader,
+    GetConsumeStatsRequestHeader,
+    ResetOffsetRequestHeader,
+    ResetOffsetResponseHeader,
+    GetConsumerStatusRequestHeader,
+    GetBrokerConfigResponseHeader,
     DeleteSubscriptionGroupRequestHeader,
     WipeWritePermOfBrokerRequestHeader,
     QueryDataVersionRequestHeader,

@@ -1,5 +1,7 @@
 """Clients and offsets: HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP,
-LOCK_BATCH_MQ / UNLOCK_BATCH_MQ, and the offset requests (shared/PROTOCOL.md §5.4-5.8).
+LOCK_BATCH_MQ / UNLOCK_BATCH_MQ, and the offset requests (shared/PROTOCOL.md §5.4-5.8);
+and the same for operators: GET_CONSUMER_CONNECTION_LIST (203), GET_CONSUME_STATS (208),
+INVOKE_BROKER_TO_RESET_OFFSET (222), INVOKE_BROKER_TO_GET_CONSUMER_STATUS (223).
 
 A heartbeat registers each consumer in its group (creating the group's retry topic,
 one queue, as RocketMQ does) and each producer in its group; a tag subscription that
@@ -9,38 +11,71 @@ queue still starts at 0 (deliver from the beginning, as Java does while message 
 in memory), else QUERY_NOT_FOUND so that the client starts where its consume-from
 setting says; a request with ``setZeroIfNotFound`` false (Java 5 and hamq clients)
 always gets QUERY_NOT_FOUND then.
+
+GET_CONSUME_STATS: per readable queue of each topic the group committed offsets in
+(or the one topic asked; topics the online group does not subscribe to are left
+out, as RocketMQ does) the queue's end, the group's offset (0 if none) and the store
+time of the last message it consumed (the one before its offset; 0 if none).
+
+INVOKE_BROKER_TO_RESET_OFFSET (master only): each readable queue of the topic goes to
+the first offset stored at or after the timestamp (-1: the queue's end); without
+``isForce`` an offset only moves back. The offsets are committed here first — so a
+group with no member online resets too, and starts from them — then each online
+member is told (RESET_CONSUMER_CLIENT_OFFSET, client_calls.py) so that it goes on
+from them at once. (RocketMQ 4 answers CONSUMER_NOT_ONLINE then, and its tools commit
+the offsets themselves; RocketMQ 5 commits on the broker as well.) The answer is
+ResetOffsetBody with the offsets, and ``notifiedClients``.
 """
 
 from __future__ import annotations
 
+import logging
+
+from hamq.broker.client_calls import consumer_status, tell_reset
 from hamq.broker.clients import ClientChannel
 from hamq.broker.context import BrokerContext
 from hamq.broker.subscriptions import check_group
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import (
+    Connection as ConnectionInfo,
+)
+from hamq.protocol.bodies import (
+    ConsumerConnection,
     ConsumerListBody,
+    ConsumeStats,
+    GetConsumerStatusBody,
     HeartbeatData,
     LockBatchRequestBody,
     LockBatchResponseBody,
+    MessageQueue,
+    OffsetWrapper,
+    ResetOffsetBody,
     SubscriptionData,
     UnlockBatchRequestBody,
     decode_body,
     encode_body,
 )
 from hamq.protocol.headers import (
+    GetConsumerConnectionListRequestHeader,
     GetConsumerListByGroupRequestHeader,
+    GetConsumerStatusRequestHeader,
+    GetConsumeStatsRequestHeader,
     GetEarliestMsgStoretimeRequestHeader,
     GetEarliestMsgStoretimeResponseHeader,
     GetMaxOffsetRequestHeader,
     GetMinOffsetRequestHeader,
     OffsetResponseHeader,
     QueryConsumerOffsetRequestHeader,
+    ResetOffsetRequestHeader,
+    ResetOffsetResponseHeader,
     SearchOffsetRequestHeader,
     UnregisterClientRequestHeader,
     UpdateConsumerOffsetRequestHeader,
 )
 from hamq.protocol.message import TagExpressionError, parse_tags, retry_topic, topic_error
 from hamq.remoting import Connection, Dispatcher
+
+log = logging.getLogger(__name__)
 
 
 def _check_subscription(group: str, subscription: SubscriptionData) -> None:
@@ -75,6 +110,10 @@ class ClientProcessor:
         d.register(RequestCode.GET_MIN_OFFSET, self.min_offset)
         d.register(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, self.search_offset)
         d.register(RequestCode.GET_EARLIEST_MSG_STORETIME, self.earliest_time)
+        d.register(RequestCode.GET_CONSUMER_CONNECTION_LIST, self.connections)
+        d.register(RequestCode.GET_CONSUME_STATS, self.consume_stats)
+        d.register_async(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, self.reset_offset)
+        d.register_async(RequestCode.INVOKE_BROKER_TO_GET_CONSUMER_STATUS, self.consumer_status)
 
     # ------------------------------------------------------------------ clients
     def heartbeat(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
@@ -188,3 +227,120 @@ class ClientProcessor:
                 f"no message in {header.topic}/{header.queue_id}",
             )
         return request.response_to(header=GetEarliestMsgStoretimeResponseHeader(stamp))
+
+    # ------------------------------------------------------------------ for operators
+    def connections(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        header = request.header(GetConsumerConnectionListRequestHeader)
+        info = self.ctx.consumers.group_info(header.consumer_group)
+        if info is None or not info.channels:
+            raise RequestError(
+                ResponseCode.CONSUMER_NOT_ONLINE,
+                f"the consumer group[{header.consumer_group}] not online",
+            )
+        body = ConsumerConnection(
+            [
+                ConnectionInfo(c.client_id, c.connection.peer, c.language, c.version)
+                for c in sorted(info.channels.values(), key=lambda c: c.client_id)
+            ],
+            dict(info.subscriptions),
+            info.consume_type,
+            info.message_model,
+            info.consume_from_where,
+        )
+        return request.response_to(body=encode_body(body))
+
+    def _stats_topics(self, header: GetConsumeStatsRequestHeader) -> list[str]:
+        if header.topic_list:
+            return [t for t in header.topic_list.split(";") if t]
+        group = header.consumer_group
+        topics = [header.topic] if header.topic else self.ctx.offsets.topics_of(group)
+        info = self.ctx.consumers.group_info(group)
+        if info is not None and info.subscriptions:
+            topics = [t for t in topics if t in info.subscriptions]
+        return topics
+
+    def consume_stats(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        header = request.header(GetConsumeStatsRequestHeader)
+        ctx, group = self.ctx, header.consumer_group
+        stats = ConsumeStats()
+        for topic in self._stats_topics(header):
+            config = ctx.topics.table.get(topic)
+            if config is None:
+                continue
+            for queue_id in range(config.read_queue_nums):
+                consumed = max(ctx.offsets.query(group, topic, queue_id), 0)
+                last = ctx.store.message_store_time(topic, queue_id, consumed - 1)
+                stats.offset_table[MessageQueue(topic, ctx.config.broker_name, queue_id)] = (
+                    OffsetWrapper(
+                        broker_offset=ctx.store.max_offset_in_queue(topic, queue_id),
+                        consumer_offset=consumed,
+                        pull_offset=consumed,
+                        last_timestamp=max(last, 0),
+                    )
+                )
+        return request.response_to(body=encode_body(stats))
+
+    async def reset_offset(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        header = request.header(ResetOffsetRequestHeader)
+        ctx, group, topic = self.ctx, header.group, header.topic
+        check_group(group)
+        if not ctx.is_master:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, "Can not reset offset in slave broker")
+        config = ctx.topics.table.get(topic)
+        if config is None:
+            raise RequestError(ResponseCode.TOPIC_NOT_EXIST, f"Topic {topic} does not exist")
+        if header.queue_id is not None and header.queue_id >= 0:
+            if header.queue_id >= config.read_queue_nums:
+                raise RequestError(
+                    ResponseCode.INVALID_PARAMETER,
+                    f"queueId {header.queue_id} is not in 0..{config.read_queue_nums - 1}",
+                )
+            queue_ids = [header.queue_id]
+        else:
+            queue_ids = list(range(config.read_queue_nums))
+        offsets: dict[MessageQueue, int] = {}
+        for queue_id in queue_ids:
+            low = ctx.store.min_offset_in_queue(topic, queue_id)
+            high = ctx.store.max_offset_in_queue(topic, queue_id)
+            if header.offset is not None and header.offset >= 0 and len(queue_ids) == 1:
+                if not low <= header.offset <= high:
+                    raise RequestError(
+                        ResponseCode.INVALID_PARAMETER,
+                        f"offset {header.offset} is not in [{low}, {high}] "
+                        f"({topic} queue {queue_id})",
+                    )
+                target = header.offset
+            elif header.timestamp < 0:
+                target = high
+            else:
+                target = ctx.store.offset_by_time(topic, queue_id, header.timestamp)
+            committed = ctx.offsets.query(group, topic, queue_id)
+            if not header.is_force and 0 <= committed <= target:
+                target = committed  # without force, offsets only move back
+            offsets[MessageQueue(topic, ctx.config.broker_name, queue_id)] = target
+        now = ctx.clock()
+        for queue, offset in offsets.items():
+            ctx.offsets.reset(group, topic, queue.queue_id, offset, now)
+        log.info(
+            "group %s: offsets of %s reset to %s (timestamp %d, asked by %s)",
+            group,
+            topic,
+            {q.queue_id: o for q, o in offsets.items()},
+            header.timestamp,
+            conn.peer,
+        )
+        told = await tell_reset(ctx.consumers.channels(group), header, offsets)
+        return request.response_to(
+            header=ResetOffsetResponseHeader(told), body=encode_body(ResetOffsetBody(offsets))
+        )
+
+    async def consumer_status(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        header = request.header(GetConsumerStatusRequestHeader)
+        channels = self.ctx.consumers.channels(header.group)
+        if not channels:
+            raise RequestError(
+                ResponseCode.SYSTEM_ERROR,
+                f"No Any Consumer online in the consumer group: [{header.group}]",
+            )
+        table = await consumer_status(channels, header)
+        return request.response_to(body=encode_body(GetConsumerStatusBody(consumer_table=table)))

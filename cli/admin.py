@@ -1,0 +1,695 @@
+"""``hamq admin``: look at and operate a cluster, as RocketMQ's mqadmin does.
+
+- the cluster: ``cluster``, ``broker-status``, ``broker-config``,
+  ``update-broker-config``, ``ha-status``;
+- consumer groups: ``groups``, ``consumer-progress``, ``consumer-connection``,
+  ``reset-offset``;
+- messages: ``query-message`` (by key, or by id);
+- automatic failover, with the controllers: ``sync-state-set``, ``elect-master``,
+  ``broker-epoch``.
+
+Each command prints tables for people, and with ``--json`` one JSON object instead,
+its keys stable and listed in the README ("Operating a cluster: hamq admin"). The
+requests and their decoding live in hamq/client/admin.py; this module parses the
+command line and chooses what to print. A broker or controller that refuses, or
+that no one answers, ends a command with one ``error:`` line (exit code 1); input
+that cannot be right (a bad address, a timestamp that is none, a setting the broker
+refuses) with exit code 2.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cli.common import (
+    DEFAULT_NAMESRV,
+    CommandError,
+    ControllerOption,
+    NamesrvOption,
+    fail,
+    run,
+)
+from cli.topic import JsonOption, print_json, when
+from hamq.client import AdminClient
+from hamq.client.admin import (
+    FoundMessage,
+    GroupSummary,
+    broker_epochs,
+    elect_master,
+    known_broker_groups,
+    setting_name,
+    sync_state_data,
+)
+from hamq.remoting import parse_address
+
+app = typer.Typer(
+    help="Look at and operate the cluster: brokers, consumer groups, messages, failover.",
+    no_args_is_help=True,
+)
+console = Console()
+
+#: a message body longer than this is cut short unless --body-full
+BODY_SHOWN_CHARS = 512
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _addresses(value: str, option: str) -> list[str]:
+    """The ';'-separated addresses of ``option``; a bad one ends the command (exit 2)."""
+    addrs = [a.strip() for a in value.split(";") if a.strip()]
+    if not addrs:
+        raise fail(f"{option}: no address given", 2)
+    for addr in addrs:
+        try:
+            parse_address(addr)
+        except ValueError as exc:
+            raise fail(f"{option}: {exc}", 2) from None
+    return addrs
+
+
+def _shown(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _name(value: Any) -> str:
+    """An enum member's name (``CLUSTERING``), ``-`` for none."""
+    return "-" if value is None else str(value.name)
+
+
+BrokerOption = Annotated[
+    str, typer.Option("--broker", "-b", help="The broker's address, host:port.")
+]
+
+
+# ---------------------------------------------------------------- the cluster
+@app.command()
+def cluster(as_json: JsonOption = False, namesrv: NamesrvOption = DEFAULT_NAMESRV) -> None:
+    """Clusters, their brokers and addresses, as the nameserver sees them."""
+
+    async def main() -> None:
+        async with AdminClient(namesrv) as admin:
+            info = await admin.cluster_info()
+        rows = []
+        for name, brokers in sorted(info.cluster_addr_table.items()):
+            for broker in sorted(brokers):
+                data = info.broker_addr_table.get(broker)
+                for broker_id, addr in sorted((data.broker_addrs if data else {}).items()):
+                    rows.append((name, broker, broker_id, addr))
+        if as_json:
+            print_json(
+                {
+                    "clusters": {k: sorted(v) for k, v in info.cluster_addr_table.items()},
+                    "brokers": [
+                        {"cluster": c, "brokerName": b, "brokerId": i, "address": a}
+                        for c, b, i, a in rows
+                    ],
+                }
+            )
+            return
+        table = Table(title="clusters")
+        for column in ("cluster", "broker", "id", "address"):
+            table.add_column(column)
+        for name, broker, broker_id, addr in rows:
+            table.add_row(name, broker, str(broker_id), addr)
+        console.print(table)
+
+    run(main)
+
+
+@app.command("broker-status")
+def broker_status(
+    broker: Annotated[
+        str | None, typer.Option("--broker", "-b", help="One broker (host:port); default: all.")
+    ] = None,
+    as_json: JsonOption = False,
+    namesrv: NamesrvOption = DEFAULT_NAMESRV,
+) -> None:
+    """A broker's runtime statistics (GET_BROKER_RUNTIME_INFO), sorted by name; every
+    broker of the cluster without --broker."""
+    addrs = _addresses(broker, "--broker") if broker is not None else None
+
+    async def main() -> None:
+        async with AdminClient(namesrv) as admin:
+            targets = addrs if addrs is not None else await admin.all_broker_addrs()
+            tables = [(addr, await admin.broker_status(addr)) for addr in targets]
+        if as_json:
+            print_json({"brokers": [{"address": a, "table": t} for a, t in tables]})
+            return
+        for addr, values in tables:
+            table = Table(title=f"broker {addr}")
+            table.add_column("name")
+            table.add_column("value")
+            for key, value in values.items():
+                table.add_row(key, value)
+            console.print(table)
+
+    run(main)
+
+
+@app.command("broker-config")
+def broker_config(
+    broker: BrokerOption, as_json: JsonOption = False, namesrv: NamesrvOption = DEFAULT_NAMESRV
+) -> None:
+    """A running broker's configuration (GET_BROKER_CONFIG); "live" marks what
+    update-broker-config can change."""
+    addr = _addresses(broker, "--broker")[0]
+
+    async def main() -> None:
+        async with AdminClient(namesrv) as admin:
+            view = await admin.broker_config(addr)
+        if as_json:
+            print_json(view.to_json())
+            return
+        table = Table(title=f"configuration of {addr}")
+        for column in ("key", "value", "live"):
+            table.add_column(column)
+        for key, value in sorted(view.values.items()):
+            table.add_row(key, value, "live" if key in view.live_keys else "")
+        console.print(table)
+
+    run(main)
+
+
+@app.command("update-broker-config")
+def update_broker_config(
+    broker: BrokerOption,
+    settings: Annotated[
+        list[str], typer.Argument(help="KEY=VALUE, as in the configuration file; several.")
+    ],
+    as_json: JsonOption = False,
+    namesrv: NamesrvOption = DEFAULT_NAMESRV,
+) -> None:
+    """Change settings of a running broker (UPDATE_BROKER_CONFIG), all or none.
+
+    Only settings the broker reads afresh each time can change (broker-config marks
+    them "live"); any other is refused by name (exit code 2), and so is a value of the
+    wrong type or range, as in the configuration file. The change lasts until the
+    broker stops: put it in the configuration file to keep it."""
+    addr = _addresses(broker, "--broker")[0]
+    changes: dict[str, str] = {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise fail(f"{item!r} is not KEY=VALUE", 2)
+        changes[key.strip()] = value.strip()
+
+    async def main() -> None:
+        async with AdminClient(namesrv) as admin:
+            await admin.update_broker_config(addr, changes)
+            now = await admin.broker_config(addr)
+        updated = {setting_name(k): now.values.get(setting_name(k), v) for k, v in changes.items()}
+        if as_json:
+            print_json({"address": addr, "updated": updated})
+        else:
+            shown = ", ".join(f"{k} = {v}" for k, v in sorted(updated.items()))
+            typer.echo(f"broker {addr}: {shown} (until it stops)")
+
+    run(main)
+
+
+@app.command("ha-status")
+def ha_status(
+    broker: Annotated[
+        str | None, typer.Option("--broker", help="One broker (host:port); default: all.")
+    ] = None,
+    as_json: JsonOption = False,
+    namesrv: NamesrvOption = DEFAULT_NAMESRV,
+) -> None:
+    """Replication: each master's slaves (ack, lag, in sync) and each slave's state."""
+
+    async def main() -> None:
+        async with AdminClient(namesrv) as admin:
+            addrs = [broker] if broker is not None else await admin.all_broker_addrs()
+            statuses = [await admin.ha_status(addr) for addr in addrs]
+        if as_json:
+            print_json({"brokers": statuses})
+            return
+        table = Table(title="replication")
+        for column in ("broker", "id", "address", "role", "epoch", "replication"):
+            table.add_column(column)
+        for status in statuses:
+            epochs = status.get("epochs") or []
+            table.add_row(
+                str(status.get("broker")),
+                str(status.get("brokerId")),
+                str(status.get("address")),
+                str(status.get("role")),
+                str(epochs[-1][0]) if epochs else "-",
+                _describe_ha(status),
+            )
+        console.print(table)
+
+    run(main)
+
+
+def _describe_ha(status: dict[str, object]) -> str:
+    master = status.get("master")
+    if isinstance(master, dict):
+        slaves = master.get("slaves") or []
+        if not slaves:
+            return f"no slave connected (log end {master.get('max_offset')})"
+        return "\n".join(
+            f"slave {s['address']}: ack {s['ack_offset']}, {s['lag_bytes']} B / "
+            f"{s['lag_s']} s behind, {'in sync' if s['in_sync'] else 'NOT in sync'}"
+            for s in slaves
+        )
+    slave = status.get("slave")
+    if isinstance(slave, dict):
+        error = f", last error: {slave['last_error']}" if slave.get("last_error") else ""
+        return (
+            f"{slave['state']} from {slave['master_address']}, log end {slave['max_offset']}{error}"
+        )
+    return "-"
+
+
+# ---------------------------------------------------------------- consumer groups
+GroupOption = Annotated[str, typer.Option("--group", "-g", help="The consumer group.")]
+
+
+def _summaries_table(summaries: list[GroupSummary], *, lag: bool) -> Table:
+    table = Table(title="consumer groups")
+    columns = ["group", "members", "type", "model"]
+    columns += ["consume TPS", "total lag"] if lag else ["topics"]
+    for column in columns:
+        table.add_column(column)
+    for s in summaries:
+        row = [s.group, str(s.members), _name(s.consume_type), _name(s.message_model)]
+        row += [f"{s.consume_tps:g}", str(s.total_lag)] if lag else [" ".join(s.topics) or "-"]
+        table.add_row(*row)
+    return table
+
+
+async def _summaries(admin: AdminClient) -> list[GroupSummary]:
+    return [await admin.group_summary(group) for group in await admin.consumer_groups()]
+
+
+@app.command()
+def groups(as_json: JsonOption = False, namesrv: NamesrvOption = DEFAULT_NAMESRV) -> None:
+    """Every consumer group the brokers know, with its members online now.
+
+    A group is known once it has connected, committed an offset or had a retry topic
+    made; members come from GET_CONSUMER_CONNECTION_LIST at every broker."""
+
+    async def main() -> None:
+        async with AdminClient(namesrv) as admin:
+            summaries = await _summaries(admin)
+        if as_json:
+            print_json({"groups": [s.to_json() for s in summaries]})
+        elif not summaries:
+            typer.echo("no consumer group is known")
+        else:
+            console.print(_summaries_table(summaries, lag=False))
+
+    run(main)
+
+
+@app.command("consumer-progress")
+def consumer_progress(
+    group: Annotated[
+        str | None,
+        typer.Option("--group", "-g", help="The consumer group; none: every group's total."),
+    ] = None,
+    topic: Annotated[
+        str | None, typer.Option("--topic", "-t", help="Only this topic (with --group).")
+    ] = None,
+    as_json: JsonOption = False,
+    namesrv: NamesrvOption = DEFAULT_NAMESRV,
+) -> None:
+    """Where a group is: per queue the broker's offset, the group's, the lag, and when
+    the last message it consumed was stored (GET_CONSUME_STATS); without --group every
+    group with its members and total lag."""
+    if topic is not None and group is None:
+        raise fail("--topic needs --group", 2)
+
+    async def main() -> None:
+        async with AdminClient(namesrv) as admin:
+            if group is None:
+                summaries = await _summaries(admin)
+            else:
+                progress = await admin.consumer_progress(group, topic)
+        if group is None:
+            if as_json:
+                print_json({"groups": [s.to_json() for s in summaries]})
+            elif not summaries:
+                typer.echo("no consumer group is known")
+            else:
+                console.print(_summaries_table(summaries, lag=True))
+            return
+        if as_json:
+            print_json(progress.to_json())
+            return
+        if not progress.queues:
+            where = f" in {topic}" if topic else ""
+            typer.echo(f"group {group} has no committed offsets{where}")
+            return
+        table = Table(title=f"progress of {group}")
+        table.add_column("topic")
+        table.add_column("queue", no_wrap=True)
+        for column in ("broker offset", "consumer offset", "lag"):
+            table.add_column(column, justify="right")
+        table.add_column("last consumed (stored)", no_wrap=True)
+        for q in progress.queues:
+            table.add_row(
+                q.queue.topic,
+                f"{q.queue.broker_name}:{q.queue.queue_id}",
+                str(q.broker_offset),
+                str(q.consumer_offset),
+                str(q.lag),
+                when(q.last_timestamp_ms),
+            )
+        console.print(table)
+        typer.echo(
+            f"group {group}: total lag {progress.total_lag}, "
+            f"consume TPS {progress.consume_tps:g}, "
+            f"last consumed message stored {when(progress.last_timestamp_ms)}"
+        )
+
+    run(main)
+
+
+@app.command("consumer-connection")
+def consumer_connection(
+    group: GroupOption, as_json: JsonOption = False, namesrv: NamesrvOption = DEFAULT_NAMESRV
+) -> None:
+    """A group's members online (client id, address, language, version) and what it
+    subscribes to (GET_CONSUMER_CONNECTION_LIST at every broker)."""
+
+    async def main() -> None:
+        async with AdminClient(namesrv) as admin:
+            connection = await admin.consumer_connection(group)
+        if connection is None:
+            raise CommandError(f"group {group} has no consumer online")
+        if as_json:
+            print_json(connection.to_json())
+            return
+        typer.echo(
+            f"group {group}: {len(connection.members)} member(s), "
+            f"{_name(connection.consume_type)}, {_name(connection.message_model)}, "
+            f"{_name(connection.consume_from_where)}"
+        )
+        members = Table(title="members")
+        members.add_column("client id", no_wrap=True)
+        members.add_column("address", no_wrap=True)
+        for column in ("language", "version", "brokers"):
+            members.add_column(column)
+        for m in connection.members:
+            brokers = str(len(m.brokers))
+            members.add_row(m.client_id, m.client_addr, m.language, str(m.version), brokers)
+        console.print(members)
+        subscriptions = Table(title="subscriptions")
+        for column in ("topic", "expression"):
+            subscriptions.add_column(column)
+        for name, sub in sorted(connection.subscriptions.items()):
+            subscriptions.add_row(name, sub.sub_string)
+        console.print(subscriptions)
+
+    run(main)
+
+
+def parse_timestamp(text: str, now_ms: int) -> int:
+    """``--timestamp``: ms since the epoch, ``now``, or ISO-8601 (``2025-01-31T12:00``,
+    local time unless it names its offset: ``...Z``, ``...+02:00``). ValueError."""
+    value = text.strip()
+    if value.lower() == "now":
+        return now_ms
+    if value.lstrip("-").isdigit():
+        number = int(value)
+        if number < -1:
+            raise ValueError("ms since the epoch, or -1 for the end of each queue")
+        return number
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("not ms since the epoch, 'now', nor ISO-8601") from None
+    return (moment.astimezone() - _EPOCH) // timedelta(milliseconds=1)  # (exact: no floats)
+
+
+@app.command("reset-offset")
+def reset_offset(
+    group: GroupOption,
+    topic: Annotated[str, typer.Option("--topic", "-t", help="The topic.")],
+    timestamp: Annotated[
+        str,
+        typer.Option(
+            "--timestamp",
+            help="Go on from the first message stored at or after this time: ms since "
+            "the epoch, ISO-8601 (local time unless it says), 'now' (skip everything), "
+            "-1 (the end of each queue).",
+        ),
+    ],
+    force: Annotated[
+        bool,
+        typer.Option("--force/--no-force", help="--no-force: only move offsets back."),
+    ] = True,
+    as_json: JsonOption = False,
+    namesrv: NamesrvOption = DEFAULT_NAMESRV,
+) -> None:
+    """Reset a group's offsets in a topic by time (INVOKE_BROKER_TO_RESET_OFFSET).
+
+    Each master commits the new offsets and tells the group's consumers online, which
+    go on from them at once (RESET_CONSUMER_CLIENT_OFFSET); a group with no one online
+    starts from them when it next runs."""
+    try:
+        stamp = parse_timestamp(timestamp, int(time.time() * 1000))
+    except ValueError as exc:
+        raise fail(f"--timestamp {timestamp!r}: {exc}", 2) from None
+
+    async def main() -> None:
+        async with AdminClient(namesrv) as admin:
+            result = await admin.reset_offset(group, topic, stamp, force=force)
+        if as_json:
+            print_json(result.to_json())
+            return
+        table = Table(title=f"offsets of {group} in {topic}")
+        for column in ("queue", "offset"):
+            table.add_column(column)
+        for queue, offset in sorted(result.offsets.items(), key=lambda i: str(i[0])):
+            table.add_row(str(queue), str(offset))
+        console.print(table)
+        told = (
+            f"{result.notified} consumer connection(s) told to go on from them"
+            if result.notified
+            else "no consumer online: the group starts from them when it next runs"
+        )
+        at = {-1: "the end of each queue", 0: "the beginning"}.get(stamp) or when(stamp)
+        typer.echo(f"group {group}: offsets in {topic} reset to {at}; {told}")
+
+    run(main)
+
+
+# ---------------------------------------------------------------- messages
+def _print_message(found: FoundMessage, index: int, total: int, body_full: bool) -> None:
+    m = found.message
+    text = m.body.decode("utf-8", errors="replace")
+    shown = text if body_full else text[:BODY_SHOWN_CHARS]
+    cut = "" if len(shown) == len(text) else f", first {len(shown)} characters (--body-full)"
+    lines = [
+        ("topic", m.topic),
+        ("queue", f"{found.broker}:{m.queue_id} offset {m.queue_offset}"),
+        ("msg id", m.msg_id),
+        ("offset msg id", f"{m.offset_msg_id} (commit log offset {m.physical_offset})"),
+        ("tags", _shown(m.tags)),
+        ("keys", " ".join(m.keys) or "-"),
+        ("store host", m.store_host),
+        ("store time", when(m.store_timestamp)),
+        ("born host", m.born_host),
+        ("born time", when(m.born_timestamp)),
+        ("reconsume times", str(m.reconsume_times)),
+        ("properties", ", ".join(f"{k}={v}" for k, v in sorted(m.properties.items())) or "-"),
+        ("body", f"{len(m.body)} bytes{cut}"),
+    ]
+    typer.echo(f"message {index} of {total}")
+    for name, value in lines:
+        typer.echo(f"  {name:<16}{value}")
+    typer.echo(shown)
+
+
+@app.command("query-message")
+def query_message(
+    topic: Annotated[str | None, typer.Option("--topic", "-t", help="The topic.")] = None,
+    key: Annotated[
+        str | None, typer.Option("--key", "-k", help="A key (KEYS) of the message; --topic too.")
+    ] = None,
+    msg_id: Annotated[
+        str | None,
+        typer.Option(
+            "--id",
+            help="The message id (UNIQ_KEY) or offset message id; --topic narrows the "
+            "search (else every topic is searched for a UNIQ_KEY).",
+        ),
+    ] = None,
+    body_full: Annotated[
+        bool, typer.Option("--body-full", help=f"The whole body (else {BODY_SHOWN_CHARS} chars).")
+    ] = False,
+    as_json: JsonOption = False,
+    namesrv: NamesrvOption = DEFAULT_NAMESRV,
+) -> None:
+    """Messages by key (QUERY_MESSAGE) or by id (VIEW_MESSAGE_BY_ID for an offset
+    message id, else the index by UNIQ_KEY): topic, queue, offset, tags, keys, hosts,
+    times, properties and body."""
+    if (key is None) == (msg_id is None):
+        raise fail("give --key (with --topic) or --id", 2)
+    if key is not None and topic is None:
+        raise fail("--key needs --topic", 2)
+
+    async def main() -> None:
+        async with AdminClient(namesrv) as admin:
+            if key is not None:
+                assert topic is not None
+                found = await admin.query_messages(topic, key)
+            else:
+                assert msg_id is not None
+                found = await admin.find_message(msg_id, topic)
+        if not found:
+            raise CommandError(f"no message of {topic} has the key {key}")
+        if as_json:
+            limit = None if body_full else BODY_SHOWN_CHARS
+            print_json({"messages": [f.to_json(limit) for f in found]})
+            return
+        for i, item in enumerate(found, 1):
+            _print_message(item, i, len(found), body_full)
+
+    run(main)
+
+
+# ---------------------------------------------------------------- automatic failover
+def _print_group(name: str, group: dict[str, Any]) -> None:
+    """A summary line (never wrapped: scripts read it) and a table of the replicas."""
+    master = group.get("masterBrokerId")
+    master_text = (
+        f"master {master} ({group.get('masterAddress')})" if master is not None else "no master"
+    )
+    in_sync = group.get("inSyncReplicas") or []
+    typer.echo(
+        f"{name}: {master_text}, master epoch {group.get('masterEpoch')}; "
+        f"SyncStateSet {sorted(r.get('brokerId') for r in in_sync)} "
+        f"epoch {group.get('syncStateSetEpoch')}"
+    )
+    table = Table()
+    for column in ("id", "address", "role", "in sync", "alive", "epoch", "max offset"):
+        table.add_column(column)
+    rows = [(r, True) for r in in_sync] + [(r, False) for r in group.get("notInSyncReplicas") or []]
+    for replica, member in sorted(rows, key=lambda row: row[0].get("brokerId", 0)):
+        broker_id = replica.get("brokerId")
+        table.add_row(
+            _shown(broker_id),
+            _shown(replica.get("brokerAddress")),
+            "master" if broker_id == master else "slave",
+            "yes" if member else "NO",
+            "yes" if replica.get("alive") else "NO",
+            _shown(replica.get("epoch")),
+            _shown(replica.get("maxOffset")),
+        )
+    console.print(table)
+
+
+@app.command("sync-state-set")
+def sync_state_set(
+    controller: ControllerOption,
+    brokers: Annotated[
+        list[str] | None,
+        typer.Option("--broker", "-b", help="A broker group (broker name); repeat; default: all."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the controller's JSON answer as it is.")
+    ] = False,
+) -> None:
+    """Each broker group's master, epochs and SyncStateSet, from a controller.
+
+    CONTROLLER_GET_SYNC_STATE_DATA: per group a line (master id and address, master
+    epoch, SyncStateSet and its epoch) and its brokers (in sync, alive, epoch, max
+    offset as their last heartbeat said)."""
+    addrs = _addresses(controller, "--controller")
+    names = list(dict.fromkeys(brokers or []))
+
+    async def main() -> None:
+        addr, answer = await sync_state_data(addrs, names)
+        table = answer["replicasInfoTable"]
+        if as_json:
+            print_json(answer)
+        elif not table:
+            typer.echo(f"no broker group is known to controller {addr}")
+        for name, group in sorted(table.items()):
+            if not as_json:
+                _print_group(name, group)
+        missing = [name for name in names if name not in table]
+        if missing:
+            known = await known_broker_groups(addr)
+            raise CommandError(
+                f"controller {addr} knows no broker group {', '.join(missing)} "
+                f"(known: {', '.join(known) or 'none'})"
+            )
+
+    run(main)
+
+
+@app.command("elect-master")
+def elect_master_command(
+    controller: ControllerOption,
+    broker: Annotated[str, typer.Option("--broker", "-b", help="The broker group (broker name).")],
+    broker_id: Annotated[
+        int,
+        typer.Option("--broker-id", min=0, help="The broker (its id in the group) to make master."),
+    ],
+    cluster: Annotated[
+        str, typer.Option("--cluster", help="The group's cluster.")
+    ] = "DefaultCluster",
+    as_json: JsonOption = False,
+) -> None:
+    """Make a broker the master of its group now (a designated election).
+
+    The broker must be alive and, unless the controllers allow unclean elections, in
+    the SyncStateSet; a refusal is printed with the controller's code and reason."""
+    addrs = _addresses(controller, "--controller")
+
+    async def main() -> None:
+        election = await elect_master(addrs, cluster, broker, broker_id)
+        if as_json:
+            print_json(election.to_json())
+            return
+        who = (
+            f"broker {election.master_broker_id} ({election.master_address}) is master"
+            if election.master_broker_id is not None
+            else "no master"
+        )
+        typer.echo(
+            f"{broker}: {who}, master epoch {election.master_epoch}; SyncStateSet "
+            f"{list(election.sync_state_set)} epoch {election.sync_state_set_epoch} "
+            f"(controller {election.controller})"
+        )
+
+    run(main)
+
+
+@app.command("broker-epoch")
+def broker_epoch(broker: BrokerOption, as_json: JsonOption = False) -> None:
+    """A broker's epochs: where each starts and ends in its CommitLog; its max offset.
+
+    GET_BROKER_EPOCH_CACHE, or from GET_BROKER_HA_STATUS where the broker has no such
+    request; the last epoch ends at the max offset."""
+    addr = _addresses(broker, "--broker")[0]
+
+    async def main() -> None:
+        epochs = await broker_epochs(addr)
+        if as_json:
+            print_json({"address": addr, **epochs.to_json()})
+            return
+        about = [f"id {epochs.broker_id}" if epochs.broker_id is not None else "", epochs.role]
+        typer.echo(
+            f"epochs of {epochs.broker_name} at {addr}" + "".join(f", {a}" for a in about if a)
+        )
+        table = Table()
+        for column in ("epoch", "start offset", "end offset"):
+            table.add_column(column)
+        for epoch, start, end in epochs.entries:
+            table.add_row(str(epoch), str(start), str(end))
+        console.print(table)
+        shown = "unknown" if epochs.max_offset is None else str(epochs.max_offset)
+        typer.echo(f"max offset {shown}")
+
+    run(main)
