@@ -21,6 +21,18 @@ from typing import IO
 import trio
 
 
+async def kill_and_reap(proc: trio.Process) -> None:
+    """For ``finally``: kill ``proc`` by PID unless it has ended, wait for it (bounded),
+    close our end of its stdout. Shielded: it runs even in a cancelled scope."""
+    with trio.CancelScope(shield=True):
+        if proc.returncode is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        with trio.move_on_after(10):
+            await proc.wait()
+        if proc.stdout is not None:
+            await proc.stdout.aclose()
+
+
 @asynccontextmanager
 async def running(code: str, *, ready_timeout_s: float = 30) -> AsyncIterator[tuple[int, int]]:
     """Run ``python -c code``; it must print its port on the first line. Yields (pid, port)."""
@@ -36,13 +48,7 @@ async def running(code: str, *, ready_timeout_s: float = 30) -> AsyncIterator[tu
                 line += chunk
         yield proc.pid, int(line)
     finally:
-        with trio.CancelScope(shield=True):
-            if proc.returncode is None:
-                os.kill(proc.pid, signal.SIGKILL)
-            with trio.move_on_after(10):
-                await proc.wait()
-            if proc.stdout is not None:
-                await proc.stdout.aclose()
+        await kill_and_reap(proc)
 
 
 HAMQ = [sys.executable, "-m", "cli.main", "--log-level", "warning"]
@@ -67,13 +73,7 @@ async def hamq_server(
                 line += chunk
         yield proc, line.decode().strip()
     finally:
-        with trio.CancelScope(shield=True):
-            if proc.returncode is None:
-                os.kill(proc.pid, signal.SIGKILL)
-            with trio.move_on_after(10):
-                await proc.wait()
-            if proc.stdout is not None:
-                await proc.stdout.aclose()
+        await kill_and_reap(proc)
 
 
 async def hamq_command(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[bytes]:
@@ -202,13 +202,7 @@ async def hamq_process(
     try:
         yield proc
     finally:
-        with trio.CancelScope(shield=True):
-            if proc.returncode is None:
-                os.kill(proc.pid, signal.SIGKILL)
-            with trio.move_on_after(10):
-                await proc.wait()
-            if proc.stdout is not None:
-                await proc.stdout.aclose()
+        await kill_and_reap(proc)
 
 
 async def hamq_as_run(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[bytes]:

@@ -39,6 +39,7 @@ from tests.processes import (
     hamq_as_run,
     hamq_process,
     hamq_server,
+    kill_and_reap,
     user_env,
 )
 
@@ -400,13 +401,7 @@ async def run_at_terminal(
                     await during(proc, ran)
                 ran.code = await proc.wait()
     finally:
-        with trio.CancelScope(shield=True):
-            if proc.returncode is None:
-                os.kill(proc.pid, signal.SIGKILL)
-            with trio.move_on_after(10):
-                await proc.wait()
-            if proc.stdout is not None:
-                await proc.stdout.aclose()
+        await kill_and_reap(proc)
     return ran
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,6 +53,14 @@ def disk_use(directory: Path) -> tuple[int, int]:
             except OSError:
                 continue
     return reserved, used
+
+
+def _counted(name: str, text: str, label: str, counts: Mapping[str, int]) -> Metric:
+    """A counter family with one sample per key of ``counts``."""
+    family = CounterMetricFamily(name, text, labels=[label])
+    for key, count in sorted(counts.items()):
+        family.add_metric([key], count)
+    return family
 
 
 class BrokerCollector:
@@ -128,22 +136,18 @@ class BrokerCollector:
                 buckets.append((bound, cumulative))
             latency.add_metric([status], buckets, sum_value=histogram.sum_s)
         yield latency
-        refused = CounterMetricFamily(
+        yield _counted(
             "hamq_broker_sends_refused",
             "Sends refused with nothing stored, by response code",
-            labels=["code"],
+            "code",
+            stats.sends_refused,
         )
-        for code, count in sorted(stats.sends_refused.items()):
-            refused.add_metric([code], count)
-        yield refused
-        pulls = CounterMetricFamily(
+        yield _counted(
             "hamq_broker_pull_requests",
             "Pull requests, by outcome (a response code, or HELD for a long poll)",
-            labels=["outcome"],
+            "outcome",
+            stats.pulls,
         )
-        for outcome, count in sorted(stats.pulls.items()):
-            pulls.add_metric([outcome], count)
-        yield pulls
         holds = ctx.pull_holds
         yield GaugeMetricFamily(
             "hamq_broker_held_pulls",
