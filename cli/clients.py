@@ -4,8 +4,8 @@ produce: ``--concurrency`` tasks (1) send requests of ``--batch`` messages (1: o
 message a request; more: SEND_BATCH_MESSAGE, a batch stored in one queue), numbered
 0 to COUNT - 1 and taken in turn, each task one request at a time. Each request may
 take ``--send-timeout`` (30 s), retries and a master failover included, a single try
-at most ATTEMPT_TIMEOUT_S (a master that hangs is given up for the next try, on a
-fresh route). The command ends with one summary line on stdout (how many were sent,
+at most ``--attempt-timeout`` (ATTEMPT_TIMEOUT_S: a master that hangs is given up for the
+next try, on a fresh route). The command ends with one summary line on stdout (how many were sent,
 how many acknowledged SEND_OK: counted per answered request, so exact whatever the
 concurrency) whether it finished, gave up on a request (then no new request starts,
 those under way end, and one ``error:`` line follows, exit code 1) or was
@@ -60,10 +60,13 @@ MAX_BATCH = 1024
 MAX_DELAY_LEVEL = 18
 #: how long one message may take by default, retries and a failover included
 SEND_TIMEOUT_S = 30.0
-#: how long one try may wait for the broker: longer than a SYNC_MASTER waits for its
-#: slave (3 s, ``[ha] sync_timeout_s``) so that its FLUSH_SLAVE_TIMEOUT answer arrives,
-#: short enough that a master that hangs leaves time for the next try
-ATTEMPT_TIMEOUT_S = 5.0
+#: how long one try may wait for the broker: well past the longest a broker waits before
+#: it answers by default (a SYNC_FLUSH broker's FLUSH_DISK_TIMEOUT after 5 s,
+#: ``sync_flush_timeout_s``; a SYNC_MASTER's FLUSH_SLAVE_TIMEOUT after 3 s, ``[ha]
+#: sync_timeout_s``; both waits run at once), so that only a broker that hangs is left
+#: for another try (a try given up while the broker still works would store a second
+#: copy); short enough that the default --send-timeout leaves room for two more
+ATTEMPT_TIMEOUT_S = 10.0
 
 
 @attrs.define
@@ -137,6 +140,16 @@ def produce(
             help="Seconds one message (or batch) may take, retries and a master failover included.",
         ),
     ] = SEND_TIMEOUT_S,
+    attempt_timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--attempt-timeout",
+            min=0.1,
+            help="Seconds one try may wait for a broker before the next try (default "
+            f"{ATTEMPT_TIMEOUT_S:g}): keep it above the brokers' sync_flush_timeout_s and "
+            "[ha] sync_timeout_s.",
+        ),
+    ] = ATTEMPT_TIMEOUT_S,
     concurrency: Annotated[
         int,
         typer.Option(
@@ -183,7 +196,7 @@ def produce(
             group,
             namesrv,
             send_timeout_s=send_timeout_s,
-            send_attempt_timeout_s=min(ATTEMPT_TIMEOUT_S, send_timeout_s),
+            send_attempt_timeout_s=min(attempt_timeout_s, send_timeout_s),
         )
     except InvalidArgumentError as exc:
         raise fail(str(exc), 2) from None

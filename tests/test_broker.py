@@ -27,6 +27,7 @@ from hamq.protocol.bodies import (
     encode_body,
 )
 from hamq.protocol.headers import (
+    ConsumerSendMsgBackRequestHeader,
     CreateTopicRequestHeader,
     GetConsumerListByGroupRequestHeader,
     PullMessageRequestHeader,
@@ -375,15 +376,14 @@ def test_silent_consumers_expire_after_the_channel_timeout() -> None:
 
 
 async def test_a_silent_broker_is_dropped_by_its_nameserver(tmp_path: Path) -> None:
-    # real time, scaled down (a 120 s expiry is tested in virtual time in test_nameserver)
+    # real time, scaled down; that registrations keep a broker past the expiry (120 s)
+    # is tested in virtual time in test_nameserver, without a wall-clock window here
     async with (
-        running_nameserver(broker_timeout_ms=2000, scan_interval_s=0.05) as (server, addr),
-        running_broker(tmp_path, namesrv_addrs=[addr], register_interval_s=0.2) as node,
+        running_nameserver(broker_timeout_ms=1000, scan_interval_s=0.05) as (server, addr),
+        running_broker(tmp_path, namesrv_addrs=[addr]) as node,
     ):
         assert server.table.route("TBW102") is not None
         assert node.registrar is not None
-        await trio.sleep(2.5)  # longer than the expiry: registrations keep it alive
-        assert server.table.route("TBW102") is not None
 
         async def silent() -> int:
             return 0
@@ -543,3 +543,31 @@ async def test_numbers_and_names_out_of_range_are_refused_by_name(tmp_path: Path
             RequestCode.VIEW_MESSAGE_BY_ID, ViewMessageRequestHeader(5)
         )
         assert (await client.invoke(node.address, middle, 5)).code == ResponseCode.SYSTEM_ERROR
+
+
+async def test_a_send_back_is_refused_when_the_offset_holds_another_message(
+    tmp_path: Path,
+) -> None:
+    """After a failover the new master's log can hold another message at the offset a
+    consumer names: the broker checks the id instead of retrying the wrong one."""
+    async with running_broker(tmp_path) as node, RemotingClient() as client:
+        addr = node.address
+        for body in (b"first", b"second"):
+            sent = await client.invoke(addr, send_request("T", body, queue_id=0), 5)
+            assert sent.code == ResponseCode.SUCCESS, sent.remark
+        await node.store.wait_dispatched()
+        first, second = decode_messages(
+            (await client.invoke(addr, pull_request("T", 0, 0), 5)).body
+        )
+        assert node.ctx.subscriptions.find("G") is not None  # (auto-created)
+
+        def back(offset: int, origin: str) -> RemotingCommand:
+            header = ConsumerSendMsgBackRequestHeader(offset, "G", 0, origin_msg_id=origin)
+            return RemotingCommand.request(RequestCode.CONSUMER_SEND_MSG_BACK, header)
+
+        wrong = await client.invoke(addr, back(first.physical_offset, second.msg_id), 5)
+        assert wrong.code == ResponseCode.SYSTEM_ERROR
+        assert f"not {second.msg_id}" in (wrong.remark or "")
+        assert node.store.max_offset_in_queue("%RETRY%G", 0) <= 0
+        right = await client.invoke(addr, back(first.physical_offset, first.msg_id), 5)
+        assert right.code == ResponseCode.SUCCESS, right.remark

@@ -653,3 +653,14 @@ async def test_completion_answers_the_shell(words: str, expected: str) -> None:
         )
     assert done.returncode == 0, done.stderr
     assert expected in done.stdout.decode().split(), done.stdout
+
+
+def test_a_produce_try_outlasts_every_answer_a_broker_makes_it_wait_for() -> None:
+    """A try given up while the broker still works (a SYNC_FLUSH broker's 5 s fsync
+    wait) would send a second copy: the CLI's per-try cap is above the brokers' waits."""
+    from cli.clients import ATTEMPT_TIMEOUT_S
+    from hamq.ha import HAConfig
+    from hamq.store import StoreConfig
+
+    waits = (StoreConfig(store_dir=ROOT).sync_flush_timeout_s, HAConfig().sync_timeout_s)
+    assert max(waits) + 1 < ATTEMPT_TIMEOUT_S

@@ -108,6 +108,28 @@ async def test_what_is_not_a_scrape_gets_a_status_and_a_closed_connection(
     assert server.scrapes == 0
 
 
+async def test_a_scrape_that_fails_is_a_500_and_the_server_goes_on() -> None:
+    registry = new_registry()
+    broken = [False]
+
+    def snapshot() -> list[Metric]:
+        if broken[0]:
+            raise RuntimeError("a collector failed")
+        return []
+
+    registry.register(Snapshot(snapshot))
+    broken[0] = True
+    server = MetricsServer(registry, "127.0.0.1", 0)
+    async with serving(server) as port:
+        bad_accept = (
+            b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text; version=x\r\n\r\n"
+        )
+        assert (await http(port, b"GET /metrics HTTP/1.1\r\n\r\n")).split(b" ")[1] == b"500"
+        broken[0] = False
+        assert (await http(port, bad_accept)).split(b" ")[1] == b"200"  # (the text format)
+        assert (await http(port, b"GET /metrics HTTP/1.1\r\n\r\n")).split(b" ")[1] == b"200"
+
+
 async def test_connections_over_the_limit_are_closed_at_once_and_others_still_served() -> None:
     server = MetricsServer(new_registry(), "127.0.0.1", 0)
     async with serving(server) as port:
@@ -185,7 +207,10 @@ async def test_a_broker_shows_messages_in_and_out_sends_pulls_lag_and_its_store(
         assert value(before, "hamq_broker_master") == 1
         assert value(before, "hamq_broker_info", role="ASYNC_MASTER", broker_name="broker-a") == 1
         assert value(before, "hamq_broker_commitlog_offset", which="max") > 0
-        assert value(before, "hamq_broker_store_disk_bytes", kind="reserved") > 0
+        disk = "hamq_broker_store_disk_bytes"
+        with trio.fail_after(10):  # measured in a worker thread, from the start on
+            while value(await scrape(node.metrics_port), disk, kind="reserved") == 0:  # noqa: ASYNC110
+                await trio.sleep(0.05)
         assert value(before, "hamq_nameserver_brokers") == 1  # the embedded nameserver
         async with PullConsumer("G", ns) as puller:
             pulled = 0
@@ -202,6 +227,10 @@ async def test_a_broker_shows_messages_in_and_out_sends_pulls_lag_and_its_store(
         lag = value(after, "hamq_broker_consumer_lag_messages", group="G", topic="M")
         assert 10 - committed_queues <= lag <= 9
         assert documented(after) == []
+        async with AdminClient(ns) as admin:
+            await admin.delete_topic("M")
+        gone = await scrape(node.metrics_port)
+        assert "M" not in {s.labels.get("topic") for s in gone["hamq_broker_messages_in"].samples}
 
 
 async def test_a_nameserver_with_a_controller_shows_the_group_it_elected(tmp_path: Path) -> None:

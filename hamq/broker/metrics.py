@@ -3,18 +3,19 @@
 Every family is named ``hamq_broker_*`` (README: "Metrics" lists them with their
 meaning). Counters come from hamq/broker/stats.py; the rest is read when scraped:
 consumer lag from the committed offsets and the consume queues, replication from the
-HA service, the store's offsets and disk use (disk use is walked at most every
-DISK_WALK_S, not at every scrape).
+HA service, the store's offsets. The store's disk use is a walk of its files: it is
+measured every DISK_WALK_S in a worker thread by ``measure_disk`` (a task the broker
+runs), never on the Trio thread while a scrape waits.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import trio
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -68,8 +69,15 @@ class BrokerCollector:
 
     def __init__(self, node: BrokerNode) -> None:
         self.node = node
-        self._disk: tuple[int, int] = (0, 0)
-        self._disk_at = -DISK_WALK_S
+        #: (reserved, used) bytes of the store's files, as last measured
+        self.disk: tuple[int, int] = (0, 0)
+
+    async def measure_disk(self) -> None:
+        """Measure the store's disk use now and every DISK_WALK_S (run as a task)."""
+        directory = self.node.store.config.store_dir
+        while True:
+            self.disk = await trio.to_thread.run_sync(disk_use, directory)
+            await trio.sleep(DISK_WALK_S)
 
     def collect(self) -> Iterator[Metric]:
         yield from self._identity()
@@ -225,15 +233,11 @@ class BrokerCollector:
         ):
             offsets.add_metric([which], value)
         yield offsets
-        now = time.monotonic()
-        if now - self._disk_at >= DISK_WALK_S:
-            self._disk = disk_use(store.config.store_dir)
-            self._disk_at = now
         disk = GaugeMetricFamily(
             "hamq_broker_store_disk_bytes",
             "The store's files: reserved (their sizes) and used (blocks on disk)",
             labels=["kind"],
         )
-        disk.add_metric(["reserved"], self._disk[0])
-        disk.add_metric(["used"], self._disk[1])
+        disk.add_metric(["reserved"], self.disk[0])
+        disk.add_metric(["used"], self.disk[1])
         yield disk

@@ -277,7 +277,9 @@ class BrokerNode:
             await self._start_replication(nursery)
             ctx.port = await nursery.start(self.server.run)
             if self.config.metrics_port is not None:
-                self.metrics_port = await nursery.start(self._metrics_server().run)
+                collector = BrokerCollector(self)
+                self.metrics_port = await nursery.start(self._metrics_server(collector).run)
+                nursery.start_soon(collector.measure_disk)
             await nursery.start(ctx.pull_holds.run)
             await nursery.start(self.notifier.run)
             nursery.start_soon(self._housekeeping)
@@ -326,10 +328,10 @@ class BrokerNode:
                         with trio.CancelScope(shield=True):
                             await self.registrar.unregister_all()
 
-    def _metrics_server(self) -> MetricsServer:
+    def _metrics_server(self, collector: BrokerCollector) -> MetricsServer:
         """This broker's metrics, and its embedded nameserver's, on metrics_port."""
         registry = new_registry()
-        registry.register(BrokerCollector(self))
+        registry.register(collector)
         if self.nameserver is not None:
             registry.register(NameServerCollector(self.nameserver))
         assert self.config.metrics_port is not None

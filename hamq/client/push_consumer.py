@@ -387,6 +387,7 @@ class PushConsumer:
                         await self._close(instance)
         finally:
             self._running = False
+            self._nursery = None
             self._instance = None
             self._caller = None
             self._producer = None

@@ -10,7 +10,8 @@ The HTTP side is the least a scraper needs, and a stranger cannot make it spend 
 - at most ``MAX_CONNECTIONS`` (16) connections at once; one more is closed at once;
 - one answer per connection (``Connection: close``): ``GET /metrics`` (or ``/``) gives
   the text format (OpenMetrics when the ``Accept`` header asks for it), a HEAD the same
-  headers, any other path 404, any other method 405, a request that does not parse 400.
+  headers, any other path 404, any other method 405, a request that does not parse 400,
+  a collector that fails 500 (logged): nothing a scraper sends stops the server.
 """
 
 from __future__ import annotations
@@ -119,8 +120,15 @@ class MetricsServer:
             return _response("405 Method Not Allowed", "text/plain", b"GET or HEAD only\n")
         if path not in METRICS_PATHS:
             return _response("404 Not Found", "text/plain", b"metrics are at /metrics\n")
-        encoder, content_type = choose_encoder(headers.get("accept", ""))
-        body = encoder(self.registry)
+        try:
+            encoder, content_type = choose_encoder(headers.get("accept", ""))
+        except Exception:  # (prometheus-client chokes on some Accept parameters)
+            encoder, content_type = choose_encoder("")
+        try:
+            body = encoder(self.registry)
+        except Exception:
+            log.exception("metrics: a scrape failed")
+            return _response("500 Internal Server Error", "text/plain", b"scrape failed\n")
         self.scrapes += 1
         return _response("200 OK", content_type, body, head_only=method == "HEAD")
 

@@ -113,6 +113,7 @@ class AdminProcessor:
         if header.topic in SYSTEM_TOPICS:
             raise RequestError(ResponseCode.SYSTEM_ERROR, f"{header.topic} is a system topic")
         self.ctx.topics.delete(header.topic)
+        self.ctx.stats.forget_topic(header.topic)
         return request.response_to()
 
     def all_topics(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
@@ -180,7 +181,9 @@ class AdminProcessor:
     def runtime_info(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         stats = attrs.asdict(self.ctx.store.statistics())
         table = {key: str(value) for key, value in stats.items()}
-        table["role"] = self.ctx.role.value  # (the store's own says SLAVE until it takes sends)
+        # (the store's own statistics say SLAVE: every broker's store starts as one, and
+        # only takes sends when the broker becomes master)
+        table["role"] = self.ctx.role.value
         table["brokerAddr"] = self.ctx.address
         counted = self.ctx.stats  # (since the broker started; the metrics have them by topic)
         table["messagesIn"] = str(counted.messages_in)

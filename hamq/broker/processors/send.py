@@ -476,6 +476,15 @@ class SendProcessor:
             raise RequestError(
                 ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {header.offset}"
             ) from None
+        claimed = header.origin_msg_id
+        if claimed and claimed not in (original.msg_id, original.offset_msg_id):
+            # after a failover this log may hold another message at that offset (the old
+            # master's tail was never replicated): retrying it would retry the wrong one
+            raise RequestError(
+                ResponseCode.SYSTEM_ERROR,
+                f"the message at offset {header.offset} is {original.msg_id}, not {claimed}: "
+                "send the message itself to the retry topic",
+            )
         properties = dict(original.properties)
         properties.setdefault(PROPERTY_RETRY_TOPIC, original.topic)
         properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, header.origin_msg_id or original.msg_id)
