@@ -14,6 +14,7 @@ from typing import Any
 import trio
 
 from hamq.broker import BrokerNode, build_config
+from hamq.client import MessageExt, PullConsumer, PullStatus
 from hamq.protocol import RemotingCommand, RequestCode
 from hamq.protocol.converter import encode_header
 from hamq.protocol.headers import SendMessageRequestHeader, to_v2_fields
@@ -109,3 +110,18 @@ async def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> No
     with trio.fail_after(timeout_s):
         while not condition():  # noqa: ASYNC110 - polling state other tasks change
             await trio.sleep(0.01)
+
+
+async def topic_messages(namesrv: str, topic: str, *, group: str = "check") -> list[MessageExt]:
+    """Every message ``topic``'s queues hold (on their masters), queue by queue."""
+    found: list[MessageExt] = []
+    async with PullConsumer(group, namesrv) as consumer:
+        for queue in await consumer.queues(topic):
+            offset = 0
+            while True:
+                result = await consumer.pull(queue, offset, max_nums=1024)
+                if result.status is not PullStatus.FOUND:
+                    break
+                found += result.messages
+                offset = result.next_begin_offset
+    return found

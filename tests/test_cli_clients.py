@@ -26,10 +26,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from hamq.client import AdminClient, ClientError, Message, Producer, PullConsumer
-from hamq.client.message import PullStatus
+from hamq.client import AdminClient, ClientError, Message, Producer
 from hamq.client.route_cache import TimedOutAddresses
 from tests.autoswitch_support import autoswitch_cluster
+from tests.broker_support import topic_messages
 from tests.ha_support import ha_status
 from tests.processes import (
     HAMQ_AS_RUN,
@@ -75,21 +75,6 @@ async def stored(namesrv: str, topic: str) -> int:
             return sum(s.max_offset - s.min_offset for s in await admin.queue_status(topic))
         except ClientError:
             return 0
-
-
-async def bodies(namesrv: str, topic: str) -> list[str]:
-    """Every body ``topic``'s queues hold (from the master)."""
-    found = []
-    async with PullConsumer("cli-clients-check", namesrv) as consumer:
-        for queue in await consumer.queues(topic):
-            offset = 0
-            while True:
-                result = await consumer.pull(queue, offset, max_nums=256)
-                if result.status is not PullStatus.FOUND:
-                    break
-                found += [m.body.decode() for m in result.messages]
-                offset = result.next_begin_offset
-    return found
 
 
 def one_error_line(done: subprocess.CompletedProcess[bytes]) -> str:
@@ -145,7 +130,7 @@ async def test_produce_rides_out_a_master_that_hangs(
         assert f"sent {FAILOVER_COUNT} message(s) to {FAILOVER_TOPIC}" in output, output
         assert f"{FAILOVER_COUNT} acknowledged (SEND_OK)" in output, output
         report(out.read_text().strip())
-        found = set(await bodies(cluster.namesrv, FAILOVER_TOPIC))
+        found = {m.body.decode() for m in await topic_messages(cluster.namesrv, FAILOVER_TOPIC)}
         missing = {f"m{i}" for i in range(FAILOVER_COUNT)} - found
         assert not missing, f"{len(missing)} not on the new master, e.g. {sorted(missing)[:5]}"
 

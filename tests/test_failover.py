@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from hamq.client import Message, Producer, PullConsumer, SendStatus
+from hamq.client import Message, Producer, SendStatus
 from hamq.client.errors import ClientError
-from hamq.client.message import PullStatus
 from tests.autoswitch_support import AutoswitchCluster, autoswitch_cluster
+from tests.broker_support import topic_messages
 from tests.ha_support import ha_status, log_prefix
 
 pytestmark = pytest.mark.slow
@@ -66,18 +66,8 @@ async def produce(cluster: AutoswitchCluster, k: int, sends: Sends, stop: trio.E
 
 async def read_all(cluster: AutoswitchCluster) -> collections.Counter[str]:
     """UNIQ_KEY -> how many times the master stores it, over every queue of the topic."""
-    seen: collections.Counter[str] = collections.Counter()
-    async with PullConsumer("failover-check", namesrv=cluster.namesrv) as consumer:
-        for queue in await consumer.queues(TOPIC):
-            offset = 0
-            while True:
-                result = await consumer.pull(queue, offset, max_nums=1024)
-                if result.status is not PullStatus.FOUND:
-                    break
-                for message in result.messages:
-                    seen[message.properties["UNIQ_KEY"]] += 1
-                offset = result.next_begin_offset
-    return seen
+    stored = await topic_messages(cluster.namesrv, TOPIC, group="failover-check")
+    return collections.Counter(m.properties["UNIQ_KEY"] for m in stored)
 
 
 def recovered_end(log: str) -> int:

@@ -118,7 +118,12 @@ def check_message(message: Message, max_size: int) -> None:
             f"the message body size {len(message.body)} exceeds the maximum "
             f"{max_size} bytes (max_message_size)"
         )
-    if not 0 <= message.delay_level <= 255:
+    if message.delay_level < 0:
+        raise InvalidArgumentError(
+            f"delay_level {message.delay_level} is negative: 0 sends at once, 1 and up "
+            "name the broker's delay levels (1 = 1s, 2 = 5s, 3 = 10s ... 18 = 2h)"
+        )
+    if message.delay_level > 255:
         raise InvalidArgumentError(f"delay_level {message.delay_level} is not in 0..255")
     if not -(2**31) <= message.flag < 2**31:
         raise InvalidArgumentError(f"flag {message.flag} does not fit in 32 bits")

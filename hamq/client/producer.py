@@ -340,11 +340,6 @@ class Producer(InstanceOwner):
 
     # ------------------------------------------------------------------ the kernel
     def _check(self, message: Message) -> None:
-        if isinstance(message, Message) and message.delay_level < 0:
-            raise InvalidArgumentError(
-                f"delay_level {message.delay_level} is negative: 0 sends at once, 1 and up "
-                "name the broker's delay levels (1 = 1s, 2 = 5s, 3 = 10s ... 18 = 2h)"
-            )
         check_message(message, self.max_message_size)
         if message.topic in SYSTEM_TOPICS:
             raise InvalidArgumentError(
@@ -416,7 +411,8 @@ class Producer(InstanceOwner):
             started = trio.current_time()
             addr = instance.broker_addr(target.broker_name)
             if (
-                self.send_attempt_timeout_s is not None
+                self.timed_out
+                and self.send_attempt_timeout_s is not None
                 and not oneway
                 and addr is not None
                 and self.timed_out.avoided(addr, started)
@@ -449,7 +445,7 @@ class Producer(InstanceOwner):
                     "send to %s failed (attempt %d of %d): %s", target, attempt + 1, tries, exc
                 )
                 continue
-            if addr is not None:
+            if addr is not None and self.timed_out:
                 self.timed_out.discard(addr)
             if self.faults.enabled:
                 now = trio.current_time()
@@ -489,6 +485,8 @@ class Producer(InstanceOwner):
                     f"the selector returned {chosen!r}, not one of the topic's queues"
                 )
             return chosen
+        if not self.faults.enabled and not self.timed_out:
+            return info.select(last_broker)  # (the common case: nothing to avoid)
         now = trio.current_time()
         instance = self.instance
 

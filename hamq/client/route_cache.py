@@ -158,6 +158,10 @@ class TimedOutAddresses:
     def __init__(self) -> None:
         self._until: dict[str, float] = {}
 
+    def __bool__(self) -> bool:
+        """Whether any address is (or was, until asked again) avoided."""
+        return bool(self._until)
+
     def add(self, addr: str, now: float, avoid_s: float) -> None:
         self._until[addr] = now + avoid_s
 
