@@ -44,6 +44,7 @@ import ctypes
 import enum
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -71,6 +72,8 @@ CLUSTER_FILE = "cluster.toml"
 NAMESERVER_HOST = "127.0.0.1"
 #: where embedded controllers keep their Raft logs unless cluster.toml says otherwise
 DEFAULT_CONTROLLER_DIR = Path("data/controller")
+#: the embedded controllers' shared secret, in controller_dir
+RAFT_SECRET_FILE = "raft.secret"
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -130,6 +133,8 @@ class Profile:
     directory: Path
     #: in start order
     children: tuple[ChildSpec, ...]
+    #: the shared Raft secret of a group of embedded controllers (made by ``up``)
+    raft_secret_file: Path | None = None
 
     @property
     def controller_mode(self) -> bool:
@@ -242,8 +247,24 @@ def _nameserver_args(cluster: ClusterFile, index: int) -> tuple[str, ...]:
     directory = (cluster.controller_dir / f"nameserver-{port}").resolve()
     args += ("--controller", "--raft-address", f"{NAMESERVER_HOST}:{cluster.raft_ports[index]}")
     if len(cluster.raft_ports) > 1:
-        args += ("--raft-peers", peers)
+        args += ("--raft-peers", peers, "--raft-secret-file", str(_secret_file(cluster)))
     return (*args, "--controller-dir", str(directory))
+
+
+def _secret_file(cluster: ClusterFile) -> Path:
+    return (cluster.controller_dir / RAFT_SECRET_FILE).resolve()
+
+
+def ensure_raft_secret(path: Path) -> None:
+    """Make the group's Raft secret (random, readable by this user only) unless it exists:
+    every controller of the profile reads it; a restart keeps it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_urlsafe(32) + "\n")
 
 
 _LOCAL_HOSTS = (NAMESERVER_HOST, "localhost")
@@ -334,7 +355,8 @@ def load_profile(profile: str) -> Profile:
     ]
     for kind in START_ORDER[1:]:
         children += [spec for spec in specs if spec.kind is kind]
-    return Profile(name, directory, tuple(children))
+    secret = _secret_file(cluster) if len(cluster.raft_ports) > 1 else None
+    return Profile(name, directory, tuple(children), secret)
 
 
 def _broker_kind(config: BrokerConfig) -> Kind:
@@ -905,6 +927,12 @@ def up(
         log_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise fail(f"--log-dir {log_dir}: {exc.strerror or exc}", 2) from None
+    if loaded.raft_secret_file is not None:
+        try:
+            ensure_raft_secret(loaded.raft_secret_file)
+        except OSError as exc:
+            secret = loaded.raft_secret_file
+            raise fail(f"cannot write {secret}: {exc.strerror or exc}", 2) from None
     log_level = (ctx.obj or {}).get("log_level", "info")
     if restart is None:
         restart = loaded.controller_mode

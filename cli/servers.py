@@ -9,6 +9,7 @@ holder's PID (exit code 2).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,6 +35,23 @@ RaftPeers = Annotated[
         "--raft-peers",
         help="Every controller's Raft address, ';'-separated (this one's included); "
         "none: a single controller.",
+    ),
+]
+RaftSecretFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--raft-secret-file",
+        envvar="HAMQ_RAFT_SECRET_FILE",
+        help="A file holding the secret the controllers share (Raft messages are encrypted "
+        "and authenticated with it); or the secret itself in HAMQ_RAFT_SECRET.",
+    ),
+]
+InsecureRaft = Annotated[
+    bool,
+    typer.Option(
+        "--insecure-raft",
+        help="Run a group of controllers without a Raft secret: anyone who reaches a "
+        "Raft port can then run code in the controller.",
     ),
 ]
 ControllerDir = Annotated[
@@ -65,6 +83,19 @@ Unclean = Annotated[
 ]
 
 
+def _raft_secret(secret_file: Path | None) -> str | None:
+    """The shared Raft secret: the file's content (stripped), else $HAMQ_RAFT_SECRET."""
+    if secret_file is None:
+        return os.environ.get("HAMQ_RAFT_SECRET") or None
+    try:
+        secret = secret_file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise fail(f"--raft-secret-file {secret_file}: cannot read it ({exc})", 2) from None
+    if not secret:
+        raise fail(f"--raft-secret-file {secret_file} is empty", 2)
+    return secret
+
+
 def _controller_config(
     host: str,
     port: int,
@@ -72,6 +103,8 @@ def _controller_config(
     raft_peers: str | None,
     data_dir: Path | None,
     unclean: bool,
+    secret_file: Path | None,
+    insecure: bool,
 ) -> ControllerConfig:
     if raft_address is None:
         if port == 0:
@@ -84,6 +117,8 @@ def _controller_config(
             raft_peers=peers,
             data_dir=data_dir or Path("./data/controller") / raft_address.replace(":", "_"),
             enable_elect_unclean_master=unclean,
+            raft_secret=_raft_secret(secret_file),
+            insecure_raft=insecure,
         )
     except ValueError as exc:
         raise fail(str(exc), 2) from None
@@ -186,6 +221,8 @@ def nameserver(
     raft_peers: RaftPeers = None,
     controller_dir: ControllerDir = None,
     unclean: Unclean = False,
+    raft_secret_file: RaftSecretFile = None,
+    insecure_raft: InsecureRaft = False,
     metrics_port: MetricsPort = None,
 ) -> None:
     """Run a nameserver. Several may run side by side; they never talk to each other
@@ -193,7 +230,16 @@ def nameserver(
     embedded = None
     if controller:
         embedded = Controller(
-            _controller_config(host, port, raft_address, raft_peers, controller_dir, unclean)
+            _controller_config(
+                host,
+                port,
+                raft_address,
+                raft_peers,
+                controller_dir,
+                unclean,
+                raft_secret_file,
+                insecure_raft,
+            )
         )
     server = NameServer(
         NameServerConfig(host=host, port=port, metrics_port=metrics_port), controller=embedded
@@ -218,11 +264,22 @@ def controller(
     raft_peers: RaftPeers = None,
     data_dir: ControllerDir = None,
     unclean: Unclean = False,
+    raft_secret_file: RaftSecretFile = None,
+    insecure_raft: InsecureRaft = False,
     metrics_port: MetricsPort = None,
 ) -> None:
     """Run a controller (automatic failover): 1 or 3 of them, Raft between them."""
     server = ControllerServer(
-        _controller_config(host, port, raft_address, raft_peers, data_dir, unclean),
+        _controller_config(
+            host,
+            port,
+            raft_address,
+            raft_peers,
+            data_dir,
+            unclean,
+            raft_secret_file,
+            insecure_raft,
+        ),
         host=host,
         port=port,
         metrics_port=metrics_port,

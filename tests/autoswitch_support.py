@@ -174,6 +174,8 @@ async def autoswitch_cluster(
     ports = free_ports(6 + 2 * brokers)
     ns_ports, raft_ports, broker_ports = ports[:3], ports[3:6], ports[6:]
     peers = ";".join(f"127.0.0.1:{p}" for p in raft_ports)
+    secret = root / "raft.secret"
+    await trio.Path(secret).write_text("autoswitch-test-secret\n")
     nameservers = [
         Server(
             f"nameserver-{i}",
@@ -186,6 +188,8 @@ async def autoswitch_cluster(
                 f"127.0.0.1:{raft_ports[i]}",
                 "--raft-peers",
                 peers,
+                "--raft-secret-file",
+                str(secret),
                 "--controller-dir",
                 str(root / f"controller-{i}"),
             ],

@@ -266,6 +266,8 @@ def test_the_autoswitch_profile_loads() -> None:
     assert "--controller" in nameserver
     peers = nameserver[nameserver.index("--raft-peers") + 1]
     assert peers == "127.0.0.1:9886;127.0.0.1:9887;127.0.0.1:9888"
+    secret = Path(nameserver[nameserver.index("--raft-secret-file") + 1])
+    assert secret == profile.raft_secret_file and secret.name == "raft.secret"
     directory = Path(nameserver[nameserver.index("--controller-dir") + 1])
     assert directory.is_absolute() and directory.name == "nameserver-9876"
     assert all(c.broker_id is None for c in profile.children[3:])

@@ -60,7 +60,7 @@ async def test_three_raft_nodes_lose_one_and_keep_everything(tmp_path: Path) -> 
     """Every node applies every change; with one of three stopped the other two still
     commit, and keep what was committed before."""
     peers = [f"127.0.0.1:{p}" for p in free_ports(3)]
-    nodes = [RaftState(p, peers, tmp_path / f"n{i}") for i, p in enumerate(peers)]
+    nodes = [RaftState(p, peers, tmp_path / f"n{i}", secret="s") for i, p in enumerate(peers)]
     for node in nodes:
         await trio.to_thread.run_sync(node.start)
     try:

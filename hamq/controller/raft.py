@@ -14,14 +14,22 @@ cannot be committed within ``timeout_s`` — no leader, no majority — raises
 
 Durability: pysyncobj's journal (``raft.journal``) and full dumps (``raft.dump``) live
 in the controller's data directory, so a restarted controller (or a single one)
-keeps what it had. (The Raft messages between controllers are pickles: controllers
-must only listen on addresses the brokers' network trusts.)
+keeps what it had.
+
+Security: pysyncobj's messages are pickles, and unpickling a stranger's bytes runs the
+stranger's code. So the Raft port binds the address given (never 0.0.0.0), and every
+message is encrypted and authenticated with a shared secret (pysyncobj's ``password``:
+Fernet, a key derived from the secret): a peer without the secret is disconnected
+before anything it sent is unpickled. A single controller, which talks to nobody,
+gets a random secret of its own. A group without a secret runs only when the operator
+asked for it (``insecure``) and says so in the log.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import secrets
 import threading
 from pathlib import Path
 from typing import Any
@@ -68,6 +76,30 @@ class _Replica(SyncObjConsumer):  # type: ignore[misc]
             return False, exc
 
 
+class RaftSecretMissing(ValueError):
+    """A group of controllers was to start without a shared secret."""
+
+
+def require_raft_secret(partners: list[str], secret: str | None, insecure: bool) -> None:
+    """Refuse a group of controllers without a shared secret, unless run ``insecure``."""
+    if partners and not secret and not insecure:
+        raise RaftSecretMissing(
+            f"a group of {len(partners) + 1} controllers needs a shared Raft secret "
+            "(--raft-secret-file or HAMQ_RAFT_SECRET): Raft messages are pickles, and "
+            "without a secret anyone who reaches the Raft port can run code in the "
+            "controller (--insecure-raft starts without one)"
+        )
+
+
+def raft_password(partners: list[str], secret: str | None, insecure: bool) -> str | None:
+    """The password pysyncobj gets: the shared ``secret``; a random one for a single
+    controller (nobody else has to know it); None only for a group run ``insecure``."""
+    require_raft_secret(partners, secret, insecure)
+    if secret:
+        return secret
+    return None if partners else secrets.token_urlsafe(32)
+
+
 class RaftState:
     def __init__(
         self,
@@ -75,14 +107,26 @@ class RaftState:
         peers: list[str],
         data_dir: Path,
         *,
+        secret: str | None = None,
+        insecure: bool = False,
         election_timeout_s: tuple[float, float] = (0.4, 1.0),
     ) -> None:
         self.self_address = self_address
         self.partners = [p for p in peers if p != self_address]
         self.data_dir = data_dir
         self._replica = _Replica()
+        password = raft_password(self.partners, secret, insecure)
+        if password is None:
+            log.warning(
+                "Raft on %s runs WITHOUT a secret (--insecure-raft): anyone who reaches "
+                "this port can run code in the controller",
+                self_address,
+            )
         low, high = election_timeout_s
         self._conf = SyncObjConf(
+            # the address given, not pysyncobj's default of every interface
+            bindAddress=self_address,
+            password=password,
             journalFile=str(data_dir / "raft.journal"),
             fullDumpFile=str(data_dir / "raft.dump"),
             useFork=False,  # no fork() in a process with threads

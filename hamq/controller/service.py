@@ -32,7 +32,7 @@ import trio
 from attrs import validators as v
 
 from hamq.controller.heartbeats import LiveBroker, LiveBrokers
-from hamq.controller.raft import ControllerUnavailable, RaftState
+from hamq.controller.raft import ControllerUnavailable, RaftState, require_raft_secret
 from hamq.controller.state import ControllerError, ReplicaInfo
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import SyncStateSet, decode_body, encode_body
@@ -73,6 +73,11 @@ class ControllerConfig:
     notify_broker_role_changed: bool = True
     #: how long a change may wait for the Raft majority
     commit_timeout_s: float = attrs.field(default=3.0, validator=v.gt(0))
+    #: the secret the controllers share: Raft messages are encrypted and authenticated
+    #: with it (required for a group of controllers; a single one makes its own)
+    raft_secret: str | None = attrs.field(default=None, repr=False)
+    #: run a group without a secret (anyone reaching the Raft port can run code)
+    insecure_raft: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.raft_peers and self.raft_address not in self.raft_peers:
@@ -80,6 +85,8 @@ class ControllerConfig:
                 f"raft_peers {list(self.raft_peers)} must include this controller's "
                 f"raft_address {self.raft_address}"
             )
+        partners = [p for p in self.raft_peers if p != self.raft_address]
+        require_raft_secret(partners, self.raft_secret, self.insecure_raft)
 
 
 def replica_header(info: ReplicaInfo) -> ReplicaInfoResponseHeader:
@@ -103,7 +110,11 @@ class Controller:
         self.config = config
         self._clock = clock
         self.raft = RaftState(
-            config.raft_address, list(config.raft_peers or (config.raft_address,)), config.data_dir
+            config.raft_address,
+            list(config.raft_peers or (config.raft_address,)),
+            config.data_dir,
+            secret=config.raft_secret,
+            insecure=config.insecure_raft,
         )
         self.live = LiveBrokers(config.lease_s)
         self._wake = trio.Event()
