@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 run: $(STAMP)
-	@echo "Starting broker group broker-a: a SYNC_MASTER (127.0.0.1:10911, with the nameserver"
-	@echo "on 127.0.0.1:9876) and its SLAVE (127.0.0.1:10921); data in ./data, logs in ./data/logs."
+	@echo "Starting broker group broker-a: a SYNC_MASTER (127.0.0.1:10911) and its SLAVE"
+	@echo "(127.0.0.1:10921), each with a nameserver (127.0.0.1:9876 and :9877) that both"
+	@echo "register with, so clients find the slave while the master is down (hamq produce,"
+	@echo "consume and admin ask both by default); data in ./data, logs in ./data/logs."
 	@echo "In a second terminal:"
 	@echo "    . .venv/bin/activate"
 	@echo "    hamq produce --topic demo --count 1000"

@@ -32,6 +32,9 @@ from cli.common import (
     CommandError,
     ControllerOption,
     NamesrvOption,
+    client_options,
+    client_remoting,
+    credentials,
     fail,
     run,
 )
@@ -57,6 +60,12 @@ console = Console()
 #: a message body longer than this is cut short unless --body-full
 BODY_SHOWN_CHARS = 512
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _controller_access() -> dict[str, Any]:
+    """The account and TLS of ``hamq --access-key/--tls...`` for the admin module's
+    functions that ask controllers and brokers directly."""
+    return {"credentials": credentials(), "remoting": client_remoting()}
 
 
 def _addresses(value: str, option: str) -> list[str]:
@@ -92,7 +101,7 @@ def cluster(as_json: JsonOption = False, namesrv: NamesrvOption = DEFAULT_NAMESR
     """Clusters, their brokers and addresses, as the nameserver sees them."""
 
     async def main() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **client_options()) as admin:
             info = await admin.cluster_info()
         rows = []
         for name, brokers in sorted(info.cluster_addr_table.items()):
@@ -134,7 +143,7 @@ def broker_status(
     addrs = _addresses(broker, "--broker") if broker is not None else None
 
     async def main() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **client_options()) as admin:
             targets = addrs if addrs is not None else await admin.all_broker_addrs()
             tables = [(addr, await admin.broker_status(addr)) for addr in targets]
         if as_json:
@@ -160,7 +169,7 @@ def broker_config(
     addr = _addresses(broker, "--broker")[0]
 
     async def main() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **client_options()) as admin:
             view = await admin.broker_config(addr)
         if as_json:
             print_json(view.to_json())
@@ -199,7 +208,7 @@ def update_broker_config(
         changes[key.strip()] = value.strip()
 
     async def main() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **client_options()) as admin:
             await admin.update_broker_config(addr, changes)
             now = await admin.broker_config(addr)
         updated = {setting_name(k): now.values.get(setting_name(k), v) for k, v in changes.items()}
@@ -223,7 +232,7 @@ def ha_status(
     """Replication: each master's slaves (ack, lag, in sync) and each slave's state."""
 
     async def main() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **client_options()) as admin:
             addrs = [broker] if broker is not None else await admin.all_broker_addrs()
             statuses = [await admin.ha_status(addr) for addr in addrs]
         if as_json:
@@ -296,7 +305,7 @@ def groups(as_json: JsonOption = False, namesrv: NamesrvOption = DEFAULT_NAMESRV
     made; members come from GET_CONSUMER_CONNECTION_LIST at every broker."""
 
     async def main() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **client_options()) as admin:
             summaries = await _summaries(admin)
         if as_json:
             print_json({"groups": [s.to_json() for s in summaries]})
@@ -327,7 +336,7 @@ def consumer_progress(
         raise fail("--topic needs --group", 2)
 
     async def main() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **client_options()) as admin:
             if group is None:
                 summaries = await _summaries(admin)
             else:
@@ -380,7 +389,7 @@ def consumer_connection(
     subscribes to (GET_CONSUMER_CONNECTION_LIST at every broker)."""
 
     async def main() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **client_options()) as admin:
             connection = await admin.consumer_connection(group)
         if connection is None:
             raise CommandError(f"group {group} has no consumer online")
@@ -460,7 +469,7 @@ def reset_offset(
         raise fail(f"--timestamp {timestamp!r}: {exc}", 2) from None
 
     async def main() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **client_options()) as admin:
             result = await admin.reset_offset(group, topic, stamp, force=force)
         if as_json:
             print_json(result.to_json())
@@ -538,7 +547,7 @@ def query_message(
         raise fail("--key needs --topic", 2)
 
     async def main() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **client_options()) as admin:
             if key is not None:
                 assert topic is not None
                 found = await admin.query_messages(topic, key)
@@ -608,7 +617,7 @@ def sync_state_set(
     names = list(dict.fromkeys(brokers or []))
 
     async def main() -> None:
-        addr, answer = await sync_state_data(addrs, names)
+        addr, answer = await sync_state_data(addrs, names, **_controller_access())
         table = answer["replicasInfoTable"]
         if as_json:
             print_json(answer)
@@ -619,7 +628,7 @@ def sync_state_set(
                 _print_group(name, group)
         missing = [name for name in names if name not in table]
         if missing:
-            known = await known_broker_groups(addr)
+            known = await known_broker_groups(addr, **_controller_access())
             raise CommandError(
                 f"controller {addr} knows no broker group {', '.join(missing)} "
                 f"(known: {', '.join(known) or 'none'})"
@@ -648,7 +657,7 @@ def elect_master_command(
     addrs = _addresses(controller, "--controller")
 
     async def main() -> None:
-        election = await elect_master(addrs, cluster, broker, broker_id)
+        election = await elect_master(addrs, cluster, broker, broker_id, **_controller_access())
         if as_json:
             print_json(election.to_json())
             return
@@ -675,7 +684,7 @@ def broker_epoch(broker: BrokerOption, as_json: JsonOption = False) -> None:
     addr = _addresses(broker, "--broker")[0]
 
     async def main() -> None:
-        epochs = await broker_epochs(addr)
+        epochs = await broker_epochs(addr, **_controller_access())
         if as_json:
             print_json({"address": addr, **epochs.to_json()})
             return

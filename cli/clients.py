@@ -26,13 +26,20 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from typing import Annotated
+from typing import Annotated, Any
 
 import attrs
 import trio
 import typer
 
-from cli.common import DEFAULT_NAMESRV, CommandError, NamesrvOption, fail, run
+from cli.common import (
+    DEFAULT_NAMESRV,
+    CommandError,
+    NamesrvOption,
+    client_options,
+    fail,
+    run,
+)
 from cli.progress import LiveCount
 from hamq.client import (
     AdminClient,
@@ -48,6 +55,7 @@ from hamq.client import (
     SendStatus,
 )
 from hamq.client.message import DEFAULT_MAX_MESSAGE_SIZE, check_message, check_topic
+from hamq.protocol import headers
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +67,15 @@ MAX_BATCH = 1024
 #: RocketMQ's delay levels by default (messageDelayLevel): 1=1s 2=5s 3=10s ... 18=2h
 MAX_DELAY_LEVEL = 18
 #: how long one message may take by default, retries and a failover included
-SEND_TIMEOUT_S = 30.0
+SEND_TIMEOUT_S = headers.SEND_TIMEOUT_S
 #: how long one try may wait for the broker: well past the longest a broker waits before
 #: it answers by default (a SYNC_FLUSH broker's FLUSH_DISK_TIMEOUT after 5 s,
 #: ``sync_flush_timeout_s``; a SYNC_MASTER's FLUSH_SLAVE_TIMEOUT after 3 s, ``[ha]
 #: sync_timeout_s``; both waits run at once), so that only a broker that hangs is left
 #: for another try (a try given up while the broker still works would store a second
-#: copy); short enough that the default --send-timeout leaves room for two more
-ATTEMPT_TIMEOUT_S = 10.0
+#: copy); short enough that the default --send-timeout leaves room for two more. The
+#: producer's defaults, whose rule hamq/protocol/headers.py states.
+ATTEMPT_TIMEOUT_S = headers.SEND_ATTEMPT_TIMEOUT_S
 
 
 @attrs.define
@@ -197,6 +206,7 @@ def produce(
             namesrv,
             send_timeout_s=send_timeout_s,
             send_attempt_timeout_s=min(attempt_timeout_s, send_timeout_s),
+            **client_options(),
         )
     except InvalidArgumentError as exc:
         raise fail(str(exc), 2) from None
@@ -293,7 +303,9 @@ def consume(
         raise fail(f"--from {start!r}: use first or last", 2) from None
     try:
         # one message per handler call (the default): --count can stop between any two
-        consumer = PushConsumer(group, namesrv, consume_from=consume_from, consume_batch_size=1)
+        consumer = PushConsumer(
+            group, namesrv, consume_from=consume_from, consume_batch_size=1, **client_options()
+        )
         consumer.subscribe(topic, expression)
     except InvalidArgumentError as exc:
         raise fail(str(exc), 2) from None
@@ -304,7 +316,7 @@ def consume(
 
     async def main() -> None:
         nonlocal stdout_closed
-        if not await _topic_known(namesrv, topic):
+        if not await _topic_known(namesrv, topic, client_options()):
             typer.echo(f"topic {topic} does not exist (yet); waiting for it", err=True)
         done = trio.Event()
         last_activity = trio.current_time()
@@ -373,9 +385,9 @@ def _echo_sent(meter: LiveCount, result: SendResult, numbers: range) -> None:
         )
 
 
-async def _topic_known(namesrv: str, topic: str) -> bool:
+async def _topic_known(namesrv: str, topic: str, options: dict[str, Any]) -> bool:
     """Whether a nameserver knows ``topic``; NameServerUnavailableError if none answers."""
-    async with AdminClient(namesrv) as admin:
+    async with AdminClient(namesrv, **options) as admin:
         try:
             await admin.topic_route(topic)
         except NoRouteError:

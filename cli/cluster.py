@@ -11,7 +11,10 @@ checkout's conf/ (conf/README.md lists them); anything else is taken as a path.
 
 Order: nameservers, then masters (broker_id 0), then slaves, then brokers in controller
 mode (``enable_controller_mode``: the controllers pick their ids and their master) start,
-each awaited until its one ``hamq ... ready:`` line (at most READY_TIMEOUT_S). They
+each awaited until its one ``hamq ... ready:`` line (at most READY_TIMEOUT_S); then ``up``
+waits until every nameserver knows every master and slave (nameservers embedded in
+brokers learn of the brokers started before theirs within seconds; at most
+REGISTERED_TIMEOUT_S, then a warning) before it prints the table and says ready. They
 stop in reverse kind order: controller-mode brokers, slaves, masters, nameservers;
 SIGTERM, then at most STOP_TIMEOUT_S per group, then SIGKILL. SIGINT, SIGTERM and
 SIGHUP (a closed terminal) stop them; a second SIGINT or SIGTERM kills what is left.
@@ -62,6 +65,9 @@ from rich.table import Table
 
 from cli.common import fail
 from hamq.broker import BrokerConfig, ConfigError, build_config
+from hamq.protocol import ProtocolError, RemotingCommand, RequestCode, ResponseCode
+from hamq.protocol.bodies import BodyError, ClusterInfo, decode_body
+from hamq.remoting import RemotingClient, RemotingError
 
 app = typer.Typer(help="Run a whole cluster from a profile (see conf/).", no_args_is_help=True)
 console = Console()
@@ -76,6 +82,8 @@ DEFAULT_CONTROLLER_DIR = Path("data/controller")
 RAFT_SECRET_FILE = "raft.secret"
 
 READY_TIMEOUT_S = 30.0
+#: how long ``up`` waits, once all are ready, for every nameserver to know every broker
+REGISTERED_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 15.0
 #: how long a SIGKILLed child is waited for (it cannot refuse; this only bounds a hang)
 KILL_WAIT_S = 5.0
@@ -300,7 +308,7 @@ def _check_distinct(
         ports = {config.listen_port}
         if config.is_master or config.enable_controller_mode:
             ports.add(config.ha_port)
-        if not config.namesrv_addrs:
+        if not config.namesrv_addrs or config.embed_namesrv:
             ports.add(config.embedded_namesrv_port)
         if config.metrics_port:
             ports.add(config.metrics_port)
@@ -623,7 +631,42 @@ class Cluster:
         for spec in p.children:
             child = await self._start(spec)
             nursery.start_soon(self._supervise, child)
+        await self._until_registered()
         self._print_table()
+
+    def _namesrvs(self) -> list[str]:
+        """The nameservers clients use: the profile's, and those the brokers name."""
+        namesrvs: list[str] = []
+        for child in self.children:
+            for addr in [child.address] if child.spec.kind is Kind.NAMESERVER else child.namesrvs:
+                if addr != "-" and addr not in namesrvs:
+                    namesrvs.append(addr)
+        return namesrvs
+
+    async def _until_registered(self) -> None:
+        """Wait until every nameserver knows every master and slave. A nameserver
+        embedded in a broker that started after another one learns of that one only at
+        its next registration (retried within seconds), and a client asking it meanwhile
+        would find no route. Late (REGISTERED_TIMEOUT_S): one warning line; the cluster
+        runs on."""
+        brokers = {c.address for c in self.children if c.spec.kind in (Kind.MASTER, Kind.SLAVE)}
+        standalone = {c.address for c in self.children if c.spec.kind is Kind.NAMESERVER}
+        namesrvs = self._namesrvs()
+        if all(addr in standalone for addr in namesrvs):
+            return  # (nameservers that started first know every broker from its start)
+        unknown = ["the nameservers did not answer"]
+        async with RemotingClient() as client:
+            with trio.move_on_after(REGISTERED_TIMEOUT_S):
+                while True:
+                    unknown = await _not_registered(client, namesrvs, brokers)
+                    if not unknown:
+                        return
+                    await trio.sleep(0.1)
+        _say(
+            f"warning: after {REGISTERED_TIMEOUT_S:g} s {'; '.join(unknown)}: clients asking "
+            "it may find no route until the next registration",
+            err=True,
+        )
 
     def _command(self, spec: ChildSpec) -> list[str]:
         return [sys.executable, "-m", "cli.main", "--log-level", self.log_level, *spec.args]
@@ -786,11 +829,7 @@ class Cluster:
         width = max(console.width, sum(widths) + 3 * len(widths) + 1)
         with contextlib.suppress(OSError):
             Console(width=width).print(table)
-        namesrvs: list[str] = []
-        for child in self.children:
-            for addr in [child.address] if child.spec.kind is Kind.NAMESERVER else child.namesrvs:
-                if addr != "-" and addr not in namesrvs:
-                    namesrvs.append(addr)
+        namesrvs = self._namesrvs()
         namesrv = ";".join(namesrvs)
         _say(f"clients: --namesrv {namesrv if len(namesrvs) < 2 else repr(namesrv)}")
         _say(
@@ -881,6 +920,29 @@ class Cluster:
                 self.exit_code = 1
         for child in group:
             _say(f"  {child.title}: {child.outcome}")
+
+
+async def _not_registered(
+    client: RemotingClient, namesrvs: list[str], brokers: set[str]
+) -> list[str]:
+    """Which nameserver does not know which of ``brokers`` (by address) yet: ``"ns
+    does not know b1, b2"`` or ``"ns does not answer (...)"`` each; a nameserver that
+    refuses the question (ACL) is not asked again."""
+    unknown = []
+    for namesrv in namesrvs:
+        request = RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO)
+        try:
+            response = await client.invoke(namesrv, request, 3.0)
+            if response.code != ResponseCode.SUCCESS:
+                continue
+            info = decode_body(ClusterInfo, response.body)
+        except (RemotingError, ProtocolError, BodyError) as exc:
+            unknown.append(f"{namesrv} does not answer ({exc})")
+            continue
+        known = {a for data in info.broker_addr_table.values() for a in data.broker_addrs.values()}
+        if missing := sorted(brokers - known):
+            unknown.append(f"{namesrv} does not know {', '.join(missing)}")
+    return unknown
 
 
 def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:

@@ -20,15 +20,20 @@ import signal
 import stat
 import sys
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from pathlib import Path
 from typing import Annotated, Any
 
+import attrs
 import trio
 import typer
 
+from hamq.acl import AclFileError, Credentials
 from hamq.broker import ConfigError
 from hamq.client import ClientError, InvalidArgumentError
 from hamq.protocol import RequestError
-from hamq.remoting import RemotingError
+from hamq.remoting import RemotingConfig, RemotingError
+from hamq.remoting.tls import TlsConfig
 from hamq.store import StoreError
 
 #: ``--namesrv``: one or more nameservers, ``;``-separated as RocketMQ writes them
@@ -41,7 +46,10 @@ NamesrvOption = Annotated[
         help="Nameserver address(es), host:port, several separated by ';'.",
     ),
 ]
-DEFAULT_NAMESRV = "127.0.0.1:9876"
+#: ``make run``'s nameservers (conf/1m-1s-sync: the master embeds one, the slave the
+#: other; conf/2m-2s-*: two processes), so that a client finds the slave while the
+#: master is down
+DEFAULT_NAMESRV = "127.0.0.1:9876;127.0.0.1:9877"
 
 #: ``--controller``: controllers (automatic failover), asked in turn; no default
 ControllerOption = Annotated[
@@ -53,6 +61,56 @@ ControllerOption = Annotated[
         "embeds one (--controller); several separated by ';', asked in turn.",
     ),
 ]
+
+
+@attrs.frozen
+class ClientAccess:
+    """How client commands reach the servers: ``hamq --tls/--tls-ca`` (TLS) and
+    ``hamq --access-key/--secret-key`` (the ACL account they sign with)."""
+
+    credentials: Credentials | None = None
+    remoting: RemotingConfig | None = None
+
+
+def tls_remoting(tls: bool, ca_file: Path | None) -> RemotingConfig | None:
+    """Client connections over TLS for ``--tls`` / ``--tls-ca`` (None: plain TCP);
+    ValueError naming the CA file when it cannot be used."""
+    if not tls and ca_file is None:
+        return None
+    return RemotingConfig(tls=TlsConfig(ca_file=ca_file))
+
+
+#: this command's ClientAccess: set by the root callback (cli/main.py) before the command
+#: runs (a context variable, so that Trio's tasks, which start from the command's
+#: context, see it)
+ACCESS: ContextVar[ClientAccess | None] = ContextVar("hamq_cli_access", default=None)
+
+
+def _access() -> ClientAccess:
+    return ACCESS.get() or ClientAccess()
+
+
+def credentials() -> Credentials | None:
+    """The account client commands sign their requests with, if one is given."""
+    return _access().credentials
+
+
+def client_remoting() -> RemotingConfig | None:
+    """The remoting settings of client commands (TLS), if any differ from the default."""
+    return _access().remoting
+
+
+def client_options() -> dict[str, Any]:
+    """A client's options for this command's TLS and account: ``Producer(group, namesrv,
+    **client_options())``."""
+    access = _access()
+    options: dict[str, Any] = {}
+    if access.remoting is not None:
+        options["remoting"] = access.remoting
+    if access.credentials is not None:
+        options["access_key"] = access.credentials.access_key
+        options["secret_key"] = access.credentials.secret_key
+    return options
 
 
 class CommandError(Exception):
@@ -70,6 +128,7 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 #: answering what does not decode)
 EXPECTED = (
     ConfigError,
+    AclFileError,
     ClientError,
     OSError,
     StoreError,
@@ -78,7 +137,7 @@ EXPECTED = (
     RequestError,
 )
 #: of those, the ones that mean bad input (exit code 2)
-BAD_INPUT = (ConfigError, InvalidArgumentError)
+BAD_INPUT = (ConfigError, AclFileError, InvalidArgumentError)
 #: the exit code of a command whose stdout was closed (a shell's for SIGPIPE)
 STDOUT_CLOSED_EXIT = 128 + signal.SIGPIPE
 #: how often a command that prints as it goes looks whether its stdout's reader left

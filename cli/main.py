@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -24,7 +25,15 @@ import typer.completion
 import typer.main
 
 from cli import admin, bench, clients, cluster, servers, topic
-from cli.common import STDOUT_CLOSED_EXIT, is_broken_pipe, silence_stdout
+from cli.common import (
+    ACCESS,
+    STDOUT_CLOSED_EXIT,
+    ClientAccess,
+    is_broken_pipe,
+    silence_stdout,
+    tls_remoting,
+)
+from hamq.acl import credentials_from
 
 app = typer.Typer(
     name="hamq",
@@ -81,6 +90,41 @@ def _root(
             envvar="HAMQ_LOG_LEVEL",
         ),
     ] = None,
+    access_key: Annotated[
+        str | None,
+        typer.Option(
+            "--access-key",
+            envvar="HAMQ_ACCESS_KEY",
+            help="An ACL account's access key: client commands sign their requests with "
+            "it and --secret-key (RocketMQ's ACL 1.0).",
+        ),
+    ] = None,
+    secret_key: Annotated[
+        str | None,
+        typer.Option(
+            "--secret-key",
+            envvar="HAMQ_SECRET_KEY",
+            help="The secret key of --access-key (better in HAMQ_SECRET_KEY than on a "
+            "command line others can see).",
+            show_default=False,
+        ),
+    ] = None,
+    tls: Annotated[
+        bool,
+        typer.Option(
+            "--tls",
+            help="Client commands connect over TLS (servers' certificates checked against "
+            "--tls-ca, else the system's CAs).",
+        ),
+    ] = False,
+    tls_ca: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-ca",
+            envvar="HAMQ_TLS_CA",
+            help="PEM CA certificate(s) that sign the servers' certificates (implies --tls).",
+        ),
+    ] = None,
     _version: Annotated[
         bool,
         typer.Option(
@@ -102,6 +146,15 @@ def _root(
         level=log_level.upper(),
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
+    try:
+        account = credentials_from(access_key, secret_key)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--access-key / --secret-key") from None
+    try:
+        remoting = tls_remoting(tls, tls_ca)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tls-ca") from None
+    ACCESS.set(ClientAccess(account, remoting))
     ctx.obj = {"log_level": log_level.lower()}
 
 

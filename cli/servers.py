@@ -13,13 +13,17 @@ import os
 from pathlib import Path
 from typing import Annotated, Any
 
+import attrs
 import trio
 import typer
 
 from cli.common import fail, run
+from hamq.acl import AclFileError
 from hamq.broker import BrokerNode, ConfigError, load_config
 from hamq.controller import DEFAULT_CONTROLLER_PORT, ControllerConfig, ControllerServer
 from hamq.controller.service import Controller
+from hamq.remoting import RemotingConfig
+from hamq.remoting.tls import TlsConfig
 from hamq.store.message_store import StoreLockedError
 from nameserver import DEFAULT_PORT, NameServer, NameServerConfig
 
@@ -65,6 +69,60 @@ MetricsPort = Annotated[
         min=0,
         max=65535,
         help="Serve Prometheus metrics over HTTP on this port (/metrics; 0: any free one).",
+    ),
+]
+
+
+TlsCert = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-cert",
+        help="PEM certificate chain: serve TLS on every port (default: plain TCP); "
+        "this server's own connections then use TLS too.",
+    ),
+]
+TlsKey = Annotated[
+    Path | None,
+    typer.Option("--tls-key", help="PEM private key of --tls-cert (default: in that file)."),
+]
+TlsCa = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-ca",
+        help="PEM CA certificate(s) trusted for peers' certificates (else the system's).",
+    ),
+]
+TlsVerifyClient = Annotated[
+    bool,
+    typer.Option(
+        "--tls-verify-client",
+        help="Require clients to present a certificate signed by --tls-ca (mutual TLS).",
+    ),
+]
+
+
+def _remoting(
+    cert: Path | None, key: Path | None, ca: Path | None, verify_client: bool
+) -> RemotingConfig:
+    """The remoting settings of --tls-*: plain TCP without --tls-cert."""
+    if cert is None:
+        if key is not None or ca is not None or verify_client:
+            raise fail("--tls-key, --tls-ca and --tls-verify-client need --tls-cert", 2)
+        return RemotingConfig()
+    try:
+        tls = TlsConfig(cert_file=cert, key_file=key, ca_file=ca, verify_client=verify_client)
+    except ValueError as exc:
+        raise fail(str(exc), 2) from None
+    return RemotingConfig(tls=tls)
+
+
+AclFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--acl-file",
+        help="ACL accounts (RocketMQ's plain_acl.yml): registering, unregistering and "
+        "heartbeating brokers, deleting topics and the controllers' elections then need a "
+        "request signed by an admin account. Read again when it changes.",
     ),
 ]
 
@@ -156,6 +214,10 @@ def broker(
     ] = None,
     flush: Annotated[str | None, typer.Option("--flush", help="ASYNC_FLUSH or SYNC_FLUSH.")] = None,
     metrics_port: MetricsPort = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_ca: TlsCa = None,
+    tls_verify_client: TlsVerifyClient = False,
 ) -> None:
     """Run a broker. With no nameserver address it embeds one: one command, a broker."""
     overrides: dict[str, Any] = {
@@ -168,12 +230,17 @@ def broker(
         "store.store_dir": str(store_dir) if store_dir is not None else None,
         "store.flush_disk_type": flush,
         "metrics_port": metrics_port,
+        # over the config file's [remoting.tls]
+        "remoting.tls.cert_file": None if tls_cert is None else str(tls_cert),
+        "remoting.tls.key_file": None if tls_key is None else str(tls_key),
+        "remoting.tls.ca_file": None if tls_ca is None else str(tls_ca),
+        "remoting.tls.verify_client": True if tls_verify_client else None,
     }
     if namesrv is not None:
         overrides["namesrv_addrs"] = [a.strip() for a in namesrv.split(";") if a.strip()]
     try:
         node = BrokerNode(load_config(config, overrides))
-    except ConfigError as exc:
+    except (ConfigError, AclFileError) as exc:
         raise fail(str(exc), 2) from None
 
     locked: BaseException | None = None
@@ -224,6 +291,11 @@ def nameserver(
     raft_secret_file: RaftSecretFile = None,
     insecure_raft: InsecureRaft = False,
     metrics_port: MetricsPort = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_ca: TlsCa = None,
+    tls_verify_client: TlsVerifyClient = False,
+    acl_file: AclFile = None,
 ) -> None:
     """Run a nameserver. Several may run side by side; they never talk to each other
     (embedded controllers do, over Raft)."""
@@ -241,9 +313,19 @@ def nameserver(
                 insecure_raft,
             )
         )
-    server = NameServer(
-        NameServerConfig(host=host, port=port, metrics_port=metrics_port), controller=embedded
-    )
+    try:
+        server = NameServer(
+            NameServerConfig(
+                host=host,
+                port=port,
+                metrics_port=metrics_port,
+                remoting=_remoting(tls_cert, tls_key, tls_ca, tls_verify_client),
+                acl_file=acl_file,  # (it covers the embedded controller's requests too)
+            ),
+            controller=embedded,
+        )
+    except AclFileError as exc:
+        raise fail(str(exc), 2) from None
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -267,23 +349,33 @@ def controller(
     raft_secret_file: RaftSecretFile = None,
     insecure_raft: InsecureRaft = False,
     metrics_port: MetricsPort = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_ca: TlsCa = None,
+    tls_verify_client: TlsVerifyClient = False,
+    acl_file: AclFile = None,
 ) -> None:
     """Run a controller (automatic failover): 1 or 3 of them, Raft between them."""
-    server = ControllerServer(
-        _controller_config(
-            host,
-            port,
-            raft_address,
-            raft_peers,
-            data_dir,
-            unclean,
-            raft_secret_file,
-            insecure_raft,
-        ),
-        host=host,
-        port=port,
-        metrics_port=metrics_port,
+    config = _controller_config(
+        host,
+        port,
+        raft_address,
+        raft_peers,
+        data_dir,
+        unclean,
+        raft_secret_file,
+        insecure_raft,
     )
+    try:
+        server = ControllerServer(
+            attrs.evolve(config, acl_file=acl_file),
+            host=host,
+            port=port,
+            metrics_port=metrics_port,
+            remoting=_remoting(tls_cert, tls_key, tls_ca, tls_verify_client),
+        )
+    except AclFileError as exc:
+        raise fail(str(exc), 2) from None
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.common import DEFAULT_NAMESRV, NamesrvOption, fail, run
+from cli.common import DEFAULT_NAMESRV, NamesrvOption, client_options, fail, run
 from hamq.client import AdminClient, InvalidArgumentError
 from hamq.client.admin import TopicShrinkError
 from hamq.protocol.bodies import PERM_READ, PERM_WRITE, TopicRouteData, encode_body
@@ -92,7 +92,7 @@ def create(
     perm = PERM_READ if read_only else PERM_READ | PERM_WRITE
 
     async def main() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **client_options()) as admin:
             brokers = await admin.create_topic(
                 topic, queues, perm=perm, cluster=cluster, broker_addr=broker, force=force
             )
@@ -109,7 +109,7 @@ def list_topics(as_json: JsonOption = False, namesrv: NamesrvOption = DEFAULT_NA
     """Every topic the nameserver knows."""
 
     async def main() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **client_options()) as admin:
             topics = await admin.topic_list()
         if as_json:
             print_json({"topics": topics})
@@ -138,7 +138,7 @@ def route(
     """Which brokers serve TOPIC, with how many queues, at which addresses."""
 
     async def main() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **client_options()) as admin:
             data = await admin.topic_route(topic)
         if as_json:
             print_json(_route_json(topic, data))
@@ -172,7 +172,7 @@ def status(
     the master is away)."""
 
     async def main() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **client_options()) as admin:
             queues = await admin.topic_stats(topic)
         if as_json:
             print_json(
@@ -212,7 +212,7 @@ def delete(
     """Delete TOPIC from the masters and from every nameserver given."""
 
     async def main() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **client_options()) as admin:
             brokers = await admin.delete_topic(topic, cluster=cluster)
         if as_json:
             print_json({"topic": topic, "brokers": brokers})

@@ -3,7 +3,8 @@
     .venv/bin/python examples/blocking_producer.py
 
 Same classes and arguments as the Trio API, ordinary calls; a Trio loop runs them in a
-background thread. HAMQ_NAMESRV sets the nameserver (default 127.0.0.1:9876).
+background thread. HAMQ_NAMESRV sets the nameservers (default make run's two,
+127.0.0.1:9876;127.0.0.1:9877).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 from hamq.client import Message
 from hamq.client.blocking import Producer
 
-NAMESRV = os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876")
+NAMESRV = os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876;127.0.0.1:9877")
 
 
 def main() -> None:

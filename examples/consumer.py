@@ -6,7 +6,8 @@
 A PushConsumer: the broker tells it which queues are its share of the group; it
 long-polls them, hands messages to ``handle``, and commits its offsets, so running it
 again shows only what arrived in between. Start two at once to watch them split the
-queues. HAMQ_NAMESRV sets the nameserver (default 127.0.0.1:9876).
+queues. HAMQ_NAMESRV sets the nameservers (default make run's two,
+127.0.0.1:9876;127.0.0.1:9877).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import trio
 
 from hamq.client import ConsumeResult, MessageExt, PushConsumer
 
-NAMESRV = os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876")
+NAMESRV = os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876;127.0.0.1:9877")
 IDLE_EXIT_S = float(os.environ.get("IDLE_EXIT_S", "3"))
 
 

@@ -16,7 +16,7 @@ import trio
 
 from hamq.client import Message, MessageExt, Producer, PushConsumer
 
-NAMESRV = os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876")
+NAMESRV = os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876;127.0.0.1:9877")
 LEVEL = 2  # 1s 5s 10s 30s 1m ... : level 2 is 5 seconds
 
 

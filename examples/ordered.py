@@ -16,7 +16,7 @@ import trio
 
 from hamq.client import ConsumeResult, Message, MessageExt, Producer, PushConsumer, hash_selector
 
-NAMESRV = os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876")
+NAMESRV = os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876;127.0.0.1:9877")
 STEPS = ("created", "paid", "shipped", "delivered")
 
 

@@ -21,7 +21,7 @@ import trio
 
 from hamq.client import AdminClient, Message, Producer, SendStatus
 
-NAMESRV = os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876")
+NAMESRV = os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876;127.0.0.1:9877")
 TOPIC = "orders"
 PRODUCTS = {"apple": 0.5, "bread": 2.25, "cheese": 7.8, "dates": 4.1, "eggs": 3.2}
 BATCH = 100

@@ -1,9 +1,10 @@
 """Send ten messages with tags and keys, and show where each one went.
 
-    make run                          # in one terminal: a broker on 127.0.0.1:9876
+    make run                          # in one terminal: a master and its slave
     .venv/bin/python examples/producer.py
 
-The nameserver address comes from HAMQ_NAMESRV (default 127.0.0.1:9876).
+The nameserver addresses come from HAMQ_NAMESRV (default make run's two,
+127.0.0.1:9876;127.0.0.1:9877).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import trio
 
 from hamq.client import Message, Producer
 
-NAMESRV = os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876")
+NAMESRV = os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876;127.0.0.1:9877")
 
 
 async def main() -> None:

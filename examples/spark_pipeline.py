@@ -8,7 +8,8 @@ It reads every order of "orders" (JSON events from examples/produce_orders.py) i
 DataFrame, groups them by one-minute windows of their event time and by product, writes
 one message per (minute, product) to the topic "order-totals" (a JSON body, the
 product as its key) and prints the totals. The nameserver comes from HAMQ_NAMESRV
-(default 127.0.0.1:9876), the Spark master from SPARK_MASTER (default local[2]).
+(default make run's two, 127.0.0.1:9876;127.0.0.1:9877), the Spark master from
+SPARK_MASTER (default local[2]).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pyspark.sql import functions as F
 from hamq.client import AdminClient
 from hamq.spark import HamqDataSource
 
-NAMESRV = os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876")
+NAMESRV = os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876;127.0.0.1:9877")
 ORDER = "order_id string, product string, quantity int, price double, ts long"
 
 

@@ -1,7 +1,8 @@
 """The nameserver's request processors: RocketMQ's codes and shapes (PROTOCOL.md §4).
 
 All are inline (they answer at once from the route table). Time comes from the
-service's clock, so housekeeping can be tested in virtual time.
+service's clock, so housekeeping can be tested in virtual time. Who may call them (an
+ACL) is decided before they run, by the dispatcher's guard (service.py).
 """
 
 from __future__ import annotations

@@ -9,6 +9,12 @@ registered over closes.
 With a ``controller`` (``enableControllerInNamesrv``), the nameserver's server also
 answers the controller's requests; BROKER_HEARTBEAT feeds both (a controller heartbeat
 names its brokerId).
+
+With an ``acl_file`` (RocketMQ's plain_acl.yml format), what changes the route table or
+the controller — REGISTER_BROKER, UNREGISTER_BROKER, BROKER_HEARTBEAT,
+DELETE_TOPIC_IN_NAMESRV, the controller's elections and registrations — needs a request
+signed by an admin account (hamq.acl.rights); route and cluster reads stay open. The
+file is read again when it changes.
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import attrs
 import trio
 from attrs import validators as v
 
+from hamq.acl import NAMESERVER_POLICY, AclGuard
 from hamq.controller import Controller
 from hamq.controller.metrics import ControllerCollector
 from hamq.metrics import MetricsServer, new_registry
@@ -51,6 +59,8 @@ class NameServerConfig:
         default=None, validator=v.optional([v.ge(0), v.le(65535)])
     )
     remoting: RemotingConfig = attrs.field(factory=RemotingConfig)
+    #: the accounts (plain_acl.yml); None: no ACL (anyone may register a broker)
+    acl_file: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
 
 
 @attrs.frozen
@@ -74,7 +84,13 @@ class NameServer:
         self.table = RouteTable()
         self._clock = clock
         self.controller = controller
-        dispatcher = Dispatcher()
+        #: the ACL (config.acl_file; AclFileError here if the file cannot be used)
+        self.acl = (
+            AclGuard(self.config.acl_file, NAMESERVER_POLICY)
+            if self.config.acl_file is not None
+            else None
+        )
+        dispatcher = Dispatcher(guard=self.acl)
         self._processors = NameServerProcessors(self.table, clock, self.config.broker_timeout_ms)
         self._processors.install(dispatcher, heartbeat=controller is None)
         if controller is not None:
@@ -96,6 +112,8 @@ class NameServer:
         async with trio.open_nursery() as nursery:
             if self.controller is not None:
                 await nursery.start(self.controller.run)
+            if self.acl is not None:
+                await nursery.start(self.acl.run)
             port = await nursery.start(self.server.run)
             if self.config.metrics_port is not None:
                 self.metrics_port = await nursery.start(self._metrics_server().run)

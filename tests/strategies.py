@@ -1,7 +1,10 @@
-"""Hypothesis strategies for protocol objects."""
+"""Hypothesis strategies for protocol objects, and ``sample``: the same kinds of values
+drawn from a seeded ``random.Random`` (the fuzz corpus of tests/test_fuzz.py)."""
 
 from __future__ import annotations
 
+import enum
+import random
 import types
 import typing
 from typing import Any
@@ -62,3 +65,67 @@ def headers(cls: type) -> st.SearchStrategy[Any]:
     """Instances of a typed header class, every field drawn from its annotated type."""
     attrs.resolve_types(cls)
     return st.builds(cls, **{f.name: _for_type(f.type) for f in attrs.fields(cls)})
+
+
+# ---------------------------------------------------------------- seeded samples
+#: integers a field is likely to meet at its edges, besides small random ones
+EDGE_INTS = (0, 1, -1, 127, 128, 2**15 - 1, -(2**15), 2**31 - 1, -(2**31), 2**63 - 1, -(2**63))
+#: characters that trip codecs: separators, quotes, escapes, controls, non-BMP
+ODD_CHARS = '\x00\x01\x02"\\{}[]:,;| \t\n\u00e9\u4e2d\U0001f600\ufeff'
+
+
+def sample_text(rng: random.Random, *, min_size: int = 0, max_size: int = 24) -> str:
+    """Text UTF-8 can carry: letters, digits, and now and then an odd character."""
+    size = rng.randint(min_size, max_size)
+    pool = "abcXYZ0123456789_-%" if rng.random() < 0.7 else "abcXYZ09_-" + ODD_CHARS
+    return "".join(rng.choice(pool) for _ in range(size))
+
+
+def sample_int(rng: random.Random, bits: int = 64) -> int:
+    """An int of a signed ``bits``-bit field: an edge value, or a small or large one."""
+    low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    roll = rng.random()
+    if roll < 0.3:
+        return rng.choice([v for v in EDGE_INTS if low <= v <= high])
+    if roll < 0.7:
+        return rng.randint(0, 1000)
+    return rng.randint(low, high)
+
+
+def sample(tp: Any, rng: random.Random, *, depth: int = 0) -> Any:
+    """A value of the annotated type ``tp``: int, str (non-empty), bool, float, an enum,
+    ``X | None``, ``list[X]``, ``dict[K, V]`` and attrs classes (every field drawn, so
+    that a value survives an encode that leaves out Nones)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(options) < len(typing.get_args(tp)) and rng.random() < 0.3:
+            return None
+        return sample(rng.choice(options), rng, depth=depth)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return [sample(item, rng, depth=depth + 1) for _ in range(_count(rng, depth))]
+    if origin is dict:
+        key, value = typing.get_args(tp)
+        return {
+            sample(key, rng, depth=depth + 1): sample(value, rng, depth=depth + 1)
+            for _ in range(_count(rng, depth))
+        }
+    if attrs.has(tp):
+        attrs.resolve_types(tp)
+        return tp(**{f.name: sample(f.type, rng, depth=depth + 1) for f in attrs.fields(tp)})
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return rng.choice(list(tp))
+    if tp is bool:
+        return rng.random() < 0.5
+    if tp is int:
+        return sample_int(rng)
+    if tp is float:
+        return rng.choice([0.0, 1.5, -2.25, 1e-3, 123456.75])
+    if tp is str:
+        return sample_text(rng, min_size=1)
+    raise TypeError(f"no sample for {tp!r}")
+
+
+def _count(rng: random.Random, depth: int) -> int:
+    return rng.randint(0, 3 if depth < 3 else 1)

@@ -529,7 +529,9 @@ async def test_broker_config_and_update_json(pair: Pair) -> None:
         ("long_polling_max_s=abc", "long_polling_max_s=abc: must be a number, not the string"),
         ("store.role=SLAVE", "store.role cannot change while the broker runs"),
         ("nonsense", "'nonsense' is not KEY=VALUE"),
+        ("long_polling_max_s=" + "[" * 5000, "must be a number, not the string"),
     ],
+    ids=["listen_port", "not-a-number", "role", "not-key-value", "nested-5000-deep"],
 )
 async def test_update_broker_config_refuses_by_name(pair: Pair, setting: str, problem: str) -> None:
     code, line = await hamq_fails(

@@ -127,7 +127,7 @@ async def test_consume_queues_are_rebuilt_after_their_files_are_deleted(tmp_path
         assert bodies(store, 3, 70, 2) == [b"message-283", b"message-287"]
 
 
-async def test_a_corrupted_byte_in_the_last_segment_is_found_by_crc_and_cut_there(
+async def test_two_corrupted_records_in_the_last_segment_are_found_by_crc_and_cut_there(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = small_config(tmp_path)
@@ -140,6 +140,10 @@ async def test_a_corrupted_byte_in_the_last_segment_is_found_by_crc_and_cut_ther
     victim_index = offsets.index(victim)
     data = bytearray(last_segment.read_bytes())
     data[victim - start + 100] ^= 0x40  # a byte of its body
+    # and of the next record's: one damaged record alone is passed over, not cut
+    # (tests/test_store_damage.py); two in a row are a torn tail
+    following = in_last[len(in_last) // 2 + 1]
+    data[following - start + 100] ^= 0x40
     last_segment.write_bytes(bytes(data))
     (tmp_path / "abort").write_bytes(b"")  # as after a crash
     with caplog.at_level(logging.ERROR):

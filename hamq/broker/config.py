@@ -6,6 +6,7 @@ A file looks like conf/broker.toml::
     cluster_name = "DefaultCluster"
     listen_port = 10911
     namesrv_addrs = ["127.0.0.1:9876"]      # none: the broker embeds a nameserver
+    # embed_namesrv = true                  # embed one (embedded_namesrv_port) as well
 
     [store]
     store_dir = "./data/store"
@@ -42,8 +43,14 @@ from attrs import validators as v
 from cattrs.errors import ClassValidationError
 from cattrs.v import format_exception
 
+from hamq.acl import Credentials, Secret, credentials_from
 from hamq.ha import HAConfig
 from hamq.protocol.ha_wire import HAProtocol
+from hamq.protocol.headers import (
+    SEND_ANSWER_MARGIN_S,
+    SEND_ATTEMPT_TIMEOUT_S,
+    send_wait_too_short,
+)
 from hamq.protocol.message import TOPIC_MAX_LENGTH
 from hamq.remoting import RemotingConfig, check_address, check_addresses
 from hamq.store import BrokerRole, FlushDiskType, StoreConfig
@@ -88,6 +95,10 @@ class BrokerConfig:
         default=(), converter=tuple, validator=check_addresses
     )
     embedded_namesrv_port: int = attrs.field(default=9876, validator=[v.ge(0), v.le(65535)])
+    #: run that nameserver in this process also when namesrv_addrs is set; the broker then
+    #: registers with it and with namesrv_addrs (two brokers that each embed one and list
+    #: both: a broker that dies leaves the other's nameserver to clients)
+    embed_namesrv: bool = False
     register_interval_s: float = attrs.field(default=30.0, validator=v.gt(0.0))
     register_timeout_s: float = attrs.field(default=6.0, validator=v.gt(0.0))
     #: topics unknown to the broker are created from TBW102 on first send
@@ -95,6 +106,8 @@ class BrokerConfig:
     auto_create_subscription_group: bool = True
     #: queues of TBW102, the template of auto-created topics
     default_topic_queue_nums: int = attrs.field(default=8, validator=[v.ge(1), v.le(1024)])
+    #: most topics the broker holds (system topics aside); creating one more is refused
+    max_topics: int = attrs.field(default=10_000, validator=v.ge(1))
     #: a consumer not heard from for this long is dropped from its group
     client_channel_expired_s: float = attrs.field(default=120.0, validator=v.gt(0.0))
     #: how long a long-polling pull may wait at most, whatever the client asks
@@ -142,8 +155,25 @@ class BrokerConfig:
     ha_max_time_slave_not_catchup_s: float = attrs.field(default=15.0, validator=v.gt(0.0))
     #: lower is preferred when the controller elects among equals (electionPriority)
     election_priority: int = attrs.field(default=0, validator=v.ge(0))
+    #: check every request against acl_file's accounts (RocketMQ's aclEnable)
+    acl_enable: bool = False
+    #: the accounts, RocketMQ's plain_acl.yml format (relative: to the config file); read
+    #: again when it changes
+    acl_file: Path | None = None
+    #: this broker's own account: it signs what it asks of nameservers, controllers and
+    #: its master with it (an admin account, where those check the ACL)
+    access_key: str | None = None
+    secret_key: Secret | None = None
 
     def __attrs_post_init__(self) -> None:
+        if self.acl_enable and self.acl_file is None:
+            raise ValueError("acl_enable needs acl_file (the accounts, plain_acl.yml)")
+        credentials_from(self.access_key, self.secret_key)  # both or neither
+        if self.remoting.tls is not None and not self.remoting.tls.can_listen:
+            raise ValueError(
+                "remoting.tls needs cert_file: a broker listens (TLS on its ports needs "
+                "its certificate, and its key in key_file or in cert_file)"
+            )
         if self.enable_controller_mode:
             if not self.controller_addrs:
                 raise ValueError(
@@ -171,6 +201,11 @@ class BrokerConfig:
             )
 
     @property
+    def credentials(self) -> Credentials | None:
+        """What this broker signs its requests with (access_key and secret_key)."""
+        return credentials_from(self.access_key, self.secret_key)
+
+    @property
     def advertised_host(self) -> str:
         return self.broker_ip or self.listen_host
 
@@ -188,6 +223,37 @@ class BrokerConfig:
     def is_master(self) -> bool:
         """Configured as master (in controller mode the controllers decide instead)."""
         return not self.enable_controller_mode and self.broker_id == 0 and self.store.role.is_master
+
+    @property
+    def send_waits(self) -> dict[str, float]:
+        """What this broker waits for before it answers a send, when it is master:
+        ``{setting: seconds}`` (empty: it answers once the message is stored)."""
+        waits: dict[str, float] = {}
+        if self.store.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            waits["[store] sync_flush_timeout_s"] = self.store.sync_flush_timeout_s
+        if self.store.role is BrokerRole.SYNC_MASTER or (
+            self.enable_controller_mode and self.all_ack_in_sync_state_set
+        ):
+            waits["[ha] sync_timeout_s"] = self.ha.sync_timeout_s
+        return waits
+
+    def send_wait_warning(self) -> str | None:
+        """Why producers at their default per-try wait (hamq's SEND_ATTEMPT_TIMEOUT_S)
+        would give up on this broker's sends before it answers, or None. (A producer
+        that gives up and retries stores a second copy; see the rule in
+        hamq/protocol/headers.py.)"""
+        waits = self.send_waits
+        longest = max(waits.values(), default=0.0)
+        if not send_wait_too_short(SEND_ATTEMPT_TIMEOUT_S, longest):
+            return None
+        named = ", ".join(f"{key} = {value:g}" for key, value in waits.items())
+        below = SEND_ATTEMPT_TIMEOUT_S - SEND_ANSWER_MARGIN_S
+        return (
+            f"this broker waits up to {longest:g}s before it answers a send ({named}); "
+            f"producers wait {SEND_ATTEMPT_TIMEOUT_S:g}s for an answer by default and would "
+            f"give up first and retry, storing the message twice: keep the waits at most "
+            f"{below:g}s, or raise the producers' send_attempt_timeout_s"
+        )
 
 
 class ConfigTypeError(TypeError):
@@ -245,6 +311,7 @@ def _converter() -> cattrs.Converter:
         bool, _exactly("true or false", lambda v: isinstance(v, bool), bool)
     )
     conv.register_structure_hook(str, _exactly("a string", _is_str, str))
+    conv.register_structure_hook(Secret, _exactly("a string", _is_str, Secret))
     conv.register_structure_hook(
         Path, _exactly("a path (a string)", lambda v: isinstance(v, str | Path), Path)
     )
@@ -283,7 +350,8 @@ def build_config(values: Mapping[str, Any]) -> BrokerConfig:
 
 
 def load_config(path: Path | None, overrides: Mapping[str, Any] | None = None) -> BrokerConfig:
-    """Read ``path`` (TOML) if given, apply ``overrides`` (``store.x`` keys go into [store])."""
+    """Read ``path`` (TOML) if given, apply ``overrides`` (``store.x`` goes into [store],
+    ``remoting.tls.x`` into [remoting.tls])."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -292,11 +360,18 @@ def load_config(path: Path | None, overrides: Mapping[str, Any] | None = None) -
             raise ConfigError(f"cannot read {path}: {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+        acl_file = data.get("acl_file")
+        if isinstance(acl_file, str) and acl_file and not Path(acl_file).is_absolute():
+            data["acl_file"] = str(path.parent / acl_file)  # (beside the file, not the cwd)
     for key, value in (overrides or {}).items():
         if value is None:
             continue
-        if key.startswith("store."):
-            data.setdefault("store", {})[key.removeprefix("store.")] = value
-        else:
-            data[key] = value
+        # "store.role", "remoting.tls.cert_file": a key of a (nested) table
+        *tables, leaf = key.split(".")
+        table = data
+        for name in tables:
+            table = table.setdefault(name, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"{name} must be a table, not {_kind(table)}")
+        table[leaf] = value
     return build_config(data)

@@ -91,7 +91,7 @@ def _value(text: str) -> Any:
     """A property's value as the configuration file would hold it."""
     try:
         return tomllib.loads(f"value = {text}")["value"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):  # RecursionError: '[' * 100000
         return text
 
 

@@ -156,6 +156,12 @@ class BrokerCollector:
             "outcome",
             stats.pulls,
         )
+        yield _counted(
+            "hamq_broker_damaged_records_skipped",
+            "Damaged records (not decoding, or a bad body CRC) pulls passed over, by topic",
+            "topic",
+            stats.damaged_skipped,
+        )
         holds = ctx.pull_holds
         yield GaugeMetricFamily(
             "hamq_broker_held_pulls",

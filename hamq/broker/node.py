@@ -2,13 +2,19 @@
 
 Start-up, in order: the message store (recovery first; it takes no sends yet), the
 managers' JSON state, an embedded nameserver when no nameserver address is
-configured, replication (a master's HA service on the HA port), the remoting server
-(reporting its port), the background services (long polling, notifications, client
-housekeeping, persisting state), registration with every nameserver; then a master
+configured or ``embed_namesrv`` asks for one, replication (a master's HA service on the
+HA port), the remoting server (reporting its port), the background services (long
+polling, notifications, client housekeeping, persisting state), registration with
+every nameserver (a warning if sends wait longer than producers do); then a master
 starts a new epoch at the end of its log and its store takes sends, and a slave starts
 its HA client and the metadata sync, which follow the master the registration names.
 ``await nursery.start(node.run)`` returns once all of them serve. A start that fails
 (a port in use) or is stopped half-way leaves no new epoch behind.
+
+With ``acl_enable`` every request passes the ACL (hamq/acl: signed by an account of
+``acl_file`` with the rights it needs) before its processor, and an embedded nameserver
+takes registrations only from admin accounts; the broker signs what it asks of
+nameservers, controllers and its master with ``access_key`` / ``secret_key``.
 
 In controller mode (``enable_controller_mode``) the roles are the controllers' to
 decide: the node starts as a slave without a master, with both HA sides ready (the HA
@@ -31,6 +37,7 @@ from typing import Any
 import attrs
 import trio
 
+from hamq.acl import BROKER_POLICY, AclGuard, signer
 from hamq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
 from hamq.broker.config import BrokerConfig
 from hamq.broker.context import BrokerContext
@@ -48,6 +55,7 @@ from hamq.broker.subscriptions import SubscriptionGroupManager
 from hamq.broker.topics import TopicConfigManager
 from hamq.ha import EpochFile, HAClient, HAService
 from hamq.ha.epoch import FILE_NAME as EPOCH_FILE_NAME
+from hamq.ha.membership import nameserver_registry
 from hamq.metrics import MetricsServer, new_registry
 from hamq.protocol.ha_wire import HAProtocol
 from hamq.protocol.message import MessageIdGenerator
@@ -60,6 +68,7 @@ from hamq.remoting import (
     parse_address,
 )
 from hamq.store import BrokerRole, MessageStore
+from hamq.store.files import raise_open_files_limit
 from hamq.store.message_store import wall_clock_ms
 from nameserver import NameServer, NameServerConfig
 from nameserver.metrics import NameServerCollector
@@ -119,6 +128,8 @@ class BrokerNode:
                 host=config.listen_host,
                 port=config.ha_port,
                 format_address=format_address,
+                broker_name=config.broker_name,
+                remoting=config.remoting,  # TLS and max_connections on the HA port too
             )
             self.ha_service.active = not controlled
             self.store.append_listeners.append(self.ha_service.notify_appended)
@@ -130,6 +141,8 @@ class BrokerNode:
                 broker_id=config.broker_id,
                 master_address=self._master_ha_address,
                 parse_address=parse_address,
+                broker_name=config.broker_name,
+                remoting=config.remoting,  # TLS to the master's HA port
             )
         consumers = ConsumerManager()
         self.notifier = Notifier(consumers)
@@ -142,6 +155,7 @@ class BrokerNode:
                 default_queue_nums=config.default_topic_queue_nums,
                 auto_create=config.auto_create_topic_enable,
                 delay_levels=len(config.store.delay_levels_ms),
+                max_topics=config.max_topics,
             ),
             offsets=ConsumerOffsetManager(store_dir / "config" / "consumerOffset.json"),
             subscriptions=SubscriptionGroupManager(
@@ -160,7 +174,11 @@ class BrokerNode:
             self.ctx.role, self.ctx.broker_id = BrokerRole.SLAVE, -1
         else:
             self.ctx.role, self.ctx.broker_id = config.role, config.broker_id
-        self.dispatcher = Dispatcher()
+        #: the ACL (acl_enable): every request is checked against acl_file's accounts
+        self.acl: AclGuard | None = None
+        if config.acl_enable and config.acl_file is not None:
+            self.acl = AclGuard(config.acl_file, BROKER_POLICY)
+        self.dispatcher = Dispatcher(guard=self.acl)
         self.pull = PullProcessor(self.ctx)
         for processor in (
             SendProcessor(self.ctx),
@@ -241,6 +259,7 @@ class BrokerNode:
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        raise_open_files_limit()  # before the store maps its files (it sizes its use by it)
         async with trio.open_nursery() as outer:
             await outer.start(self._run_store)
             try:
@@ -265,16 +284,23 @@ class BrokerNode:
         self.store.reput.listeners.append(ctx.pull_holds.on_dispatch)
         async with trio.open_nursery() as nursery:
             namesrv_addrs = list(self.config.namesrv_addrs)
-            if not namesrv_addrs:
+            embedded: str | None = None
+            if not namesrv_addrs or self.config.embed_namesrv:
                 self.nameserver = NameServer(
                     NameServerConfig(
-                        host=self.config.listen_host, port=self.config.embedded_namesrv_port
+                        host=self.config.listen_host,
+                        port=self.config.embedded_namesrv_port,
+                        remoting=self.config.remoting,  # TLS and limits as the broker's
+                        acl_file=self.config.acl_file if self.acl is not None else None,
                     )
                 )
                 port = await nursery.start(self.nameserver.run)
-                namesrv_addrs = [format_address(self.config.advertised_host, port)]
+                embedded = format_address(self.config.advertised_host, port)
+                namesrv_addrs = [embedded, *(a for a in namesrv_addrs if a != embedded)]
                 self.namesrv_addrs = namesrv_addrs
             await self._start_replication(nursery)
+            if self.acl is not None:
+                await nursery.start(self.acl.run)
             ctx.port = await nursery.start(self.server.run)
             if self.config.metrics_port is not None:
                 collector = BrokerCollector(self)
@@ -285,10 +311,13 @@ class BrokerNode:
             nursery.start_soon(self._housekeeping)
             nursery.start_soon(self._persist_loop)
             client_dispatcher = Dispatcher()
+            credentials = self.config.credentials
             async with RemotingClient(
-                config=self.config.remoting, dispatcher=client_dispatcher
+                config=self.config.remoting,
+                dispatcher=client_dispatcher,
+                rpc_hook=signer(credentials) if credentials is not None else None,
             ) as client:
-                self.registrar = Registrar(ctx, client, namesrv_addrs)
+                self.registrar = Registrar(ctx, client, list(namesrv_addrs))
                 if self.config.enable_controller_mode:
                     assert self.ha_client is not None
                     self.replicas = ReplicasManager(
@@ -300,6 +329,17 @@ class BrokerNode:
                         role_changed=self.registrar.topics_changed,
                     )
                     self.replicas.install(client_dispatcher)
+                if self.ha_service is not None:  # who may replicate from this master
+                    self.ha_service.use_registry(
+                        self.replicas.ha_registry()
+                        if self.replicas is not None
+                        else nameserver_registry(
+                            client,
+                            list(namesrv_addrs),
+                            cluster=self.config.cluster_name,
+                            broker_name=self.config.broker_name,
+                        )
+                    )
                 try:
                     # the registrar's tasks end inside the client's block, never after
                     async with trio.open_nursery() as registering:
@@ -322,9 +362,14 @@ class BrokerNode:
                             ctx.address,
                             ", ".join(namesrv_addrs),
                         )
+                        if warning := self.config.send_wait_warning():
+                            log.warning("%s", warning)
                         task_status.started(ctx.port)
                 finally:
-                    if self.nameserver is None:  # an embedded one stops with us anyway
+                    # the others are told; an embedded one stops with us anyway
+                    others = [a for a in namesrv_addrs if a != embedded]
+                    if others:
+                        self.registrar.namesrv_addrs = others
                         with trio.CancelScope(shield=True):
                             await self.registrar.unregister_all()
 

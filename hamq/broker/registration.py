@@ -2,7 +2,9 @@
 
 - Registration: REGISTER_BROKER to every configured nameserver, all at once, at start,
   every ``register_interval_s`` (30 s), and right after a topic changes; a nameserver
-  that is down is logged and tried again next round. What a nameserver answers a slave
+  that is down is logged, and the next round comes sooner (REGISTER_RETRY_S, doubling up
+  to the interval): nameservers embedded in other brokers start after this one, and
+  clients asking them must find it soon. What a nameserver answers a slave
   (its master's address and HA address) is kept for replication. UNREGISTER_BROKER to
   each at a clean stop.
 - Notification: when a consumer group's members change, each member gets
@@ -31,6 +33,8 @@ from hamq.remoting import RemotingClient, RemotingError
 log = logging.getLogger(__name__)
 
 NOTIFY_TIMEOUT_S = 3.0
+#: the first pause before registering again after a nameserver did not accept
+REGISTER_RETRY_S = 1.0
 
 
 class Registrar:
@@ -51,14 +55,18 @@ class Registrar:
         self._changed.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        await self.register_all()
+        interval = self.ctx.config.register_interval_s
+        retry = REGISTER_RETRY_S
+        accepted = await self.register_all()
         task_status.started()
         while True:
-            with trio.move_on_after(self.ctx.config.register_interval_s):
+            missed = accepted < len(self.namesrv_addrs)
+            with trio.move_on_after(min(retry, interval) if missed else interval):
                 await self._changed.wait()
+            retry = min(retry * 2, interval) if missed else REGISTER_RETRY_S
             # a fresh event before registering: a change during it means once more
             self._changed = trio.Event()
-            await self.register_all()
+            accepted = await self.register_all()
 
     def _request(self) -> RemotingCommand:
         config = self.ctx.config

@@ -21,7 +21,10 @@ and registers its addresses (CONTROLLER_REGISTER_BROKER). Then, until it stops:
   first *joins* — sends wait for its ack from then on — and is added once it has
   acked everything up to where it joined (so a member always has every acknowledged
   message). With ``all_ack_in_sync_state_set`` sends wait for every member;
-  ``min_in_sync_replicas`` refuses sends while the set is smaller.
+  ``min_in_sync_replicas`` refuses sends while the set is smaller;
+- as master it admits on its HA port only members of its group as the controllers
+  know them (``ha_registry``: CONTROLLER_GET_SYNC_STATE_DATA, every registered broker
+  id and address; hamq/ha/membership.py has the rule).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import attrs
@@ -37,6 +40,7 @@ import trio
 
 from hamq.broker.context import BrokerContext
 from hamq.ha import EpochFile, HAClient
+from hamq.ha.membership import Registry, RegistryUnavailable
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import SyncStateSet, decode_body, encode_body
 from hamq.protocol.ha_wire import HAState
@@ -171,6 +175,27 @@ class ReplicasManager:
         if view is None or view.master_id is None or view.master_id == self.broker_id:
             return None
         return view.master_ha_address
+
+    def ha_registry(self) -> Registry:
+        """The group's members as the controllers know them: who may replicate from
+        this broker while it is master (their ids are the group's identities)."""
+        return Registry("the controllers", lambda: self.broker_id, True, self._members)
+
+    async def _members(self) -> Mapping[int, str]:
+        """broker id -> registered address of every member of this group;
+        RegistryUnavailable if no controller answers (or the answer is not one)."""
+        name = self.config.broker_name
+        try:
+            response = await self._ask(
+                RequestCode.CONTROLLER_GET_SYNC_STATE_DATA, None, json.dumps([name]).encode()
+            )
+            group = json.loads(response.body)["replicasInfoTable"].get(name, {})
+            replicas = [*group.get("inSyncReplicas", []), *group.get("notInSyncReplicas", [])]
+            return {int(r["brokerId"]): str(r["brokerAddress"]) for r in replicas}
+        except (ControllersUnreachable, RequestError) as exc:
+            raise RegistryUnavailable(str(exc)) from None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise RegistryUnavailable(f"a controller's answer is not replica info: {exc}") from None
 
     def install(self, dispatcher: Dispatcher) -> None:
         """Take NOTIFY_BROKER_ROLE_CHANGED pushes on the connections to the controllers."""

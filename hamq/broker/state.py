@@ -2,9 +2,14 @@
 
 Each manager (topics, consumer offsets, subscription groups) keeps its table in
 memory and marks itself dirty when it changes; ``BrokerNode`` writes dirty state
-with ``write_atomically`` in a worker thread (temp file, fsync, rename, directory
-fsync), and loads it at start. The files have RocketMQ's shapes (topics.json,
+in a worker thread, and loads it at start. The files have RocketMQ's shapes (topics.json,
 consumerOffset.json, subscriptionGroup.json), so a slave can copy them as they are.
+
+Writes are atomic (temp file, fsync, rename, directory fsync) and keep the previous
+content as ``<name>.bak`` (RocketMQ's ConfigManager). A file that does not decode at
+start is reported in one line naming it, kept aside as ``<name>.damaged``, and the
+``.bak`` is used with a warning (hamq/store/checkpoint.py ``load_with_backup``); with
+no usable ``.bak`` the broker does not start, and the error names the file.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Generic, TypeVar
 import trio
 
 from hamq.protocol.bodies import BodyError, decode_body, encode_body
-from hamq.store.files import write_atomically
+from hamq.store.checkpoint import load_with_backup, save_with_backup
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +37,15 @@ class StateFile(Generic[W]):
         self.dirty = False
 
     def read(self) -> W | None:
-        """The saved wrapper, None if there is no file; ValueError names a bad file."""
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return None
+        """The saved wrapper (or its backup's, if the file is damaged), None if there is
+        none; MetadataFileError (a StoreError) if neither decodes. Blocking."""
+        return load_with_backup(self.path, self._decode)
+
+    def _decode(self, data: bytes) -> W:
         try:
             return decode_body(self.wrapper_type, data)
         except BodyError as exc:
-            raise ValueError(f"{self.path}: {exc}") from None
+            raise ValueError(str(exc)) from None
 
     async def load(self) -> None:
         """Read the saved state (in a worker thread) and take it over."""
@@ -62,7 +67,7 @@ class StateFile(Generic[W]):
         self.dirty = False
         data = encode_body(self.snapshot())
         try:
-            await trio.to_thread.run_sync(write_atomically, self.path, data)
+            await trio.to_thread.run_sync(save_with_backup, self.path, data)
         except BaseException:
             self.dirty = True
             raise

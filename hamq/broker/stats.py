@@ -6,7 +6,8 @@
   SLAVE_NOT_AVAILABLE), with a histogram of its latency (seconds, from the request's
   arrival to its answer); sends refused with nothing stored, by response code;
 - pull requests by outcome (a response code's name, or HELD for a long poll), counted
-  once each: a held pull's later answer adds messages out, not a second request.
+  once each: a held pull's later answer adds messages out, not a second request;
+- damaged records pulls passed over, by topic (each time a pull meets one).
 
 Plain counters on the hot path (a dict look-up and a few additions, no locks: one Trio
 thread). Nothing here knows Prometheus: hamq/broker/metrics.py reads a broker's
@@ -84,6 +85,8 @@ class BrokerStats:
         self.sends_refused: Counter[str] = Counter()
         #: outcome -> pull requests
         self.pulls: Counter[str] = Counter()
+        #: topic -> damaged records pulls passed over (a record not decoding, a bad CRC)
+        self.damaged_skipped: Counter[str] = Counter()
 
     def _topic(self, topic: str) -> TopicCounters:
         counters = self.topics.get(topic)
@@ -113,9 +116,13 @@ class BrokerStats:
     def pulled(self, outcome: str) -> None:
         self.pulls[outcome] += 1
 
+    def skipped_damaged(self, topic: str, records: int) -> None:
+        self.damaged_skipped[topic] += records
+
     def forget_topic(self, topic: str) -> None:
         """A deleted topic's counters go with it (metrics' label sets stay bounded)."""
         self.topics.pop(topic, None)
+        self.damaged_skipped.pop(topic, None)
 
     @property
     def messages_in(self) -> int:

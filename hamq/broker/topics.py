@@ -7,6 +7,13 @@ System topics exist from the start: TBW102 (the template auto-created topics cop
 inheritable while auto-creation is on) and SCHEDULE_TOPIC_XXXX (one queue per delay
 level). Retry (``%RETRY%group``) and dead-letter (``%DLQ%group``) topics are created
 when first needed, with one queue.
+
+``max_topics`` caps how many topics the broker holds (each costs consume-queue files
+and route entries): creating one more — auto-created on a send, retry and dead-letter
+topics, UPDATE_AND_CREATE_TOPIC — is refused with TopicLimitError, whose remark names
+the limit. The built-in system topics do not count; changing a topic always works; a
+slave takes its master's table whole, and a table loaded from disk is kept even if it
+holds more (a warning says so).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from pathlib import Path
 import attrs
 
 from hamq.broker.state import StateFile
+from hamq.protocol import RequestError, ResponseCode
 from hamq.protocol.bodies import (
     PERM_INHERIT,
     PERM_READ,
@@ -30,6 +38,20 @@ from hamq.protocol.message import DEFAULT_TOPIC, SCHEDULE_TOPIC, topic_error
 
 log = logging.getLogger(__name__)
 
+#: how many topics a broker holds at most unless configured otherwise (max_topics)
+DEFAULT_MAX_TOPICS = 10_000
+
+
+class TopicLimitError(RequestError, ValueError):
+    """A new topic would exceed ``max_topics`` (SYSTEM_ERROR; the remark names the limit)."""
+
+    def __init__(self, topic: str, limit: int) -> None:
+        super().__init__(
+            ResponseCode.SYSTEM_ERROR,
+            f"topic[{topic}] cannot be created: this broker holds {limit} topics, its "
+            f"max_topics; delete unused topics or raise max_topics in the broker's config",
+        )
+
 
 class TopicConfigManager(StateFile[TopicConfigSerializeWrapper]):
     def __init__(
@@ -40,9 +62,11 @@ class TopicConfigManager(StateFile[TopicConfigSerializeWrapper]):
         default_queue_nums: int = 8,
         auto_create: bool = True,
         delay_levels: int = 18,
+        max_topics: int = DEFAULT_MAX_TOPICS,
     ) -> None:
         super().__init__(path, TopicConfigSerializeWrapper)
         self._clock = clock
+        self.max_topics = max_topics
         self.table: dict[str, TopicConfig] = {}
         self.data_version = DataVersion(0, clock(), 0)
         self.on_change: list[Callable[[], None]] = []
@@ -64,6 +88,19 @@ class TopicConfigManager(StateFile[TopicConfigSerializeWrapper]):
             if self.table.get(name) != config:
                 self.table[name] = config
                 self._changed()
+        if self.count > self.max_topics:
+            log.warning(
+                "%s holds %d topics, more than max_topics %d: no topic can be created "
+                "until some are deleted",
+                self.path,
+                self.count,
+                self.max_topics,
+            )
+
+    @property
+    def count(self) -> int:
+        """Topics that count against ``max_topics`` (all but the built-in system ones)."""
+        return len(self.table) - sum(1 for name in self._system if name in self.table)
 
     def replace_all(self, wrapper: TopicConfigSerializeWrapper) -> bool:
         """A slave takes its master's topic table (system topics stay its own); True if
@@ -85,12 +122,17 @@ class TopicConfigManager(StateFile[TopicConfigSerializeWrapper]):
         return self.table.get(topic)
 
     def update(self, config: TopicConfig) -> None:
-        """Create or change a topic (UPDATE_AND_CREATE_TOPIC); ValueError for a bad name."""
+        """Create or change a topic (UPDATE_AND_CREATE_TOPIC); ValueError for a bad name,
+        TopicLimitError (a ValueError too) for one topic too many."""
         problem = topic_error(config.topic_name)
         if problem is not None:
             raise ValueError(problem)
-        if self.table.get(config.topic_name) == config:
+        existing = self.table.get(config.topic_name)
+        if existing == config:
             return
+        new = existing is None and config.topic_name not in self._system
+        if new and self.count >= self.max_topics:
+            raise TopicLimitError(config.topic_name, self.max_topics)
         log.info(
             "topic %s: %s", "changed" if config.topic_name in self.table else "created", config
         )

@@ -57,6 +57,7 @@ from typing import Any
 import attrs
 import trio
 
+from hamq.acl import Credentials, signer
 from hamq.client.consumer import PullCaller
 from hamq.client.errors import (
     NETWORK_ERRORS,
@@ -120,7 +121,7 @@ from hamq.protocol.message import (
     decode_messages,
     parse_offset_msg_id,
 )
-from hamq.remoting import RemotingClient, RemotingError
+from hamq.remoting import RemotingClient, RemotingConfig, RemotingError
 
 #: how long one request to a controller or a broker may take (the controller requests)
 REQUEST_TIMEOUT_S = 3.0
@@ -939,11 +940,14 @@ async def ask_controllers(
     body: bytes = b"",
     *,
     timeout_s: float = REQUEST_TIMEOUT_S,
+    credentials: Credentials | None = None,
+    remoting: RemotingConfig | None = None,
 ) -> tuple[str, RemotingCommand]:
     """The first controller's SUCCESS answer, with its address (see the module doc);
-    ClientError naming each controller and what it said when none gives one."""
+    ClientError naming each controller and what it said when none gives one. Requests
+    are signed with ``credentials`` (an ACL account) when given; ``remoting`` holds TLS."""
     problems = []
-    async with RemotingClient() as client:
+    async with _client(credentials, remoting) as client:
         for addr in addrs:
             request = RemotingCommand.request(code, header, body=body)
             try:
@@ -969,8 +973,18 @@ def _not_understood(addr: str, exc: Exception) -> ClientError:
     return ClientError(f"controller {addr}: an answer that is not understood: {exc}")
 
 
+def _client(credentials: Credentials | None, remoting: RemotingConfig | None) -> RemotingClient:
+    """A client for one admin call: signing with ``credentials``, TLS per ``remoting``."""
+    hook = signer(credentials) if credentials is not None else None
+    return RemotingClient(config=remoting, rpc_hook=hook)
+
+
 async def sync_state_data(
-    addrs: Sequence[str], broker_names: Sequence[str] = ()
+    addrs: Sequence[str],
+    broker_names: Sequence[str] = (),
+    *,
+    credentials: Credentials | None = None,
+    remoting: RemotingConfig | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """CONTROLLER_GET_SYNC_STATE_DATA for ``broker_names`` (default: every broker group):
     the answering controller and its answer, whose ``replicasInfoTable`` is broker name
@@ -978,7 +992,11 @@ async def sync_state_data(
     of the table (``known_broker_groups`` says which it knows)."""
     body = json.dumps(list(broker_names)).encode()
     addr, response = await ask_controllers(
-        addrs, RequestCode.CONTROLLER_GET_SYNC_STATE_DATA, body=body
+        addrs,
+        RequestCode.CONTROLLER_GET_SYNC_STATE_DATA,
+        body=body,
+        credentials=credentials,
+        remoting=remoting,
     )
     try:
         answer = json.loads(response.body)
@@ -989,9 +1007,11 @@ async def sync_state_data(
     return addr, answer
 
 
-async def known_broker_groups(addr: str) -> list[str]:
+async def known_broker_groups(
+    addr: str, *, credentials: Credentials | None = None, remoting: RemotingConfig | None = None
+) -> list[str]:
     """The broker groups the controller at ``addr`` knows."""
-    _, answer = await sync_state_data([addr])
+    _, answer = await sync_state_data([addr], credentials=credentials, remoting=remoting)
     return sorted(answer["replicasInfoTable"])
 
 
@@ -1020,12 +1040,24 @@ class Election:
 
 
 async def elect_master(
-    addrs: Sequence[str], cluster: str, broker_name: str, broker_id: int
+    addrs: Sequence[str],
+    cluster: str,
+    broker_name: str,
+    broker_id: int,
+    *,
+    credentials: Credentials | None = None,
+    remoting: RemotingConfig | None = None,
 ) -> Election:
     """Make broker ``broker_id`` of ``broker_name`` its master now (a designated
     election, CONTROLLER_ELECT_MASTER); ClientError with the controller's refusal."""
     header = ElectMasterRequestHeader(cluster, broker_name, broker_id, designate_elect=True)
-    addr, response = await ask_controllers(addrs, RequestCode.CONTROLLER_ELECT_MASTER, header)
+    addr, response = await ask_controllers(
+        addrs,
+        RequestCode.CONTROLLER_ELECT_MASTER,
+        header,
+        credentials=credentials,
+        remoting=remoting,
+    )
     try:
         info = response.header(ReplicaInfoResponseHeader)
         members = decode_body(SyncStateSet, response.body) if response.body else None
@@ -1099,11 +1131,17 @@ def epochs_from_ha_status(status: dict[str, Any]) -> EpochTable:
     )
 
 
-async def broker_epochs(addr: str, *, timeout_s: float = REQUEST_TIMEOUT_S) -> EpochTable:
+async def broker_epochs(
+    addr: str,
+    *,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+    credentials: Credentials | None = None,
+    remoting: RemotingConfig | None = None,
+) -> EpochTable:
     """A broker's epochs: GET_BROKER_EPOCH_CACHE (1007), or from GET_BROKER_HA_STATUS
     (907) where the broker has no such request. ClientError if it cannot be asked,
     refuses, or answers what does not decode."""
-    async with RemotingClient() as client:
+    async with _client(credentials, remoting) as client:
 
         async def ask(code: RequestCode) -> RemotingCommand:
             try:

@@ -38,6 +38,7 @@ import attrs
 import trio
 from attrs import validators as v
 
+from hamq.acl import Credentials, credentials_from, signer
 from hamq.client.errors import (
     NETWORK_ERRORS,
     BrokerError,
@@ -115,6 +116,20 @@ class ClientConfig:
     request_timeout_s: float = attrs.field(default=3.0, validator=v.gt(0))
     serialize_type: SerializeType = SerializeType.MSGPACK
     remoting: RemotingConfig = attrs.field(factory=RemotingConfig)
+    #: an ACL account (RocketMQ's SessionCredentials): every request is signed with it
+    access_key: str | None = None
+    secret_key: str | None = attrs.field(default=None, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        try:
+            credentials_from(self.access_key, self.secret_key)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+
+    @property
+    def credentials(self) -> Credentials | None:
+        """What requests are signed with (access_key and secret_key), if anything."""
+        return credentials_from(self.access_key, self.secret_key)
 
 
 def client_config(namesrv: str | Sequence[str] | ClientConfig, **options: Any) -> ClientConfig:
@@ -150,13 +165,20 @@ class ClientInstance:
         dispatcher.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._notified)
         dispatcher.register(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, self._reset_offsets)
         dispatcher.register(RequestCode.GET_CONSUMER_STATUS_FROM_CLIENT, self._consumer_status)
-        self.remoting = RemotingClient(dispatcher=dispatcher, config=config.remoting)
+        credentials = config.credentials
+        self.remoting = RemotingClient(
+            dispatcher=dispatcher,
+            config=config.remoting,
+            rpc_hook=signer(credentials) if credentials is not None else None,
+        )
         self.routes: dict[str, TopicRouteData] = {}
         self.brokers: dict[str, dict[int, str]] = {}
         self._publish: dict[str, PublishInfo] = {}
         self.producer_groups: set[str] = set()
         self.consumers: dict[str, GroupMember] = {}
         self._namesrv_index = random.randrange(len(config.namesrv_addrs))
+        #: the nameserver in use has answered once (a later failure is worth a warning)
+        self._namesrv_answered = False
         self._refreshed_after_failure: dict[str, float] = {}
         self._stack: contextlib.AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
@@ -213,7 +235,9 @@ class ClientInstance:
         NameServerUnavailableError when none answers; it names each address once with
         what went wrong (cannot connect, timed out, or not a nameserver at all: an
         address that does not serve nameserver requests and turns out to be a broker
-        or a controller). A failure followed by an answer is logged once.
+        or a controller). A failure followed by an answer is logged once: a warning
+        once a nameserver has answered, else at info (a client started while one of its
+        nameservers is down, as the CLI's default list of two often finds).
         """
         addrs = self.config.namesrv_addrs
         failures: list[str] = []
@@ -234,10 +258,16 @@ class ClientInstance:
                 failures.append(str(exc))
                 continue
             if index != self._namesrv_index:
-                log.warning(
-                    "now using nameserver %s: %s", addr, "; ".join(failures + not_nameservers)
+                # a warning when one that answered stops answering; the first choice
+                # (random) failing is news only at info: the other choice would not tell
+                log.log(
+                    logging.WARNING if self._namesrv_answered else logging.INFO,
+                    "now using nameserver %s: %s",
+                    addr,
+                    "; ".join(failures + not_nameservers),
                 )
                 self._namesrv_index = index
+            self._namesrv_answered = True
             return response
         if not failures:
             raise NameServerUnavailableError("; ".join(not_nameservers))

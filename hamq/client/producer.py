@@ -8,7 +8,7 @@
   durable as configured). A failed attempt (no connection, timeout, a broker refusal
   RocketMQ retries: SYSTEM_ERROR, SYSTEM_BUSY, SERVICE_NOT_AVAILABLE, TOPIC_NOT_EXIST,
   NO_PERMISSION) is retried ``retry_times_when_send_failed`` (2) more times on another
-  broker when there is one, all within ``send_timeout_s``; the message keeps its
+  broker when there is one, all within ``send_timeout_s`` (30 s); the message keeps its
   UNIQ_KEY across attempts. ``retry_another_broker_when_not_store_ok`` retries the
   short-of-durable statuses as well. When every try failed in a way a master failover
   explains (connections refused, lost or timed out, a known topic whose route has no
@@ -19,9 +19,19 @@
   by a timeout. An address that timed out is avoided for as long as that try waited
   (a success clears it): other brokers are chosen first (RocketMQ's
   sendLatencyFaultEnable, per address). Each try waits at most
-  ``send_attempt_timeout_s`` (None: the rest of ``send_timeout_s``, as RocketMQ's
+  ``send_attempt_timeout_s`` (10 s; None: the rest of ``send_timeout_s``, as RocketMQ's
   does); when set, a send whose only broker timed out waits, looking the route up
   again, until a new master elected meanwhile takes it or the time out has passed.
+- The rule for the per-try wait (hamq/protocol/headers.py): it must exceed the longest
+  a broker waits before it answers — a SYNC_FLUSH broker's fsync (``[store]
+  sync_flush_timeout_s``, 5 s) and a SYNC_MASTER's wait for its slave (``[ha]
+  sync_timeout_s``, 3 s), which run at once — by a margin (1 s) for the answer to come
+  back. Then the broker's own answer (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT: stored,
+  short of durable) reaches the caller; a try given up before it would be retried and
+  store the message twice. The defaults keep the rule (10 s a try, 30 s in all); a
+  producer whose first try would wait less than 6 s (``min(send_timeout_s,
+  send_attempt_timeout_s)``) logs one warning when it is made. A broker configured to
+  wait longer than the defaults warns when it starts.
 - ``send(msg, selector, arg)``: ordered messages. ``selector(queues, msg, arg)`` picks
   the queue (``hash_selector``: the same ``arg`` always gets the same queue); retries
   stay on that queue, so messages with one sharding key keep their order.
@@ -73,7 +83,18 @@ from hamq.protocol import (
     ResponseCode,
 )
 from hamq.protocol.bodies import MessageQueue
-from hamq.protocol.headers import SendMessageRequestHeader, decode_send_response, send_v2_fields
+from hamq.protocol.headers import (
+    BROKER_SEND_WAIT_S,
+    BROKER_SYNC_FLUSH_WAIT_S,
+    BROKER_SYNC_SLAVE_WAIT_S,
+    SEND_ANSWER_MARGIN_S,
+    SEND_ATTEMPT_TIMEOUT_S,
+    SEND_TIMEOUT_S,
+    SendMessageRequestHeader,
+    decode_send_response,
+    send_v2_fields,
+    send_wait_too_short,
+)
 from hamq.protocol.message import (
     DEFAULT_TOPIC,
     PROPERTY_UNIQ_KEY,
@@ -142,7 +163,7 @@ class Producer(InstanceOwner):
         group: str = "DEFAULT_PRODUCER",
         namesrv: str | Sequence[str] | ClientConfig = "127.0.0.1:9876",
         *,
-        send_timeout_s: float = 3.0,
+        send_timeout_s: float = SEND_TIMEOUT_S,
         retry_times_when_send_failed: int = 2,
         retry_another_broker_when_not_store_ok: bool = False,
         compress_over_bytes: int = 4096,
@@ -151,7 +172,7 @@ class Producer(InstanceOwner):
         default_topic_queue_nums: int = 4,
         latency_fault_tolerance: bool = False,
         max_async_in_flight: int = 10000,
-        send_attempt_timeout_s: float | None = None,
+        send_attempt_timeout_s: float | None = SEND_ATTEMPT_TIMEOUT_S,
         **client_options: Any,
     ) -> None:
         if not group:
@@ -189,6 +210,40 @@ class Producer(InstanceOwner):
         #: set (and replaced) whenever a send_async ends
         self._async_done = trio.Event()
         self._ids = MessageIdGenerator(self.config.client_ip)
+        self._warn_if_tries_are_short()
+
+    @property
+    def first_try_s(self) -> float:
+        """How long the first try of a send waits for the broker's answer."""
+        if self.send_attempt_timeout_s is None:
+            return self.send_timeout_s
+        return min(self.send_timeout_s, self.send_attempt_timeout_s)
+
+    def _warn_if_tries_are_short(self) -> None:
+        """One warning when a try would give up before a broker at its default waits
+        answers (the rule in this module's docstring)."""
+        try_s = self.first_try_s
+        if not send_wait_too_short(try_s):
+            return
+        which = (
+            "send_timeout_s"
+            if self.send_attempt_timeout_s is None or self.send_timeout_s <= try_s
+            else "send_attempt_timeout_s"
+        )
+        log.warning(
+            "producer %s: a try waits at most %gs (%s) for the broker's answer; a broker "
+            "may wait %gs before it answers by default (SYNC_FLUSH's fsync %gs, "
+            "SYNC_MASTER's slave ack %gs), so a FLUSH_DISK_TIMEOUT or FLUSH_SLAVE_TIMEOUT "
+            "would come as a client timeout and a retry could store the message twice: "
+            "give each try at least %gs",
+            self.group,
+            try_s,
+            which,
+            BROKER_SEND_WAIT_S,
+            BROKER_SYNC_FLUSH_WAIT_S,
+            BROKER_SYNC_SLAVE_WAIT_S,
+            BROKER_SEND_WAIT_S + SEND_ANSWER_MARGIN_S,
+        )
 
     # ------------------------------------------------------------------ lifecycle
     def _started(self, instance: ClientInstance) -> None:

@@ -17,6 +17,10 @@ CONTROLLER_REGISTER_BROKER (1003), BROKER_HEARTBEAT (904), CONTROLLER_GET_REPLIC
 CONTROLLER_GET_METADATA_INFO (1005), CONTROLLER_GET_SYNC_STATE_DATA (1006). Changes go
 through Raft from whichever controller receives them; a refusal answers the state
 machine's code (CONTROLLER_*), no quorum answers CONTROLLER_NOT_LEADER.
+
+ACL (``acl_file``, a standalone controller's; an embedded one is covered by its
+nameserver's): heartbeats, registrations, SyncStateSet changes and elections need a
+request signed by an admin account (NO_PERMISSION otherwise); the read-outs stay open.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import attrs
 import trio
 from attrs import validators as v
 
+from hamq.acl import CONTROLLER_POLICY, AclGuard
 from hamq.controller.heartbeats import LiveBroker, LiveBrokers
 from hamq.controller.raft import ControllerUnavailable, RaftState, require_raft_secret
 from hamq.controller.state import ControllerError, ReplicaInfo
@@ -78,6 +83,8 @@ class ControllerConfig:
     raft_secret: str | None = attrs.field(default=None, repr=False)
     #: run a group without a secret (anyone reaching the Raft port can run code)
     insecure_raft: bool = False
+    #: the accounts (plain_acl.yml) that may change the controller's state; None: anyone
+    acl_file: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
 
     def __attrs_post_init__(self) -> None:
         if self.raft_peers and self.raft_address not in self.raft_peers:
@@ -117,6 +124,8 @@ class Controller:
             insecure=config.insecure_raft,
         )
         self.live = LiveBrokers(config.lease_s)
+        #: the ACL (config.acl_file; AclFileError here if the file cannot be used)
+        self.acl = AclGuard(config.acl_file, CONTROLLER_POLICY) if config.acl_file else None
         self._wake = trio.Event()
         #: the last election problem logged per group (so it is logged once, not per scan)
         self._stuck: dict[str, str] = {}
@@ -125,7 +134,10 @@ class Controller:
     # ------------------------------------------------------------------ wiring
     def install(self, dispatcher: Dispatcher, *, heartbeat: bool = True) -> None:
         """Register the processors. ``heartbeat=False`` when the host (a nameserver)
-        answers BROKER_HEARTBEAT itself and passes controller heartbeats on."""
+        answers BROKER_HEARTBEAT itself and passes controller heartbeats on. With an ACL,
+        it guards the dispatcher."""
+        if self.acl is not None:
+            dispatcher.guard = self.acl
         if heartbeat:
             dispatcher.register(RequestCode.BROKER_HEARTBEAT, self.heartbeat)
         dispatcher.register(RequestCode.CONTROLLER_GET_NEXT_BROKER_ID, self.next_broker_id)
@@ -159,8 +171,11 @@ class Controller:
                 ", ".join(self.raft.partners) or "none",
                 self.config.data_dir,
             )
-            task_status.started()
-            await self._election_loop()
+            async with trio.open_nursery() as nursery:
+                if self.acl is not None:
+                    await nursery.start(self.acl.run)
+                task_status.started()
+                await self._election_loop()
         finally:
             with trio.CancelScope(shield=True):  # (run is ended by cancellation)
                 await trio.to_thread.run_sync(self.raft.stop)
@@ -395,7 +410,7 @@ class Controller:
             names = json.loads(request.body) if request.body else []
             if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
                 raise ValueError("not a list of broker names")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: '[[[[...'
             raise RequestError(
                 ResponseCode.CONTROLLER_INVALID_REQUEST,
                 f"CONTROLLER_GET_SYNC_STATE_DATA's body must be a JSON list of broker names: {exc}",

@@ -6,6 +6,7 @@
 - states.py          the slave's states and their transitions
 - epoch.py           the epoch file and where two logs agree
 - group_transfer.py  sends on a SYNC_MASTER waiting for a slave's ack
+- membership.py      who may replicate from a master: the HA secret, the registry
 The wire formats are sans-IO, in hamq.protocol.ha_wire.
 """
 

@@ -1,6 +1,15 @@
-"""HA settings: one frozen object, from the broker's configuration (RocketMQ's names)."""
+"""HA settings: one frozen object, from the broker's configuration (RocketMQ's names).
+
+``secret`` (``[ha] secret``) is the broker group's shared HA secret: with it a master
+admits on its HA port only peers that prove they know it (an HMAC challenge-response,
+hamq.protocol.ha_wire; the secret never crosses the wire), and a slave checks that its
+master knows it too. It is a ``Secret``: printed, logged or listed (GET_BROKER_CONFIG)
+as ``<hidden>``.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import attrs
 from attrs import validators as v
@@ -9,6 +18,33 @@ from hamq.protocol.ha_wire import HAProtocol
 
 KIB = 1024
 MIB = 1024 * KIB
+#: a shorter secret could be guessed offline from one observed exchange
+MIN_SECRET_CHARS = 16
+
+
+class Secret(str):
+    """A string that does not show itself: ``str()``, ``repr()`` and formatting give
+    ``<hidden>`` (empty stays empty); ``encode()`` gives its bytes, for the HMAC."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return "<hidden>" if self else ""
+
+    def __repr__(self) -> str:
+        return repr(str(self))
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+def _secret_length(_instance: object, _attribute: attrs.Attribute[Any], value: str) -> None:
+    if value and len(value) < MIN_SECRET_CHARS:
+        raise ValueError(
+            f"[ha] secret must be at least {MIN_SECRET_CHARS} characters (it has "
+            f"{len(value)}): use a long random string, e.g. the output of `openssl rand "
+            "-hex 32`, the same on the master and its slaves"
+        )
 
 
 @attrs.frozen
@@ -30,4 +66,9 @@ class HAConfig:
     #: how long a slave waits before it connects again, doubling up to the maximum
     reconnect_initial_s: float = attrs.field(default=0.5, validator=v.gt(0))
     reconnect_max_s: float = attrs.field(default=5.0, validator=v.gt(0))
+    #: how long connecting may take, and then the set-up (the secret exchange, the
+    #: auto-switch handshake) on either side
     connect_timeout_s: float = attrs.field(default=3.0, validator=v.gt(0))
+    #: the broker group's shared HA secret (empty: none; slaves are then admitted by
+    #: their registration, see hamq/ha/membership.py)
+    secret: str = attrs.field(default="", converter=Secret, validator=_secret_length)

@@ -1,14 +1,27 @@
 """The master's side of the HA channel: accept slaves, push CommitLog bytes, count acks.
 
-Per connected slave, two tasks under the connection's nursery:
-- the reader takes the slave's messages: in the auto-switch protocol first a
-  HANDSHAKE (answered with the master's max offset and epoch table), then reports of
-  the slave's max offset. The first report sets where sending starts (0: the start
+A connection is first *set up* (``SlaveConnection._set_up``, the one place a
+connection becomes a slave's; TLS, when added, wraps the stream before it): within
+``connect_timeout_s`` the peer proves ``[ha] secret`` if the master has one, and in
+the auto-switch protocol sends its HANDSHAKE (its broker id); then membership.py's
+rule decides whether it is a member of this broker group. A peer that is not is
+closed having been sent no CommitLog byte, none of its reports is read, and one line
+is logged naming it and why (``refused_peers`` counts them). Only admitted slaves are
+in ``connections``: everything that decides a send (``in_sync``, ``replicated_offset``,
+the SyncStateSet's acks, SLAVE_NOT_AVAILABLE) sees members only.
+
+Per admitted slave, two tasks under the connection's nursery:
+- the reader takes the slave's messages: in the auto-switch protocol the HANDSHAKE
+  (answered with the master's max offset and epoch table), then reports of the
+  slave's max offset. The first report sets where sending starts (0: the start
   of the master's last segment, or its first retained byte when
   ``sync_from_last_file`` is off; a slave past the master's log end is refused with
   an error that says its log diverged). Every report is an ack: it wakes SYNC_MASTER
-  sends waiting for it (``AckWaiters``). A slave silent for ``housekeeping_interval_s``
-  (20 s) is dropped.
+  sends waiting for it (``AckWaiters``) — but it counts (``acked_upto``) only up to
+  what the kernel took from this connection's sends (``sent_end``; auto-switch: from
+  the start its handshake agreed on), never what was merely queued for it, and a
+  report past what was ever sent to it drops the slave. A slave silent for
+  ``housekeeping_interval_s`` (20 s) is dropped.
 - the writer sends CommitLog bytes from where the slave is, at most
   ``transfer_batch_bytes`` (32 KiB) and one segment per transfer, never across an
   epoch boundary, straight from the mapped segment (a memoryview, no copy); woken
@@ -28,7 +41,7 @@ confirm offset is the least of their acks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import attrs
 import trio
@@ -36,6 +49,15 @@ import trio
 from hamq.ha.config import HAConfig
 from hamq.ha.epoch import EpochFile
 from hamq.ha.group_transfer import AckWaiters
+from hamq.ha.membership import (
+    MemberCache,
+    Peer,
+    ProofFailed,
+    Registry,
+    RegistryUnavailable,
+    challenge_slave,
+    judge,
+)
 from hamq.ha.states import StateMachine
 from hamq.protocol.ha_wire import (
     EpochEntry,
@@ -49,6 +71,10 @@ from hamq.protocol.ha_wire import (
     encode_master_handshake,
     encode_transfer_header,
 )
+from hamq.remoting import RemotingConfig
+from hamq.remoting.address import IPAddress, ip_of
+from hamq.remoting.ratelimit import RateLimitedLog
+from hamq.remoting.server import Acceptor
 from hamq.store import MessageStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -64,6 +90,10 @@ class SlaveGone(Exception):
 
 class SlaveClosed(SlaveGone):
     """The slave closed the connection (a slave stopping: not a warning)."""
+
+
+class SlaveRefused(SlaveGone):
+    """The peer did not prove it is a member of this broker group: it got nothing."""
 
 
 @attrs.frozen
@@ -86,37 +116,60 @@ class MasterHAStatistics:
     acked_offset: int
     waiting_sends: int
     slaves: tuple[SlaveStatistics, ...]
+    #: peers refused on the HA port (not members of this group), and the last reason
+    refused_peers: int = 0
+    last_refusal: str | None = None
 
 
 class SlaveConnection:
-    def __init__(self, service: HAService, stream: trio.SocketStream, peer: str) -> None:
+    def __init__(
+        self,
+        service: HAService,
+        stream: trio.abc.Stream,
+        peer: str,
+        peer_host: IPAddress | None = None,
+    ) -> None:
         self.service = service
         self.stream = stream
         self.peer = peer
+        self.peer_host = peer_host
         self.protocol = service.config.protocol
         classic = self.protocol is HAProtocol.CLASSIC
         self.machine = StateMachine(
             f"HA connection {peer}", HAState.TRANSFER if classic else HAState.HANDSHAKE
         )
+        self._decoder = SlaveMessageDecoder(self.protocol)
         self.broker_id = -1
         self.sync_from_last_file = service.config.sync_from_last_file
+        #: the slave's last report (bounded by ``next_offset``)
         self.ack_offset = -1
         #: where the writer sends from (None until the first report)
         self.next_offset: int | None = None
+        #: the log end the kernel has taken from this connection's sends (-1: nothing;
+        #: auto-switch: from the start the handshake agreed on)
+        self.sent_end = -1
         self._started = trio.Event()
         self._send_lock = trio.Lock()
         self.bytes_sent = 0
         self.caught_up_at = trio.current_time()
-        #: what the slave acked of what this connection sent (-1: nothing yet)
+        #: what counts of the slave's acks: its report, at most ``sent_end`` (-1: nothing)
         self.acked_upto = -1
         self.scope = trio.CancelScope()
 
     async def serve(self) -> None:
+        service = self.service
         try:
             with self.scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._reader)
-                    nursery.start_soon(self._writer)
+                await self._set_up()
+                service.connections.add(self)
+                try:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._reader)
+                        nursery.start_soon(self._writer)
+                finally:
+                    service.connections.discard(self)
+        except* SlaveRefused as group:
+            service.refused(self.peer, str(group.exceptions[0]))
         except* (
             SlaveGone,
             HAProtocolError,
@@ -131,30 +184,59 @@ class SlaveConnection:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self.stream)
 
-    # ------------------------------------------------------------------ reading
-    async def _reader(self) -> None:
-        decoder = SlaveMessageDecoder(self.protocol)
-        idle_s = self.service.config.housekeeping_interval_s
-        while True:
-            with trio.move_on_after(idle_s) as silent:
-                data = await self.stream.receive_some(RECEIVE_BYTES)
-            if silent.cancelled_caught:
-                raise SlaveGone(f"silent for {idle_s:g}s")
-            if not data:
-                raise SlaveClosed("closed the connection")
-            decoder.feed(data)
-            report = None
-            while (event := decoder.next_event()) is not None:
-                if isinstance(event, SlaveHandshake):
-                    await self._handshake(event)
-                else:
-                    report = event  # only the newest report matters
-            if report is not None:
-                self._report(report)
+    # ------------------------------------------------------------------ set-up
+    async def _set_up(self) -> None:
+        """Admit the peer or refuse it (SlaveRefused) before it is sent any log byte or
+        any report of it is read: within ``connect_timeout_s`` it proves ``[ha] secret``
+        (if this master has one) and, auto-switch, sends its HANDSHAKE; then the
+        membership rule (membership.py); then the handshake is answered."""
+        service = self.service
+        limit = service.config.connect_timeout_s
+        secret = service.config.secret
+        handshake = None
+        try:
+            with trio.fail_after(limit):
+                if secret:
+                    await challenge_slave(self.stream, secret.encode("utf-8"), service.broker_name)
+                if self.protocol is HAProtocol.AUTOSWITCH:
+                    handshake = await self._receive_handshake()
+        except trio.TooSlowError:
+            raise SlaveRefused(f"it did not complete the HA set-up within {limit:g}s") from None
+        except (ProofFailed, HAProtocolError) as exc:
+            raise SlaveRefused(str(exc)) from None
+        peer = Peer(
+            self.peer,
+            self.peer_host,
+            handshake.broker_id if handshake is not None else None,
+            proved_secret=bool(secret),
+        )
+        refusal = await service.refusal(peer)
+        if refusal is not None:
+            raise SlaveRefused(refusal)
+        if not service.active:
+            raise SlaveRefused("this broker is not master (any more)")
+        if handshake is not None:
+            await self._answer_handshake(handshake)
+        log.info(
+            "HA slave %s admitted%s",
+            self.peer,
+            f" (broker id {peer.broker_id})" if peer.broker_id is not None else "",
+        )
 
-    async def _handshake(self, handshake: SlaveHandshake) -> None:
-        if self.machine.state is not HAState.HANDSHAKE:
-            raise SlaveGone(f"a HANDSHAKE in state {self.machine.state.name}")
+    async def _receive_handshake(self) -> SlaveHandshake:
+        """The auto-switch HANDSHAKE, the first thing a slave sends (after the secret)."""
+        while True:
+            event = self._decoder.next_event()
+            if isinstance(event, SlaveHandshake):
+                return event
+            if event is not None:
+                raise SlaveRefused("it reported its offset before its HANDSHAKE")
+            data = await self.stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                raise SlaveRefused("it closed the connection before its HANDSHAKE")
+            self._decoder.feed(data)
+
+    async def _answer_handshake(self, handshake: SlaveHandshake) -> None:
         self.broker_id = handshake.broker_id
         self.sync_from_last_file = handshake.sync_from_last_file
         service = self.service
@@ -165,30 +247,61 @@ class SlaveConnection:
         )
         await self._send(encode_master_handshake(reply))
         self.machine.set(HAState.TRANSFER, "handshake answered")
-        log.info("HA slave %s (broker id %d) shook hands", self.peer, self.broker_id)
+
+    # ------------------------------------------------------------------ reading
+    async def _reader(self) -> None:
+        decoder = self._decoder
+        idle_s = self.service.config.housekeeping_interval_s
+        while True:
+            report = None
+            while (event := decoder.next_event()) is not None:
+                if isinstance(event, SlaveHandshake):
+                    raise SlaveGone(f"a HANDSHAKE in state {self.machine.state.name}")
+                report = event  # only the newest report matters
+            if report is not None:
+                self._report(report)
+            with trio.move_on_after(idle_s) as silent:
+                data = await self.stream.receive_some(RECEIVE_BYTES)
+            if silent.cancelled_caught:
+                raise SlaveGone(f"silent for {idle_s:g}s")
+            if not data:
+                raise SlaveClosed("closed the connection")
+            decoder.feed(data)
 
     def _report(self, report: SlaveReport) -> None:
-        if self.machine.state is not HAState.TRANSFER:
-            raise SlaveGone("reported its offset before the handshake")
         store = self.service.store
         offset = report.max_offset
         if self.next_offset is None:
             self._check_start(offset)
-            if offset == 0:
-                offset = self._start_for_empty_slave()
-            self.next_offset = offset
+            start = self._start_for_empty_slave() if offset == 0 else offset
+            self.next_offset = start
+            if self.protocol is HAProtocol.AUTOSWITCH:
+                # the handshake truncated the slave to where its log agrees with this
+                # master's epochs: it holds this log up to its start. (Classic: its
+                # first report says where its log ends, not that it holds what this
+                # master wrote there; only what this connection sends counts.)
+                self.sent_end = start
             self._started.set()
-            log.info("HA slave %s: sending from commitlog offset %d", self.peer, offset)
-        self.ack_offset = report.max_offset
+            log.info("HA slave %s: sending from commitlog offset %d", self.peer, start)
+        elif offset > self.next_offset:
+            raise SlaveGone(
+                f"it reported offset {offset}, past what was ever sent to it "
+                f"({self.next_offset}): not a slave's report"
+            )
+        self.ack_offset = offset
         # caught up: it has everything sent to it (under load the end keeps moving)
         if self.ack_offset >= min(store.commitlog_max_offset, self.next_offset):
             self.caught_up_at = trio.current_time()
-        if self.bytes_sent or self.protocol is HAProtocol.AUTOSWITCH:
-            # classic: only what this connection sent counts (a slave's first report says
-            # where its log ends, not that it holds what this master wrote there); the
-            # auto-switch handshake truncated the slave to where it agrees with this log
-            self.acked_upto = min(report.max_offset, self.next_offset)
-            self.service.slave_acked(self.acked_upto)
+        self._count_ack()
+
+    def _count_ack(self) -> None:
+        """The slave's report counts up to what the kernel took from this connection
+        (a report can arrive before the send that carried its bytes returns: it is
+        counted when the send does)."""
+        acked = min(self.ack_offset, self.sent_end)
+        if acked > self.acked_upto:
+            self.acked_upto = acked
+            self.service.slave_acked(acked)
 
     def _check_start(self, offset: int) -> None:
         """Refuse a slave whose log cannot continue this master's."""
@@ -217,17 +330,45 @@ class SlaveConnection:
 
     # ------------------------------------------------------------------ writing
     async def _send(self, *parts: bytes | memoryview) -> None:
-        """Send ``parts`` in order, gathered (sendmsg), without copying them."""
+        """Send control messages (handshake, heartbeat): no log bytes."""
+        await self._send_parts([(part, -1) for part in parts])
+
+    async def _send_parts(self, parts: list[tuple[bytes | memoryview, int]]) -> None:
+        """Send the parts in order, gathered (sendmsg), without copying them. A part
+        with an end offset (>= 0) is log data ending there: as the kernel takes its
+        bytes, ``sent_end`` follows (an ack counts only up to there). (Over a stream
+        without sendmsg, such as TLS: ``send_all`` each part, then ``_sent_to``.)"""
         # a slave that reads nothing for housekeeping_interval_s is as good as gone
         with trio.fail_after(self.service.config.housekeeping_interval_s):
             async with self._send_lock:
-                pending = [memoryview(part) for part in parts]
+                pending = [(memoryview(part), end) for part, end in parts]
+                stream = self.stream
+                if not isinstance(stream, trio.SocketStream):  # TLS
+                    for view, end in pending:
+                        await stream.send_all(view)
+                        if end >= 0:
+                            self.bytes_sent += len(view)
+                            self._sent_to(end)
+                    return
                 while pending:
-                    sent = await self.stream.socket.sendmsg(pending)
-                    while pending and sent >= len(pending[0]):
-                        sent -= len(pending.pop(0))
+                    sent = await stream.socket.sendmsg([view for view, _ in pending])
+                    while pending and sent >= len(pending[0][0]):
+                        view, end = pending.pop(0)
+                        sent -= len(view)
+                        if end >= 0:
+                            self.bytes_sent += len(view)
+                            self._sent_to(end)
                     if sent:
-                        pending[0] = pending[0][sent:]
+                        view, end = pending[0]
+                        pending[0] = (view[sent:], end)
+                        if end >= 0:
+                            self.bytes_sent += sent
+                            self._sent_to(end - len(view) + sent)
+
+    def _sent_to(self, offset: int) -> None:
+        if offset > self.sent_end:
+            self.sent_end = offset
+            self._count_ack()
 
     async def _writer(self) -> None:
         await self._started.wait()
@@ -261,9 +402,8 @@ class SlaveConnection:
         epochs = service.epochs
         batch = service.config.transfer_batch_bytes
         confirm = service.confirm_offset
-        buffers: list[bytes | memoryview] = []
-        start = offset
-        while offset < max_offset and len(buffers) < 2 * FRAMES_PER_SEND:
+        parts: list[tuple[bytes | memoryview, int]] = []
+        while offset < max_offset and len(parts) < 2 * FRAMES_PER_SEND:
             limit = min(batch, max_offset - offset)
             epoch = epochs.entry_at(offset)
             if epoch is not None:  # never across an epoch boundary
@@ -276,12 +416,13 @@ class SlaveConnection:
                 raise SlaveGone(f"cannot read commitlog offset {offset} for it: {exc}") from None
             if not data:
                 raise SlaveGone(f"no commitlog data at offset {offset} (deleted?)")
-            buffers += (self._header(offset, len(data), epoch, confirm), data)
+            parts.append((self._header(offset, len(data), epoch, confirm), -1))
             offset += len(data)
-        # counted before the send: the slave's ack can be read before the send returns
+            parts.append((data, offset))
+        # moved before the send: a report up to here is a slave's (the bytes are on
+        # their way); it counts as an ack as the kernel takes them (_send_parts)
         self.next_offset = offset
-        self.bytes_sent += offset - start
-        await self._send(*buffers)
+        await self._send_parts(parts)
 
     def _header(
         self, offset: int, size: int, epoch: EpochEntry | None, confirm_offset: int
@@ -320,6 +461,8 @@ class HAService:
         host: str,
         port: int,
         format_address: Callable[[str, int], str],
+        broker_name: str = "",
+        remoting: RemotingConfig | None = None,
     ) -> None:
         self.store = store
         self.config = config
@@ -327,13 +470,23 @@ class HAService:
         self.host = host
         self.port = port
         self._format_address = format_address
+        #: the broker group's name (in the secret's MACs, and in refusals)
+        self.broker_name = broker_name
+        #: admitted slaves only (a connection joins once set up)
         self.connections: set[SlaveConnection] = set()
+        #: who the group's members are (set by the broker once it can ask; until then
+        #: only a peer that proved the secret is admitted)
+        self._members: MemberCache | None = None
+        self.refused_peers = 0
+        self.last_refusal: str | None = None
         self.acks = AckWaiters()
         self._appended = trio.lowlevel.ParkingLot()
         #: serving slaves (False on a controller-mode broker while it is not master)
         self.active = True
         #: controller mode with allAckInSyncStateSet: the other members that must ack
         self.must_ack: frozenset[int] | None = None
+        #: the listener's connection cap and TLS (the broker's [remoting] settings)
+        self._acceptor = Acceptor("HA service", remoting or RemotingConfig(), RateLimitedLog(log))
 
     @property
     def address(self) -> str:
@@ -347,29 +500,66 @@ class HAService:
                 exc.errno, f"cannot listen for HA on {self.address}: {exc.strerror or exc}"
             ) from None
         self.port = listeners[0].socket.getsockname()[1]
-        log.info("HA service (%s) listening on %s", self.config.protocol.value, self.address)
+        log.info(
+            "HA service (%s) listening on %s; slaves are admitted by %s",
+            self.config.protocol.value,
+            self.address,
+            "[ha] secret" if self.config.secret else "their registration (no [ha] secret)",
+        )
         async with trio.open_nursery() as nursery:
             await nursery.start(self.acks.run)
             task_status.started(self.port)
-            await trio.serve_listeners(self._serve, listeners, handler_nursery=nursery)
+            await self._acceptor.serve(listeners, self._serve, nursery)
 
-    async def _serve(self, stream: trio.SocketStream) -> None:
-        try:
-            host, port = stream.socket.getpeername()[:2]
-            peer = self._format_address(host, port)
-        except OSError:
-            peer = "?"
+    async def _serve(self, stream: trio.abc.Stream, peer: str) -> None:
+        peer_host = ip_of(peer)  # None for "unknown peer"
         if not self.active:
             log.info("HA connection from %s refused: this broker is not master", peer)
             await trio.aclose_forcefully(stream)
             return
-        log.info("HA slave connected from %s", peer)
-        connection = SlaveConnection(self, stream, peer)
-        self.connections.add(connection)
+        log.info("HA connection from %s", peer)
+        await SlaveConnection(self, stream, peer, peer_host).serve()
+
+    # ------------------------------------------------------------------ membership
+    def use_registry(self, registry: Registry) -> None:
+        """Where this master learns its group's members (membership.py)."""
+        self._members = MemberCache(registry)
+
+    async def refusal(self, peer: Peer) -> str | None:
+        """Why ``peer`` may not replicate from this master, or None (membership.py's
+        rule: the secret, else the registry; in controller mode the id always)."""
+        cache = self._members
+        if peer.proved_secret and (
+            cache is None or peer.broker_id is None or not cache.registry.ids_authoritative
+        ):
+            return None
+        if cache is None:
+            return (
+                "this master does not know its group's members yet (and has no [ha] "
+                "secret to admit slaves by)"
+            )
+        registry = cache.registry
+
+        def rule(members: Mapping[int, str]) -> str | None:
+            return judge(
+                peer,
+                members,
+                self_id=registry.self_id(),
+                check_host=not peer.proved_secret,
+                broker_name=self.broker_name,
+                source=registry.source,
+            )
+
         try:
-            await connection.serve()
-        finally:
-            self.connections.discard(connection)
+            members = await cache.members(lambda known: rule(known) is None)
+        except RegistryUnavailable as exc:
+            return f"{registry.source} cannot be asked whether it is a member: {exc}"
+        return rule(members)
+
+    def refused(self, peer: str, reason: str) -> None:
+        self.refused_peers += 1
+        self.last_refusal = f"{peer}: {reason}"
+        log.warning("HA peer %s refused: %s", peer, reason)
 
     def deactivate(self) -> None:
         """Stop serving slaves (this broker is no longer master)."""
@@ -393,7 +583,8 @@ class HAService:
 
     def replicated_offset(self) -> int:
         """With a SyncStateSet: what every member that must ack has (-1 if one has
-        nothing of this master's); without: the best slave's ack."""
+        nothing of this master's); without: the best slave's ack. Admitted slaves'
+        acks only, each at most what was sent to it (``acked_upto``)."""
         if self.must_ack is None:
             return max((c.acked_upto for c in self.connections), default=-1)
         if not self.must_ack:
@@ -459,4 +650,6 @@ class HAService:
             slaves=tuple(
                 sorted((c.statistics() for c in self.connections), key=lambda s: s.address)
             ),
+            refused_peers=self.refused_peers,
+            last_refusal=self.last_refusal,
         )

@@ -2,6 +2,10 @@
 
 A loop of sessions, each a TCP connection to the master's HA address (learnt from the
 nameservers' registration answers, or configured). A session:
+0. with ``[ha] secret``: the secret exchange (membership.py) — this slave proves it
+   knows the secret and checks that the master does too (a master that cannot is not
+   this group's: nothing is taken from it). ``_set_up`` is the one place a connection
+   is set up (TLS, when added, wraps the stream there first);
 1. auto-switch: HANDSHAKE — the master answers its max offset and epoch table; the
    slave truncates its log to the last offset both agree on by epoch (nothing if its
    own epoch table is empty), then
@@ -26,6 +30,7 @@ import trio
 
 from hamq.ha.config import HAConfig
 from hamq.ha.epoch import EpochFile, consistent_point
+from hamq.ha.membership import ProofFailed, answer_master
 from hamq.ha.states import StateMachine
 from hamq.protocol.ha_wire import (
     HAProtocol,
@@ -38,6 +43,8 @@ from hamq.protocol.ha_wire import (
     encode_report,
     encode_slave_handshake,
 )
+from hamq.remoting import RemotingConfig
+from hamq.remoting.tls import ClientTls, open_stream
 from hamq.store import MessageStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -77,11 +84,17 @@ class HAClient:
         broker_id: int,
         master_address: Callable[[], str | None],
         parse_address: Callable[[str], tuple[str, int]],
+        broker_name: str = "",
+        remoting: RemotingConfig | None = None,
     ) -> None:
         self.store = store
+        #: TLS to the master (the broker's [remoting.tls]); None: plain TCP
+        self._tls = ClientTls.of((remoting or RemotingConfig()).tls)
         self.config = config
         self.epochs = epochs
         self.broker_id = broker_id
+        #: the broker group's name (in the secret's MACs)
+        self.broker_name = broker_name
         self._master_address = master_address
         self._parse_address = parse_address
         self.machine = StateMachine("HA slave")
@@ -149,10 +162,11 @@ class HAClient:
     async def _session(self, addr: str) -> None:
         host, port = self._parse_address(addr)
         with trio.fail_after(self.config.connect_timeout_s):  # TooSlowError: next session
-            stream = await trio.open_tcp_stream(host, port)
+            stream = await open_stream(host, port, self._tls, peer=addr)
         self.sessions += 1
         self._connected_to = addr
         async with stream:
+            await self._set_up(stream)
             try:
                 # transfers are cut anywhere: continue from a record boundary
                 await self.store.trim_partial_tail()
@@ -173,7 +187,25 @@ class HAClient:
                 self.machine.set(HAState.TRANSFER, f"connected to {addr}")
             await self._transfer_loop(stream, decoder)
 
-    async def _receive(self, stream: trio.SocketStream) -> bytes:
+    async def _set_up(self, stream: trio.abc.Stream) -> None:
+        """With ``[ha] secret``: prove it, and check the master's proof, within
+        ``connect_timeout_s`` (SessionEnded saying what failed)."""
+        secret = self.config.secret
+        if not secret:
+            return
+        limit = self.config.connect_timeout_s
+        try:
+            with trio.fail_after(limit):
+                await answer_master(stream, secret.encode("utf-8"), self.broker_name)
+        except trio.TooSlowError:
+            raise SessionEnded(
+                f"the HA secret exchange did not complete within {limit:g}s (the master "
+                "sent no challenge: has it no [ha] secret?)"
+            ) from None
+        except ProofFailed as exc:
+            raise SessionEnded(str(exc)) from None
+
+    async def _receive(self, stream: trio.abc.Stream) -> bytes | bytearray:
         idle_s = self.config.housekeeping_interval_s
         with trio.move_on_after(idle_s) as silent:
             data = await stream.receive_some(RECEIVE_BYTES)
@@ -184,7 +216,7 @@ class HAClient:
         return data
 
     async def _receive_handshake(
-        self, stream: trio.SocketStream, decoder: MasterMessageDecoder
+        self, stream: trio.abc.Stream, decoder: MasterMessageDecoder
     ) -> MasterHandshake:
         while True:
             decoder.feed(await self._receive(stream))
@@ -231,9 +263,7 @@ class HAClient:
                 ) from None
         await self.epochs.truncate(point)  # epochs past the agreement go, data or not
 
-    async def _transfer_loop(
-        self, stream: trio.SocketStream, decoder: MasterMessageDecoder
-    ) -> None:
+    async def _transfer_loop(self, stream: trio.abc.Stream, decoder: MasterMessageDecoder) -> None:
         """Receive transfers and append them; report after each batch and when nothing
         was reported for ``heartbeat_interval_s``; end when the master is silent for
         ``housekeeping_interval_s``. One task: only the receive is cancelled (safely)

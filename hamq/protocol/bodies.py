@@ -550,8 +550,8 @@ def _make_converter() -> cattrs.Converter:
         if isinstance(data, str):
             try:
                 data = json.loads(data)
-            except ValueError:
-                raise ValueError(f"{data!r} is not a MessageQueue") from None
+            except (ValueError, RecursionError):
+                raise ValueError(f"{data[:80]!r} is not a MessageQueue") from None
         queue: MessageQueue = queue_fields(data, target)
         return queue
 
@@ -694,9 +694,13 @@ def _load(cls: type, data: bytes | bytearray | memoryview | str) -> Any:
         raise BodyError(f"{cls.__name__} body is not UTF-8: {exc}") from None
     try:
         return json.loads(text)
+    except RecursionError:  # '[[[[...': refused in one line, no traceback
+        raise BodyError(f"{cls.__name__} body is nested too deeply") from None
     except ValueError:
         try:
             return _lenient_loads(text)
+        except RecursionError:
+            raise BodyError(f"{cls.__name__} body is nested too deeply") from None
         except ValueError as exc:
             raise BodyError(f"{cls.__name__} body is not JSON: {exc}") from None
 

@@ -1,4 +1,4 @@
-"""The master/slave HA channel's wire formats, sans-IO (shared/PROTOCOL.md §7).
+r"""The master/slave HA channel's wire formats, sans-IO (shared/PROTOCOL.md §7).
 
 Two protocols share the same TCP port (listen port + 1), chosen by configuration:
 
@@ -20,12 +20,35 @@ A transfer with bodySize 0 is a heartbeat. Decoders are incremental: ``feed(byte
 then take events until None (need more data). Anything that cannot be a valid message
 (an unknown state, a negative or oversized body, a handshake body that is not whole
 entries) raises ``HAProtocolError`` naming it, and poisons the decoder.
+
+Membership proof (hamq's own; only when the master has ``[ha] secret``), before
+anything above, in either protocol. The secret never crosses the wire: each side
+proves it knows it with an HMAC-SHA256 over both sides' fresh nonces, so a proof
+cannot be replayed, nor reflected (the two proofs are keyed by role)::
+
+    master -> slave   CHALLENGE  magic "\xfeHA\x01" | masterNonce[32]            (36 bytes)
+    slave -> master   RESPONSE   magic | slaveNonce[32] | slaveMac[32]          (68 bytes)
+    master -> slave   RESULT     magic | int8 accepted (1) or refused (0) |
+                                 masterMac[32] (zeros when refused)         (37 bytes)
+
+    slaveMac  = HMAC-SHA256(secret, "hamq-ha slave\0"  + brokerName + "\0" +
+                            masterNonce + slaveNonce)
+    masterMac = HMAC-SHA256(secret, "hamq-ha master\0" + brokerName + "\0" +
+                            masterNonce + slaveNonce)
+
+The broker name (the group's) is in both MACs: a slave of another group that shares
+the secret is refused too. The magic's first byte (0xfe) makes it an impossible first
+message of both protocols (a negative offset, an unknown state), so a peer without the
+secret fails at once with an error that says so (``MasterMessageDecoder`` names it).
+Then the protocol's own messages follow on the same connection.
 """
 
 from __future__ import annotations
 
 import collections
 import enum
+import hashlib
+import hmac
 import struct
 
 import attrs
@@ -97,6 +120,37 @@ class Transfer:
     confirm_offset: int = 0
 
 
+@attrs.frozen
+class AuthChallenge:
+    """The master's fresh nonce; the slave must answer with its proof."""
+
+    nonce: bytes
+
+
+@attrs.frozen
+class AuthResponse:
+    """The slave's fresh nonce and its proof of the secret."""
+
+    nonce: bytes
+    mac: bytes
+
+
+@attrs.frozen
+class AuthResult:
+    """The master's verdict; when accepted, its own proof of the secret."""
+
+    accepted: bool
+    mac: bytes
+
+
+AUTH_MAGIC = b"\xfeHA\x01"
+AUTH_NONCE_BYTES = 32
+AUTH_MAC_BYTES = 32
+AUTH_CHALLENGE_BYTES = len(AUTH_MAGIC) + AUTH_NONCE_BYTES
+AUTH_RESPONSE_BYTES = len(AUTH_MAGIC) + AUTH_NONCE_BYTES + AUTH_MAC_BYTES
+AUTH_RESULT_BYTES = len(AUTH_MAGIC) + 1 + AUTH_MAC_BYTES
+_AUTH_LABELS = {"slave": b"hamq-ha slave\0", "master": b"hamq-ha master\0"}
+
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _Q = struct.Struct(">q")
@@ -151,6 +205,60 @@ def encode_transfer_header(
     return _MASTER_TRANSFER.pack(
         HAState.TRANSFER, size, offset, epoch, epoch_start_offset, confirm_offset
     )
+
+
+def auth_mac(
+    secret: bytes, role: str, broker_name: str, master_nonce: bytes, slave_nonce: bytes
+) -> bytes:
+    """The proof ``role`` ("slave" or "master") gives of knowing ``secret``."""
+    message = b"".join((_AUTH_LABELS[role], broker_name.encode(), b"\0", master_nonce, slave_nonce))
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def encode_auth_challenge(challenge: AuthChallenge) -> bytes:
+    if len(challenge.nonce) != AUTH_NONCE_BYTES:
+        raise ValueError(f"a challenge nonce is {AUTH_NONCE_BYTES} bytes")
+    return AUTH_MAGIC + challenge.nonce
+
+
+def encode_auth_response(response: AuthResponse) -> bytes:
+    if len(response.nonce) != AUTH_NONCE_BYTES or len(response.mac) != AUTH_MAC_BYTES:
+        raise ValueError(f"a response is a {AUTH_NONCE_BYTES}-byte nonce and a MAC")
+    return AUTH_MAGIC + response.nonce + response.mac
+
+
+def encode_auth_result(result: AuthResult) -> bytes:
+    mac = result.mac if result.accepted else bytes(AUTH_MAC_BYTES)
+    if len(mac) != AUTH_MAC_BYTES:
+        raise ValueError(f"a result's MAC is {AUTH_MAC_BYTES} bytes")
+    return AUTH_MAGIC + bytes([int(result.accepted)]) + mac
+
+
+def _auth_body(data: bytes, size: int, what: str) -> bytes:
+    if len(data) != size:
+        raise HAProtocolError(f"an HA secret {what} is {size} bytes, not {len(data)}")
+    if data[: len(AUTH_MAGIC)] != AUTH_MAGIC:
+        raise HAProtocolError(
+            f"not an HA secret {what} (it starts {data[:8].hex()}): the peer does not "
+            "speak the secret exchange (no [ha] secret there?)"
+        )
+    return data[len(AUTH_MAGIC) :]
+
+
+def decode_auth_challenge(data: bytes) -> AuthChallenge:
+    return AuthChallenge(_auth_body(data, AUTH_CHALLENGE_BYTES, "challenge"))
+
+
+def decode_auth_response(data: bytes) -> AuthResponse:
+    body = _auth_body(data, AUTH_RESPONSE_BYTES, "response")
+    return AuthResponse(body[:AUTH_NONCE_BYTES], body[AUTH_NONCE_BYTES:])
+
+
+def decode_auth_result(data: bytes) -> AuthResult:
+    body = _auth_body(data, AUTH_RESULT_BYTES, "result")
+    if body[0] not in (0, 1):
+        raise HAProtocolError(f"an HA secret result of {body[0]}, not 0 or 1")
+    return AuthResult(body[0] == 1, body[1:])
 
 
 # ---------------------------------------------------------------- decoding
@@ -265,6 +373,13 @@ class MasterMessageDecoder(_Decoder):
     def next_event(self) -> Transfer | MasterHandshake | None:
         if self._error is not None:
             raise self._error
+        if self._have(len(AUTH_MAGIC)) and (
+            self._buffer[self._pos : self._pos + len(AUTH_MAGIC)] == AUTH_MAGIC
+        ):
+            raise self._fail(
+                "the master sent an HA secret challenge: it requires [ha] secret, which "
+                "this slave does not have"
+            )
         if self.protocol is HAProtocol.CLASSIC:
             header = _CLASSIC_TRANSFER
             if not self._have(header.size):

@@ -239,6 +239,9 @@ def decode_properties(text: str) -> dict[str, str]:
     return properties
 
 
+_U64 = 2**64 - 1
+
+
 @functools.lru_cache(maxsize=4096)
 def pack_host(host: str, port: int) -> bytes:
     """BORNHOST / STOREHOST bytes: 4- or 16-byte address + int32 port (memoized: a
@@ -261,8 +264,9 @@ def unpack_host(data: bytes | memoryview) -> str:
 
 
 def offset_msg_id(store_host: bytes, physical_offset: int) -> str:
-    """The offset message id (§6.4): STOREHOST bytes + int64 commit-log offset, upper hex."""
-    return (store_host + physical_offset.to_bytes(8, "big")).hex().upper()
+    """The offset message id (§6.4): STOREHOST bytes + int64 commit-log offset, upper hex
+    (a damaged record's negative offset as Java's putLong writes it, two's complement)."""
+    return (store_host + (physical_offset & _U64).to_bytes(8, "big")).hex().upper()
 
 
 def parse_offset_msg_id(msg_id: str) -> tuple[str, int]:
@@ -566,7 +570,7 @@ def read_record(buffer: ReadableBuffer, pos: int = 0, *, check_crc: bool = True)
                 f"properties length {properties_len} does not end the record at total size {size}"
             )
         properties = str(view[at:end], "utf-8")
-    except struct.error:
+    except (struct.error, IndexError):
         raise MessageFormatError(f"record fields run past total size {size}") from None
     except UnicodeDecodeError as exc:
         raise MessageFormatError(f"topic or properties are not UTF-8: {exc}") from None
@@ -596,31 +600,40 @@ def read_record(buffer: ReadableBuffer, pos: int = 0, *, check_crc: bool = True)
 def read_summary(buffer: ReadableBuffer, pos: int) -> tuple[int, int, int, int, int, str, str]:
     """What dispatching needs of the record at ``pos``, read fast and without a CRC
     check: (size, queue id, queue offset, sys flag, store timestamp, topic, properties).
-    The record must be complete in ``buffer``; MessageFormatError if it is not sane."""
-    size, magic, _crc, queue_id, _flag, queue_offset, _phy, sys_flag, _born = _HEAD.unpack_from(
-        buffer, pos
-    )
-    if magic != MAGIC_V1 and magic != MAGIC_V2:
-        raise MessageFormatError(f"magic code {magic & 0xFFFFFFFF:#010x} is not a message's")
-    at = pos + HEAD_SIZE + (20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8)
-    (store_timestamp,) = _Q.unpack_from(buffer, at)
-    at += 8 + (20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8) + 12
-    (body_len,) = _I32.unpack_from(buffer, at)
-    at += 4 + body_len
-    end = pos + size
-    if magic == MAGIC_V1:
-        topic_len = buffer[at]
-        at += 1
-    else:
-        (topic_len,) = _I16.unpack_from(buffer, at)
-        at += 2
-    if body_len < 0 or topic_len <= 0 or at + topic_len + 2 > end:
-        raise MessageFormatError(f"record lengths do not add up to its total size {size}")
+    The record must be complete in ``buffer``; MessageFormatError if it is not sane
+    (fields that run past the buffer or its total size, text that is not UTF-8)."""
     try:
+        size, magic, _crc, queue_id, _flag, queue_offset, _phy, sys_flag, _born = _HEAD.unpack_from(
+            buffer, pos
+        )
+        if magic != MAGIC_V1 and magic != MAGIC_V2:
+            raise MessageFormatError(f"magic code {magic & 0xFFFFFFFF:#010x} is not a message's")
+        at = pos + HEAD_SIZE + (20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8)
+        (store_timestamp,) = _Q.unpack_from(buffer, at)
+        at += 8 + (20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8) + 12
+        (body_len,) = _I32.unpack_from(buffer, at)
+        at += 4 + body_len
+        end = pos + size
+        if magic == MAGIC_V1:
+            topic_len = buffer[at]
+            at += 1
+        else:
+            (topic_len,) = _I16.unpack_from(buffer, at)
+            at += 2
+        if body_len < 0 or topic_len <= 0 or at + topic_len + 2 > end or end > len(buffer):
+            raise MessageFormatError(f"record lengths do not add up to its total size {size}")
         topic = str(buffer[at : at + topic_len], "utf-8")
         at += topic_len
         (properties_len,) = _I16.unpack_from(buffer, at)
-        properties = str(buffer[at + 2 : at + 2 + properties_len], "utf-8")
+        if properties_len < 0 or at + 2 + properties_len != end:
+            raise MessageFormatError(
+                f"properties length {properties_len} does not end the record at total size {size}"
+            )
+        properties = str(buffer[at + 2 : end], "utf-8")
+    except (struct.error, IndexError):
+        raise MessageFormatError(
+            f"record at {pos} runs past the {len(buffer)} bytes there"
+        ) from None
     except UnicodeDecodeError as exc:
         raise MessageFormatError(f"topic or properties are not UTF-8: {exc}") from None
     return size, queue_id, queue_offset, sys_flag, store_timestamp, topic, properties

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
 
 def parse_address(addr: str) -> tuple[str, int]:
     """(host, port) of ``host:port``; ValueError names what is wrong."""
@@ -34,3 +38,20 @@ def check_addresses(_instance: object, _attribute: object, value: tuple[str, ...
     """attrs validator: every item is ``host:port``."""
     for addr in value:
         parse_address(addr)
+
+
+def ip_of(address: str) -> IPAddress | None:
+    """The IP address of ``host:port`` or of a bare host (an IPv4-mapped IPv6 address as
+    IPv4, an IPv6 zone dropped); None if it holds no IP address (a host name)."""
+    text = address.strip()
+    try:
+        host = parse_address(text)[0]
+    except ValueError:
+        host = text.strip("[]")
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 
 import trio
@@ -31,8 +31,13 @@ from hamq.remoting.config import RemotingConfig
 from hamq.remoting.connection import Connection
 from hamq.remoting.dispatch import Dispatcher
 from hamq.remoting.errors import RemotingConnectError, RemotingTimeoutError
+from hamq.remoting.tls import ClientTls, TlsHandshakeError
 
 log = logging.getLogger(__name__)
+
+#: called on every request before it is sent, ``hook(address, request)``: it may add
+#: ext fields (hamq.acl's signer adds AccessKey and Signature, as RocketMQ's RPCHook)
+RpcHook = Callable[[str, RemotingCommand], None]
 
 
 class RemotingClient:
@@ -41,9 +46,13 @@ class RemotingClient:
         *,
         dispatcher: Dispatcher | None = None,
         config: RemotingConfig | None = None,
+        rpc_hook: RpcHook | None = None,
     ) -> None:
         self.dispatcher = dispatcher or Dispatcher()
+        self._rpc_hook = rpc_hook
         self._config = config or RemotingConfig()
+        #: TLS (config.tls): the context is built once, TlsConfigError here if it cannot be
+        self._tls = ClientTls.of(self._config.tls)
         self._connections: dict[str, Connection] = {}
         self._connecting: dict[str, _Attempt] = {}
         self._nursery: trio.Nursery | None = None
@@ -94,6 +103,8 @@ class RemotingClient:
         the connection drops first.
         """
         deadline = trio.current_time() + timeout_s
+        if self._rpc_hook is not None:
+            self._rpc_hook(addr, request)
         conn = await self.connection(addr, timeout_s=timeout_s)
         remaining = deadline - trio.current_time()
         if remaining <= 0:
@@ -102,6 +113,8 @@ class RemotingClient:
 
     async def invoke_oneway(self, addr: str, request: RemotingCommand, timeout_s: float) -> None:
         """Send ``request`` with the oneway bit set; no response is awaited."""
+        if self._rpc_hook is not None:
+            self._rpc_hook(addr, request)
         conn = await self.connection(addr, timeout_s=timeout_s)
         await conn.invoke_oneway(request, timeout_s)
 
@@ -162,10 +175,16 @@ class RemotingClient:
             raise RemotingConnectError(addr, f"connect timed out after {limit_s:g}s") from None
         except OSError as exc:
             raise RemotingConnectError(addr, f"cannot connect: {_reason(exc)}") from None
+        served: trio.abc.Stream = stream
+        if self._tls is not None:
+            try:
+                served = await self._tls.wrap(stream, host=host, peer=addr)
+            except TlsHandshakeError as exc:
+                raise RemotingConnectError(addr, str(exc).removeprefix(f"{addr}: ")) from None
         if self._closing or self._nursery is None:
-            await stream.aclose()
+            await served.aclose()
             raise RemotingConnectError(addr, "the client closed")
-        conn = Connection(stream, peer=addr, dispatcher=self.dispatcher, config=self._config)
+        conn = Connection(served, peer=addr, dispatcher=self.dispatcher, config=self._config)
         conn.add_close_listener(self._forget)
         await self._nursery.start(self._run_connection, conn)
         log.debug("connected to %s", addr)

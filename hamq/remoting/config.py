@@ -11,6 +11,7 @@ import attrs
 from attrs import validators as v
 
 from hamq.protocol import DEFAULT_MAX_FRAME_LENGTH
+from hamq.remoting.tls import TlsConfig
 
 
 def _positive_or_none(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -29,6 +30,15 @@ class RemotingConfig:
     max_in_flight_per_connection: int = attrs.field(default=1024, validator=v.ge(1))
     #: A connection with nothing received for this long is closed (RocketMQ: 120 s).
     idle_timeout_s: float | None = attrs.field(default=120.0, validator=_positive_or_none)
+    #: A frame begun must be complete this long after its first byte arrived, or the
+    #: connection is closed: a peer trickling a byte a second ("slowloris") never
+    #: looks idle, and would hold its connection (and a file descriptor) for ever.
+    frame_timeout_s: float | None = attrs.field(default=30.0, validator=_positive_or_none)
+    #: Connections a server holds open at most (TLS handshakes under way included);
+    #: one more is closed as soon as it is accepted, with a (rate-limited) log line.
+    max_connections: int = attrs.field(default=10_000, validator=v.ge(1))
+    #: TLS on listeners and connections (hamq/remoting/tls.py); None: plain TCP.
+    tls: TlsConfig | None = None
     #: How long opening a TCP connection may take (RocketMQ connectTimeoutMillis: 3 s).
     connect_timeout_s: float = attrs.field(default=3.0, validator=v.gt(0.0))
     #: Pending output above which our own requests wait for the peer to read.

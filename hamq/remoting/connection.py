@@ -25,7 +25,12 @@ Tasks and invariants (all inside ``run``'s nursery):
 - requests answered later (async processors, ``defer``) are "in flight"; past
   ``max_in_flight_per_connection`` a new one is answered SYSTEM_BUSY at once.
 - a watchdog task closes the connection once nothing has been received for
-  ``idle_timeout_s`` (no timer per receive).
+  ``idle_timeout_s``, or once a frame begun ``frame_timeout_s`` ago is still
+  incomplete (a peer trickling bytes is never idle; no timer per receive).
+- the stream may be TLS (trio.SSLStream): then every send goes through the writer
+  task (no direct write on the descriptor) and drain() cancels the receive.
+- warnings a peer can provoke at will (malformed frames, slowloris cuts) go through
+  a RateLimitedLog (the server's, shared by its connections).
 - when the connection ends (EOF, error, bad frame, idle timeout, close()), every
   request of ours still waiting fails at once with RemotingConnectionClosed.
 - ``drain()`` is the graceful end: stop reading, answer what is in flight, flush,
@@ -60,6 +65,7 @@ from hamq.remoting.errors import (
     RemotingFrameTooLarge,
     RemotingTimeoutError,
 )
+from hamq.remoting.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
     from hamq.remoting.dispatch import Dispatcher
@@ -142,6 +148,7 @@ class Connection:
         peer: str,
         dispatcher: Dispatcher,
         config: RemotingConfig,
+        warnings: RateLimitedLog | None = None,
     ) -> None:
         self.peer = peer
         #: free for the layers above (client ids, group names) to tag a connection
@@ -153,6 +160,9 @@ class Connection:
         self._dispatcher = dispatcher
         self._config = config
         self._decoder = FrameDecoder(config.max_frame_length)
+        self._warnings = warnings or RateLimitedLog(log)
+        #: when the first byte of the frame still incomplete arrived (None: none is)
+        self._frame_started: float | None = None
         # output: frames waiting to be sent, and the bytes of the send under way
         self._out = bytearray()
         self._sending = 0
@@ -228,8 +238,9 @@ class Connection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write_loop)
-                if self._config.idle_timeout_s is not None:
-                    nursery.start_soon(self._idle_watchdog, self._config.idle_timeout_s)
+                idle_s, frame_s = self._config.idle_timeout_s, self._config.frame_timeout_s
+                if idle_s is not None or frame_s is not None:
+                    nursery.start_soon(self._watchdog, idle_s, frame_s)
                 task_status.started()
                 reason = await self._read_loop()
                 if self._draining and not self._close_reason:
@@ -284,17 +295,32 @@ class Connection:
         await self._wait_flushed(0)
 
     # ------------------------------------------------------------------ reading
-    async def _idle_watchdog(self, idle_s: float) -> None:
-        """Close the connection once nothing has been received for ``idle_s`` seconds."""
+    async def _watchdog(self, idle_s: float | None, frame_s: float | None) -> None:
+        """Close the connection once nothing has been received for ``idle_s`` seconds,
+        or a frame has been arriving for ``frame_s`` seconds without being complete.
+        Checks four times per the shorter period: a deadline is kept within a quarter."""
         seen = self._bytes_received
         quiet_since = trio.current_time()
+        period = min(t for t in (idle_s, frame_s) if t is not None) / 4
         while True:
-            await trio.sleep(idle_s / 4)
+            await trio.sleep(period)
             now = trio.current_time()
+            started = self._frame_started
+            if frame_s is not None and started is not None and now - started >= frame_s:
+                reason = (
+                    f"a frame begun {now - started:.3g}s ago is still incomplete "
+                    f"({self._decoder.buffered} bytes of it received; frame_timeout_s "
+                    f"{frame_s:g})"
+                )
+                self._warnings.warning(
+                    "frame_timeout", "closing connection with %s: %s", self.peer, reason
+                )
+                self._abort(reason)
+                return
             if self._bytes_received != seen:
                 seen = self._bytes_received
                 quiet_since = now
-            elif now - quiet_since >= idle_s:
+            elif idle_s is not None and now - quiet_since >= idle_s:
                 self._abort(f"nothing received for {idle_s:g}s")
                 return
 
@@ -319,6 +345,10 @@ class Connection:
                 commands = decoder.commands()
             except ProtocolError as exc:
                 return self._protocol_error(exc)
+            if not decoder.buffered:
+                self._frame_started = None
+            elif commands or self._frame_started is None:  # a new frame began in this chunk
+                self._frame_started = trio.current_time()
             self._in_read_batch = True
             try:
                 for cmd in commands:
@@ -359,7 +389,7 @@ class Connection:
         return data
 
     def _protocol_error(self, exc: ProtocolError) -> str:
-        log.warning("closing connection with %s: %s", self.peer, exc)
+        self._warnings.warning("protocol", "closing connection with %s: %s", self.peer, exc)
         return f"protocol error: {exc}"
 
     def _complete(self, response: RemotingCommand) -> None:

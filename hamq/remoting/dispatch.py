@@ -12,6 +12,11 @@ Answers (RocketMQ's rules, shared/PROTOCOL.md §2.3): an unknown code gets
 REQUEST_CODE_NOT_SUPPORTED; a processor raising ``RequestError`` gets that code with
 the message as remark; any other exception gets SYSTEM_ERROR with the reason as remark,
 is logged with its traceback, and the connection stays up.
+
+A ``guard`` (a server's ACL, hamq.acl.AclGuard) sees every request of a known code
+before its processor: ``guard(request, conn)`` returns None to let it through, or the
+answer to send instead (NO_PERMISSION). It runs inline, so it must not block; a guard
+that raises refuses the request (SYSTEM_ERROR), it never lets it through.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ log = logging.getLogger(__name__)
 
 InlineProcessor = Callable[[RemotingCommand, Connection], RemotingCommand | None]
 AsyncProcessor = Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand | None]]
+Guard = Callable[[RemotingCommand, Connection], RemotingCommand | None]
 
 
 def error_response(request: RemotingCommand, exc: Exception) -> RemotingCommand:
@@ -37,9 +43,11 @@ def error_response(request: RemotingCommand, exc: Exception) -> RemotingCommand:
 
 
 class Dispatcher:
-    def __init__(self) -> None:
+    def __init__(self, *, guard: Guard | None = None) -> None:
         self._inline: dict[int, InlineProcessor] = {}
         self._async: dict[int, AsyncProcessor] = {}
+        #: checks each request before its processor (see the module's comment)
+        self.guard = guard
 
     def register(self, code: int, processor: InlineProcessor) -> None:
         """Answer ``code`` inline; the processor must not block."""
@@ -62,16 +70,8 @@ class Dispatcher:
     def dispatch(self, request: RemotingCommand, conn: Connection) -> None:
         """Handle one received request on ``conn``."""
         inline = self._inline.get(request.code)
-        if inline is not None:
-            try:
-                response = inline(request, conn)
-            except Exception as exc:
-                response = error_response(request, exc)
-            if response is not None:
-                conn.respond(request, response)
-            return
-        processor = self._async.get(request.code)
-        if processor is None:
+        processor = self._async.get(request.code) if inline is None else None
+        if inline is None and processor is None:
             conn.respond(
                 request,
                 request.response_to(
@@ -80,12 +80,38 @@ class Dispatcher:
                 ),
             )
             return
+        if self.guard is not None:
+            refusal = self._guarded(request, conn, self.guard)
+            if refusal is not None:
+                conn.respond(request, refusal)
+                return
+        if inline is not None:
+            try:
+                response = inline(request, conn)
+            except Exception as exc:
+                response = error_response(request, exc)
+            if response is not None:
+                conn.respond(request, response)
+            return
+        assert processor is not None
         try:
             responder = conn.defer(request)
         except RequestError as exc:
             conn.respond(request, error_response(request, exc))
             return
         conn.spawn(_run_async, processor, responder)
+
+    @staticmethod
+    def _guarded(
+        request: RemotingCommand, conn: Connection, guard: Guard
+    ) -> RemotingCommand | None:
+        try:
+            return guard(request, conn)
+        except Exception as exc:
+            log.error("the guard failed on %s", request.describe(), exc_info=exc)
+            return request.response_to(
+                ResponseCode.SYSTEM_ERROR, f"access check failed: {type(exc).__name__}: {exc}"
+            )
 
 
 async def _run_async(processor: AsyncProcessor, responder: Responder) -> None:

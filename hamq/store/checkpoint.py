@@ -14,18 +14,36 @@ File ``<store>/checkpoint``, 56 bytes, big-endian::
 
 Written with ``write_atomically`` (temp file, fsync, rename, directory fsync). The
 offsets only move forward between two writes, except through an explicit truncation.
+
+The JSON metadata files (the broker's topics.json, consumerOffset.json,
+subscriptionGroup.json; the store's delayOffset.json) are written with
+``save_with_backup`` and read with ``load_with_backup``, RocketMQ's ConfigManager rule:
+the previous content stays beside the file as ``<name>.bak`` (a hard link to the old
+file, so it is as durable as the old file was; a copy where links do not work). A file
+that does not decode is reported in one line naming it, kept as ``<name>.damaged``, and
+the backup is used (a warning says so) and written back under the file's name. With no
+usable backup, MetadataFileError names both and nothing is changed on disk.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import secrets
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 
 from hamq.store.files import write_atomically
 from hamq.store.segment import StoreCorruptionError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 MAGIC = b"HAMQCKPT"
 VERSION = 1
@@ -82,3 +100,103 @@ def load_checkpoint(path: Path) -> Checkpoint | None:
 def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
     """Blocking (fsyncs): run it in a worker thread."""
     write_atomically(path, checkpoint.encode())
+
+
+# ---------------------------------------------------------------- metadata files with a backup
+
+
+class MetadataFileError(StoreCorruptionError):
+    """A metadata file does not decode and has no usable backup; the text names both."""
+
+
+def backup_path(path: Path) -> Path:
+    return path.with_name(f"{path.name}.bak")
+
+
+def _unused(path: Path) -> Path:
+    candidate, n = path, 0
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
+
+
+def _keep_backup(path: Path) -> None:
+    """Make the current ``path`` its backup: a hard link (the same inode, already on
+    disk) renamed over ``<name>.bak``; a durable copy where links do not work."""
+    backup = backup_path(path)
+    link = path.with_name(f".{path.name}.bak.{secrets.token_hex(4)}.tmp")
+    try:
+        os.link(path, link)
+    except FileNotFoundError:
+        return  # nothing to keep
+    except OSError:
+        write_atomically(backup, path.read_bytes())
+        return
+    try:
+        os.replace(link, backup)
+    except BaseException:
+        link.unlink(missing_ok=True)
+        raise
+
+
+def save_with_backup(path: Path, data: bytes) -> None:
+    """Replace ``path`` atomically with ``data``, its previous content kept as
+    ``<name>.bak``. Blocking (fsyncs): run it in a worker thread. A failure half-way
+    leaves the old file under its name (and possibly as the backup too)."""
+    _keep_backup(path)
+    write_atomically(path, data)  # (its directory fsync covers the backup's rename too)
+
+
+def _decoded(path: Path, decode: Callable[[bytes], T]) -> tuple[T | None, bytes, str | None]:
+    """(value, bytes, None) or (None, bytes, what is wrong); FileNotFoundError passes."""
+    data = path.read_bytes()
+    if not data.strip():
+        return None, data, "the file is empty"
+    try:
+        return decode(data), data, None
+    except ValueError as exc:
+        return None, data, str(exc)
+
+
+def load_with_backup(path: Path, decode: Callable[[bytes], T]) -> T | None:
+    """The value in ``path`` (``decode`` raises ValueError for content it refuses), or
+    in its backup if ``path`` is damaged or missing; None if neither exists. Blocking.
+
+    A damaged file is logged in one line, moved to ``<name>.damaged`` and replaced by
+    the backup; MetadataFileError (nothing moved) if there is no usable backup."""
+    backup = backup_path(path)
+    try:
+        value, _data, problem = _decoded(path, decode)
+    except FileNotFoundError:
+        if not backup.exists():
+            return None
+        problem = None
+    else:
+        if problem is None:
+            return value
+        log.error("%s is damaged: %s", path, problem)
+    try:
+        saved, data, backup_problem = _decoded(backup, decode)
+    except FileNotFoundError:
+        backup_problem = "there is none"
+    if backup_problem is not None:
+        if problem is None:  # the file is missing, its backup damaged: start without
+            log.error(
+                "%s is missing and its backup %s is damaged: %s", path, backup, backup_problem
+            )
+            return None
+        raise MetadataFileError(
+            f"{path} is damaged ({problem}) and its backup {backup} cannot be used "
+            f"({backup_problem}); repair or remove the file"
+        )
+    if problem is None:
+        log.warning("%s is missing: using its backup %s", path, backup)
+    else:
+        kept = _unused(path.with_name(f"{path.name}.damaged"))
+        os.replace(path, kept)
+        log.warning(
+            "using the previous copy %s for %s; the damaged file is kept as %s", backup, path, kept
+        )
+    write_atomically(path, data)  # (its directory fsync covers the move aside too)
+    return saved

@@ -10,7 +10,9 @@ and are named by the 20-digit byte offset of their first entry, under
 - ``put`` is idempotent for an entry that is there already (recovery may dispatch a
   record twice) and refuses a gap, except that an empty queue may start anywhere (a
   rebuild after the oldest CommitLog files were deleted);
-- the dispatch (reput) task is the only writer; readers get copies of entries.
+- the dispatch (reput) task is the only writer; readers get copies of entries;
+- a queue's files are mapped only while used (the table's ``MappedFiles`` bounds how
+  many are at once): thousands of queues cost a bounded number of maps and fds.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from hamq.store.segment import SegmentQueue, StoreCorruptionError
+from hamq.store.segment import MappedFiles, SegmentQueue, StoreCorruptionError
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +34,19 @@ Entry = tuple[int, int, int]  # commit-log offset, size, tags code
 
 
 class ConsumeQueue:
-    def __init__(self, root: Path, topic: str, queue_id: int, entries_per_file: int) -> None:
+    def __init__(
+        self,
+        root: Path,
+        topic: str,
+        queue_id: int,
+        entries_per_file: int,
+        files: MappedFiles | None = None,
+    ) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.directory = root / topic / str(queue_id)
         self.entries_per_file = entries_per_file
-        self.segments = SegmentQueue(self.directory, entries_per_file * ENTRY_SIZE)
+        self.segments = SegmentQueue(self.directory, entries_per_file * ENTRY_SIZE, files)
         self.min_offset = 0
         self.max_offset = 0
 

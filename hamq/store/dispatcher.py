@@ -10,15 +10,22 @@ and for each one adds a consume-queue entry and index keys, then tells the liste
   ones no index keys (RocketMQ's rules);
 - for SCHEDULE_TOPIC_XXXX the tags code is the delivery time: store time + the delay
   of the message's level;
-- dispatching a record twice is harmless (consume queues and index skip what they have).
+- dispatching a record twice is harmless (consume queues and index skip what they have);
+- a disk error (an OSError: a full disk, too many open files) stops dispatching at the
+  record it failed on, which is tried again with backoff (RETRY_MIN_S doubling up to
+  RETRY_MAX_S) until it succeeds; meanwhile ``failure`` says why, and the store refuses
+  sends with it. Nothing is skipped: dispatch resumes at that very record. Any other
+  failure (a damaged record) stops dispatching for good.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import mmap
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,13 +50,19 @@ from hamq.protocol.message import (
 )
 from hamq.store.commitlog import CommitLog
 from hamq.store.consume_queue import ConsumeQueue
+from hamq.store.files import open_files_limit
 from hamq.store.index import IndexService
-from hamq.store.segment import StoreCorruptionError
+from hamq.store.segment import MappedFiles, StoreCorruptionError
 
 log = logging.getLogger(__name__)
 
-#: how long the reput task waits before trying again after a disk error
-RETRY_AFTER_FAILURE_S = 1.0
+#: after a disk error the reput task tries again after RETRY_MIN_S, doubling the wait
+#: with each failure up to RETRY_MAX_S
+RETRY_MIN_S = 0.1
+RETRY_MAX_S = 2.0
+#: most consume-queue files mapped at a time, whatever the open-files limit (every map
+#: is a kernel map area: vm.max_map_count is 65530 by default)
+MAX_MAPPED_QUEUE_FILES = 8192
 #: while a replica catches up, its queues are brought up to date at least this often
 CATCH_UP_DEFER_S = 5.0
 
@@ -72,15 +85,32 @@ class DispatchRequest:
     properties: dict[str, str]
 
 
-class ConsumeQueueTable:
-    """Every consume queue of the store, by (topic, queue id), created on first use."""
+def mapped_queue_files_limit() -> int:
+    """How many consume-queue files may be mapped at once: a quarter of the open-files
+    limit (each map holds a descriptor before CPython 3.13; the rest is for
+    connections, CommitLog and index files), at least 16, at most MAX_MAPPED_QUEUE_FILES."""
+    return max(16, min(MAX_MAPPED_QUEUE_FILES, open_files_limit() // 4))
 
-    def __init__(self, root: Path, entries_per_file: int) -> None:
+
+class ConsumeQueueTable:
+    """Every consume queue of the store, by (topic, queue id), created on first use.
+
+    Their files share one MappedFiles: at most ``files.limit`` are mapped at a time.
+    The limit is ``max_mapped_files`` if given, else it follows the open-files limit in
+    force when the store loads (``mapped_queue_files_limit``)."""
+
+    def __init__(
+        self, root: Path, entries_per_file: int, *, max_mapped_files: int | None = None
+    ) -> None:
         self.root = root
         self.entries_per_file = entries_per_file
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self.max_mapped_files = max_mapped_files
+        self.files = MappedFiles(max_mapped_files or mapped_queue_files_limit())
 
     def load(self) -> None:
+        self.files.limit = self.max_mapped_files or mapped_queue_files_limit()
+        self.files.shrink()
         self.root.mkdir(parents=True, exist_ok=True)
         for topic_dir in sorted(self.root.iterdir()):
             if not topic_dir.is_dir():
@@ -102,7 +132,7 @@ class ConsumeQueueTable:
                 raise StoreCorruptionError(
                     f"no consume queue for {topic!r}/{queue_id}: {problem or 'negative queue id'}"
                 )
-            queue = ConsumeQueue(self.root, topic, queue_id, self.entries_per_file)
+            queue = ConsumeQueue(self.root, topic, queue_id, self.entries_per_file, self.files)
             self.queues[key] = queue
         return queue
 
@@ -131,6 +161,12 @@ class ReputService:
         self.listeners: list[Callable[[DispatchRequest], None]] = []
         self.failure: str | None = None
         self.failure_is_transient = False
+        #: how many times dispatching was tried again after a disk error (for statistics)
+        self.retries = 0
+        self._retry_delay = RETRY_MIN_S
+        self._failed_at: float | None = None  # (time.monotonic: recovery runs in a thread)
+        self._retries_before = 0
+        self._last_failure: str | None = None
         self._wakeup = trio.Event()
         self._progress = trio.Event()
         #: a replica taking a backlog from its master defers dispatching (``defer_for``)
@@ -154,20 +190,40 @@ class ReputService:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
-            if self.failure is not None and self.failure_is_transient:
-                await trio.sleep(RETRY_AFTER_FAILURE_S)
-                log.info("reput retrying after: %s", self.failure)
-                self.failure = None
+            retry = self.failure is not None and self.failure_is_transient
+            if retry:
+                # sends are refused while ``failure`` is set: nothing wakes this task,
+                # it tries again by itself
+                await trio.sleep(self._retry_delay)
+                self._retry_delay = min(2 * self._retry_delay, RETRY_MAX_S)
+                self.retries += 1
             longest = trio.current_time() + CATCH_UP_DEFER_S
             while (until := min(self._defer_until, longest)) > trio.current_time():  # noqa: ASYNC110 - a moving deadline, not a condition to signal
                 await trio.sleep_until(until)  # the deferral may have been extended
             # a fresh event before each pass: appends after it wake the next pass,
             # appends before it are in the CommitLog this pass reads
             self._wakeup = trio.Event()
-            if self.dispatch_available(limit=4096) == 4096:
+            if retry:
+                self.failure = None  # (no await until the pass below: no send slips in)
+            done = self.dispatch_available(limit=4096)
+            if self.failure is None and self._failed_at is not None:
+                self._resumed()
+            if done == 4096:
                 await trio.lowlevel.checkpoint()  # a backlog: let others run between batches
                 continue
+            if self.failure is not None and self.failure_is_transient:
+                continue  # back to the backoff
             await self._wakeup.wait()
+
+    def _resumed(self) -> None:
+        assert self._failed_at is not None
+        log.warning(
+            "dispatching resumed after %.1fs and %d retries; sends are taken again",
+            time.monotonic() - self._failed_at,
+            self.retries - self._retries_before,
+        )
+        self._failed_at = self._last_failure = None
+        self._retry_delay = RETRY_MIN_S
 
     async def wait_dispatched(self, offset: int) -> None:
         """Wait until every record before CommitLog ``offset`` is dispatched."""
@@ -242,9 +298,25 @@ class ReputService:
 
     def _fail(self, offset: int, exc: Exception) -> None:
         """Stop dispatching at ``offset``; an OSError (a full disk) is tried again later."""
-        self.failure = f"dispatching the record at commitlog offset {offset} failed: {exc}"
-        self.failure_is_transient = isinstance(exc, OSError)
-        log.error("reput stopped: %s", self.failure)
+        transient = isinstance(exc, OSError)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            failure = f"disk full: {exc}; retrying (commitlog offset {offset} waits)"
+        else:
+            failure = f"dispatching the record at commitlog offset {offset} failed: {exc}"
+            if transient:
+                failure += "; retrying"
+        repeated = failure == self._last_failure
+        self.failure = self._last_failure = failure
+        self.failure_is_transient = transient
+        if not transient:
+            log.error("dispatching stopped: %s", failure)
+            return
+        if self._failed_at is None:
+            self._failed_at, self._retries_before = time.monotonic(), self.retries
+        if repeated:  # (one line per distinct failure, not one per retry)
+            log.debug("dispatching still fails: %s", failure)
+        else:
+            log.error("dispatching paused, sends refused until it succeeds: %s", failure)
 
     def _delay_ms(self, properties: dict[str, str]) -> int:
         try:

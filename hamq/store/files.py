@@ -1,4 +1,5 @@
-"""Durable small files: atomic replacement, directory fsync, the store's lock file.
+"""Durable small files: atomic replacement, directory fsync, the store's lock file;
+and the process's open-files limit.
 
 ``write_atomically`` is how every metadata file of hamq is written (checkpoint, delay
 offsets, the broker's topic/offset/subscription tables): write a temporary file in the
@@ -11,9 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
+import resource
 import tempfile
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: what RocketMQ's deployment guide asks ``ulimit -n`` to be
+RECOMMENDED_OPEN_FILES = 655_350
+#: below this many open files a broker with many topics and clients is at risk (warned)
+LOW_OPEN_FILES = 4096
 
 
 def fsync_directory(directory: Path) -> None:
@@ -22,6 +32,51 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def sync_file_data(path: Path) -> None:
+    """fdatasync ``path`` through a descriptor opened for the call (store files keep
+    none open). Blocking: run it in a worker thread. Writeback errors not yet reported
+    are reported to a new descriptor too (Linux's errseq)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def open_files_limit() -> int:
+    """This process's soft limit of open files."""
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit (a broker holds
+    connections, and maps many files), log what it is, warn when it is low; returns
+    the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, RECOMMENDED_OPEN_FILES)
+    advice = f"RocketMQ's deployment guide asks for {RECOMMENDED_OPEN_FILES}"
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open files limit from %d to %d: %s", soft, target, exc)
+        else:
+            log.info(
+                "open files limit raised from %d to %d (the hard limit); %s", soft, target, advice
+            )
+            soft = target
+    else:
+        log.info("open files limit %d (the hard limit); %s", soft, advice)
+    if soft < LOW_OPEN_FILES:
+        log.warning(
+            "the open files limit is only %d: many topics, queues or clients will exhaust "
+            "it; %s (ulimit -n, or LimitNOFILE in a systemd unit)",
+            soft,
+            advice,
+        )
+    return soft
 
 
 def write_atomically(path: Path, data: bytes) -> None:

@@ -30,14 +30,13 @@ Invariants and choices:
 from __future__ import annotations
 
 import logging
-import os
 import struct
 import zlib
 from datetime import UTC, datetime
 from pathlib import Path
 
-from hamq.store.files import fsync_directory
-from hamq.store.segment import close_mapped_file, map_existing_file, map_new_file
+from hamq.store.files import fsync_directory, sync_file_data
+from hamq.store.segment import close_map, map_existing_file, map_new_file
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,7 @@ class IndexFile:
         self.hash_slots = hash_slots
         self.max_entries = max_entries
         size = HEADER_SIZE + hash_slots * _SLOT.size + max_entries * _ENTRY.size
-        self._fd, self._mm = (map_new_file if create else map_existing_file)(path, size)
+        self._mm = (map_new_file if create else map_existing_file)(path, size)
         header: tuple[int, int, int, int, int, int] = _HEADER.unpack_from(self._mm, 0)
         self.begin_timestamp: int = header[0]
         self.end_timestamp: int = header[1]
@@ -79,6 +78,9 @@ class IndexFile:
     @property
     def full(self) -> bool:
         return self.count >= self.max_entries
+
+    def room_for(self, keys: int) -> bool:
+        return self.count + keys <= self.max_entries
 
     def put(self, key: str, physical_offset: int, store_timestamp: int) -> bool:
         """Index ``key`` for the record at ``physical_offset``; False when the file is full."""
@@ -152,10 +154,10 @@ class IndexFile:
 
     def sync_data(self) -> None:
         """Blocking: write the file's dirty pages to disk (run in a worker thread)."""
-        os.fdatasync(self._fd)
+        sync_file_data(self.path)
 
     def close(self) -> None:
-        close_mapped_file(self._fd, self._mm, self.path)
+        close_map(self._mm, self.path)
 
     def destroy(self) -> None:
         self.close()
@@ -188,10 +190,18 @@ class IndexService:
         return max((f.end_offset for f in self.files if f.count > 1), default=-1)
 
     def add(self, topic: str, keys: list[str], physical_offset: int, store_timestamp: int) -> None:
-        """Index one record's keys (KEYS and UNIQ_KEY); records already indexed are skipped."""
+        """Index one record's keys (KEYS and UNIQ_KEY); records already indexed are skipped.
+
+        A record's keys go into one file when they fit in an empty one: a new file is
+        started first when the current one lacks room for all of them, so that a
+        failure to create it (a full disk) leaves the record wholly unindexed, and
+        dispatching it again indexes it whole.
+        """
         if not keys or physical_offset <= self.indexed_offset:
             return
         current = self._writable(store_timestamp)
+        if not current.room_for(len(keys)) and current.count > 1:
+            current = self._new_file(store_timestamp)
         for key in keys:
             full_key = f"{topic}#{key}"
             if not current.put(full_key, physical_offset, store_timestamp):

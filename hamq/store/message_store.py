@@ -46,16 +46,11 @@ from hamq.protocol.message import (
     read_record,
     topic_error,
 )
-from hamq.store.checkpoint import Checkpoint, load_checkpoint
+from hamq.store.checkpoint import Checkpoint, load_checkpoint, save_with_backup
 from hamq.store.commitlog import AppendResult, CommitLog
 from hamq.store.config import FlushDiskType, StoreConfig
 from hamq.store.dispatcher import ConsumeQueueTable, ReputService
-from hamq.store.files import (
-    DirectoryInUseError,
-    DirectoryLock,
-    fsync_directory,
-    write_atomically,
-)
+from hamq.store.files import DirectoryInUseError, DirectoryLock, fsync_directory
 from hamq.store.flush import FlushService
 from hamq.store.index import IndexService
 from hamq.store.recovery import RecoveryReport, recover
@@ -153,6 +148,8 @@ class GetMessageResult:
     #: how far the last record found is behind the CommitLog's end, in bytes (a master
     #: sends consumers this far behind to a slave, slaveReadEnable)
     lag_bytes: int = 0
+    #: damaged records passed over (not in ``messages``; ``next_begin_offset`` is past them)
+    skipped: int = 0
 
     @property
     def body(self) -> bytes:
@@ -633,7 +630,7 @@ class MessageStore:
         found: list[memoryview] = []
         total = last_physical = 0
         next_offset = offset
-        removed = filtered = 0
+        removed = filtered = skipped = 0
         while next_offset < high and len(found) < max_count:
             if next_offset - offset >= MAX_FILTERED_SCAN:
                 break
@@ -647,26 +644,42 @@ class MessageStore:
                     filtered += 1
                 else:
                     if found and total + size > byte_budget:
-                        return self._found(found, next_offset, low, high, last_physical)
-                    found.append(self.commitlog.read(physical_offset, size))
-                    last_physical = physical_offset
-                    total += size
+                        return self._found(found, next_offset, low, high, last_physical, skipped)
+                    record = self.commitlog.read_checked(
+                        physical_offset, size, check_crc=self.config.check_crc_on_read
+                    )
+                    if record is None:  # damaged: passed over (counted, logged), never sent
+                        skipped += 1
+                    else:
+                        found.append(record)
+                        last_physical = physical_offset
+                        total += size
                 next_offset += 1
                 if len(found) >= max_count:
                     break
         if found:
-            return self._found(found, next_offset, low, high, last_physical)
+            return self._found(found, next_offset, low, high, last_physical, skipped)
         if filtered:
-            return result(GetMessageStatus.NO_MATCHED_MESSAGE, next_offset)
-        if removed:
-            return result(GetMessageStatus.MESSAGE_WAS_REMOVING, next_offset)
-        return result(GetMessageStatus.OFFSET_FOUND_NULL, next_offset)
+            status = GetMessageStatus.NO_MATCHED_MESSAGE
+        elif removed or skipped:  # (RocketMQ's status for a message it could not read)
+            status = GetMessageStatus.MESSAGE_WAS_REMOVING
+        else:
+            status = GetMessageStatus.OFFSET_FOUND_NULL
+        return GetMessageResult(status, next_offset, low, high, skipped=skipped)
 
     def _found(
-        self, found: list[memoryview], next_offset: int, low: int, high: int, last_physical: int
+        self,
+        found: list[memoryview],
+        next_offset: int,
+        low: int,
+        high: int,
+        last_physical: int,
+        skipped: int,
     ) -> GetMessageResult:
         lag = self.commitlog.max_offset - last_physical
-        return GetMessageResult(GetMessageStatus.FOUND, next_offset, low, high, tuple(found), lag)
+        return GetMessageResult(
+            GetMessageStatus.FOUND, next_offset, low, high, tuple(found), lag, skipped
+        )
 
     def max_offset_in_queue(self, topic: str, queue_id: int) -> int:
         queue = self.queues.get(topic, queue_id)
@@ -778,7 +791,7 @@ class MessageStore:
             raise StoreError("a master keeps its own delay offsets")
         data = encode_delay_offsets(offsets)
         await trio.to_thread.run_sync(
-            write_atomically, self.config.config_dir / "delayOffset.json", data
+            save_with_backup, self.config.config_dir / "delayOffset.json", data
         )
 
     def delay_offsets(self) -> dict[int, int]:

@@ -11,30 +11,72 @@ by a clean stop):
   lies after — the torn tail of that segment and any later segments — is copied aside
   under ``<store>/torn/`` before the log is cut there, and every cut is logged with its
   range. Nothing is dropped silently.
+  Except one damaged record with intact neighbours: when the record after it is whole
+  (size, magic, CRC and PHYSICALOFFSET right, or a blank marker ending the segment
+  exactly), the damage is that one record, not a torn tail. It is copied to
+  ``<store>/torn/<offset>.damaged`` and passed over; its bytes stay in the log (the
+  offsets after it, replicas and the index depend on them), and the log goes on.
 
 Then the consume queues and the index are brought in line: entries that point past the
 end are dropped, and the records from the checkpoint's dispatched offset (or from
 wherever the consume queues really end, if their files were deleted) are dispatched
-again. Everything here blocks: MessageStore runs it in a worker thread before serving.
+again. A damaged record met while dispatching is passed over the same way; its consume
+queue entry (RocketMQ's queue offsets have no gaps) points at it, for pulls to skip.
+
+Last, the consume queues are checked against the CommitLog (``check_consume_queues``):
+a queue whose files do not load, whose checked entries do not point at the records
+they should, or that ends before a record of it in the last TAIL_CHECK_BYTES of the
+log (zeroed or deleted files) is rebuilt from the whole log, as deleting consumequeue/
+does, and logged: otherwise new sends would reuse its queue offsets.
+
+Everything here blocks: MessageStore runs it in a worker thread before serving.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
+import re
 import shutil
+import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
 
-from hamq.protocol.message import MessageFormatError, is_blank, read_record
+from hamq.protocol.message import (
+    BLANK_MAGIC,
+    MAGIC_V1,
+    MAGIC_V2,
+    SYSFLAG_BORNHOST_V6,
+    SYSFLAG_STOREHOST_V6,
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED,
+    SYSFLAG_TRANSACTION_ROLLBACK,
+    MessageFormatError,
+    is_blank,
+    read_record,
+    topic_error,
+)
 from hamq.store.checkpoint import Checkpoint
-from hamq.store.commitlog import CommitLog
+from hamq.store.commitlog import MIN_RECORD_BYTES, CommitLog
+from hamq.store.consume_queue import ENTRY_SIZE, ConsumeQueue
 from hamq.store.dispatcher import ConsumeQueueTable, ReputService
 from hamq.store.files import fsync_directory, write_atomically
 from hamq.store.index import IndexService
-from hamq.store.segment import Segment, StoreCorruptionError
+from hamq.store.segment import Segment, StoreCorruptionError, StoreError
 
 log = logging.getLogger(__name__)
+
+#: the start-up check compares every record in this much of the log's end with the
+#: consume queues (a queue that lost entries further back is not noticed: delete
+#: consumequeue/ to rebuild them all)
+TAIL_CHECK_BYTES = 16 * 1024 * 1024
+_SEGMENT_NAME = re.compile(r"\d{20}")
+#: TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG
+_HEAD = struct.Struct(">iiiiiqqi")
+_I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
 
 
 @attrs.frozen
@@ -47,6 +89,11 @@ class RecoveryReport:
     truncated: tuple[int, int] | None = None
     torn_copy: tuple[Path, ...] = ()
     bad_record: str | None = None
+    #: damaged records passed over (their commitlog offsets): kept in the log, copied
+    #: to torn/, and the records after them kept
+    damaged: tuple[int, ...] = ()
+    #: consume queues rebuilt because they did not match the log ("topic/queue id")
+    rebuilt_queues: tuple[str, ...] = ()
 
 
 def _last_nonzero(segment: Segment, start: int) -> int:
@@ -62,18 +109,117 @@ def _last_nonzero(segment: Segment, start: int) -> int:
     return start
 
 
-def scan_commitlog(commitlog: CommitLog, from_offset: int) -> tuple[int, str | None]:
-    """(end of the valid log, why the scan stopped there or None for a clean end)."""
+@attrs.frozen
+class Scan:
+    """What a crash scan found: where the valid log ends (and why there, None for a
+    clean end), and the damaged records it passed over: (offset, size, what is wrong)."""
+
+    end: int
+    reason: str | None = None
+    damaged: tuple[tuple[int, int, str], ...] = ()
+
+
+def _record_ok(view: memoryview, pos: int, physical_offset: int) -> bool:
+    """A whole record (magic, sizes, CRC) that says it is at ``physical_offset``."""
+    try:
+        info = read_record(view, pos, check_crc=True)
+    except (MessageFormatError, struct.error):
+        return False
+    return info.physical_offset == physical_offset
+
+
+def _topic_at(view: memoryview, pos: int) -> tuple[int, int, int] | None:
+    """(where the topic starts, its length, where the properties length is) for the
+    record at ``pos``, by its own BODY and TOPIC lengths; None if they cannot be read."""
+    try:
+        _size, magic, _crc, _queue, _flag, _queue_offset, _phy, sys_flag = _HEAD.unpack_from(
+            view, pos
+        )
+        at = pos + _HEAD.size + 8 + (20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8)
+        at += 8 + (20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8) + 12
+        (body_len,) = _I32.unpack_from(view, at)
+        if body_len < 0:
+            return None
+        at += 4 + body_len
+        if magic == MAGIC_V2:
+            (topic_len,) = _I16.unpack_from(view, at)
+            at += 2
+        else:
+            topic_len = view[at]
+            at += 1
+    except (struct.error, IndexError):
+        return None
+    return (at, topic_len, at + topic_len) if topic_len > 0 else None
+
+
+def _implied_size(view: memoryview, pos: int) -> int | None:
+    """The size a record's own lengths (body, topic, properties) add up to, if they can
+    be read; None otherwise."""
+    topic = _topic_at(view, pos)
+    if topic is None:
+        return None
+    try:
+        (properties_len,) = _I16.unpack_from(view, topic[2])
+    except struct.error:
+        return None
+    return topic[2] + 2 + properties_len - pos if properties_len >= 0 else None
+
+
+def isolated_damage(segment: Segment, pos: int, log_end: int | None = None) -> int | None:
+    """The size of the damaged record at ``pos`` of ``segment`` if the damage is that one
+    record, None if it cannot be told from a torn tail.
+
+    Its TOTALSIZE is taken when the bytes after it are whole: a record that checks
+    (magic, sizes, CRC, PHYSICALOFFSET) or a blank marker ending the segment exactly —
+    or, given ``log_end`` (where the log is known to end: the bytes of ``segment`` are
+    read up to it), when it ends the log there. Refused when the record's own lengths
+    lead to a whole record elsewhere: then the TOTALSIZE is the damaged field, and
+    trusting it would swallow good records."""
+    stop = segment.size if log_end is None else min(segment.size, log_end - segment.start)
+    view = segment.view(0, stop)
+    if stop - pos < 8:
+        return None
+    total = int.from_bytes(view[pos : pos + 4], "big", signed=True)
+    after = pos + total
+    if total < MIN_RECORD_BYTES or after > stop:
+        return None
+    if after == stop and log_end is not None and segment.start + after == log_end:
+        return total  # the last record of a log whose end is known
+    if stop - after < 8:
+        return None
+    implied = _implied_size(view, pos)
+    if (
+        implied is not None
+        and implied != total
+        and implied >= MIN_RECORD_BYTES
+        and pos + implied + 8 <= stop
+        and _record_ok(view, pos + implied, segment.start + pos + implied)
+    ):
+        return None
+    if is_blank(view, after):
+        remaining = int.from_bytes(view[after : after + 4], "big", signed=True)
+        return total if remaining == segment.size - after else None
+    return total if _record_ok(view, after, segment.start + after) else None
+
+
+def scan_commitlog(commitlog: CommitLog, from_offset: int) -> Scan:
+    """Where the valid log ends, scanning from the segment holding ``from_offset``;
+    damaged records with intact neighbours are passed over (``isolated_damage``)."""
     segments = commitlog.segments.segments
     if not segments:
-        return 0, None
+        return Scan(0)
     first = commitlog.segments.find(from_offset)
     if first is None:
         # the checkpoint sits at the end of a full last segment: nothing after it to scan
         first = segments[-1] if from_offset >= segments[-1].end else segments[0]
         if from_offset >= first.end:
-            return from_offset, None
+            return Scan(from_offset)
     offset = first.start
+    damaged: list[tuple[int, int, str]] = []
+
+    def ended(at: int, reason: str | None) -> Scan:
+        return Scan(at, reason, tuple(damaged))
+
     for segment in segments[segments.index(first) :]:
         if segment.start != offset:
             break  # the previous segment ended early: this one is after the end
@@ -81,28 +227,43 @@ def scan_commitlog(commitlog: CommitLog, from_offset: int) -> tuple[int, str | N
         pos = 0
         while True:
             if segment.size - pos < 8:
-                return segment.start + pos, "a segment ends without a blank marker"
+                return ended(segment.start + pos, "a segment ends without a blank marker")
             total = int.from_bytes(view[pos : pos + 4], "big", signed=True)
             if total == 0 and not any(view[pos : pos + 8]):
-                return segment.start + pos, None  # zeros: the end of what was written
+                return ended(segment.start + pos, None)  # zeros: the end of what was written
             if is_blank(view, pos):
                 if total != segment.size - pos:
                     left = segment.size - pos
-                    return segment.start + pos, (
-                        f"blank marker says {total} bytes remain, the segment has {left}"
+                    return ended(
+                        segment.start + pos,
+                        f"blank marker says {total} bytes remain, the segment has {left}",
                     )
                 offset = segment.end
                 break
-            try:
-                info = read_record(view, pos, check_crc=True)
-            except MessageFormatError as exc:
-                return segment.start + pos, str(exc)
-            if info.physical_offset != segment.start + pos:
-                return segment.start + pos, (
-                    f"record says it is at {info.physical_offset}, it is at {segment.start + pos}"
-                )
-            pos += info.size
-    return offset, None
+            problem = _scan_problem(view, pos, segment.start + pos)
+            if problem is not None:
+                size = isolated_damage(segment, pos)
+                if size is None:
+                    return ended(segment.start + pos, problem)
+                damaged.append((segment.start + pos, size, problem))
+                pos += size
+                continue
+            pos += total
+    return ended(offset, None)
+
+
+def _scan_problem(
+    view: memoryview, pos: int, physical_offset: int, *, check_crc: bool = True
+) -> str | None:
+    """What is wrong with the record at ``pos`` (that should be at ``physical_offset``),
+    None if nothing."""
+    try:
+        info = read_record(view, pos, check_crc=check_crc)
+    except MessageFormatError as exc:
+        return str(exc)
+    if info.physical_offset != physical_offset:
+        return f"record says it is at {info.physical_offset}, it is at {physical_offset}"
+    return None
 
 
 def _after_end(commitlog: CommitLog, end: int) -> tuple[Segment | None, list[Segment]]:
@@ -166,6 +327,435 @@ def cut_commitlog(commitlog: CommitLog, end: int, torn_dir: Path) -> tuple[Path,
     return tuple(copies)
 
 
+def _copy_damaged(torn_dir: Path, offset: int, data: bytes) -> Path:
+    """``torn/<offset>.damaged`` holding ``data`` (written unless an identical copy is
+    there: a record met again at the next start is not copied twice)."""
+    target = torn_dir / f"{offset:020d}.damaged"
+    if target.exists() and target.read_bytes() == data:
+        return target
+    target = _unused(target)
+    write_atomically(target, data)
+    return target
+
+
+def _identity(view: memoryview, pos: int) -> tuple[str | None, int, int, int]:
+    """(topic or None if unreadable, queue id, queue offset, sys flag) of a damaged
+    record, as far as it can be read."""
+    _size, _magic, _crc, queue_id, _flag, queue_offset, _phy, sys_flag = _HEAD.unpack_from(
+        view, pos
+    )
+    topic_at = _topic_at(view, pos)
+    topic: str | None = None
+    if topic_at is not None:
+        start, length, _ = topic_at
+        try:
+            topic = str(view[start : start + length], "utf-8")
+        except UnicodeDecodeError:
+            topic = None
+        if topic is not None and topic_error(topic) is not None:
+            topic = None
+    return topic, queue_id, queue_offset, sys_flag
+
+
+@attrs.define
+class _Unplaced:
+    """A damaged record whose consume queue could not be told (yet)."""
+
+    offset: int
+    size: int
+    queue_id: int
+
+
+@attrs.define
+class _Dispatcher:
+    """Recovery's dispatch passes: every record of the log into the consume queues and
+    the index, passing over damaged records with intact neighbours.
+
+    A damaged record whose header still names its queue, at that queue's next offset,
+    gets its entry at once (pointing at it: pulls skip it). One whose queue cannot be
+    told is held in ``unplaced`` until a whole record of some queue comes with a queue
+    offset past that queue's end: the missing entries are the damaged records'."""
+
+    commitlog: CommitLog
+    queues: ConsumeQueueTable
+    reput: ReputService
+    torn_dir: Path
+    #: offsets of damaged records already reported (the crash scan reports its own)
+    reported: set[int] = attrs.field(factory=set)
+    damaged: list[int] = attrs.field(factory=list)
+    unplaced: list[_Unplaced] = attrs.field(factory=list)
+    #: queues emptied to be rebuilt because an entry conflicted with the log
+    reset: dict[tuple[str, int], str] = attrs.field(factory=dict)
+    records: int = 0
+
+    def run(self) -> None:
+        """Dispatch until the end of the log; StoreCorruptionError if a record that
+        fails cannot be passed over."""
+        while True:
+            self.records += self.reput.dispatch_available()
+            failure = self.reput.failure
+            if failure is None:
+                return
+            at = self.reput.offset
+            if self.reput.failure_is_transient or not (
+                self._pass_over(at, failure) or self._fill_gap(at) or self._reset_queue(at)
+            ):
+                raise StoreCorruptionError(f"rebuilding the consume queues failed: {failure}")
+            self.reput.failure = None
+
+    def _pass_over(self, at: int, failure: str) -> bool:
+        segment = self.commitlog.segments.find(at)
+        if segment is None:
+            return False
+        pos = at - segment.start
+        view = segment.view(0, segment.wrote)
+        if _scan_problem(view, pos, at, check_crc=False) is None:
+            return False  # it reads: the failure is elsewhere (a queue gap, say)
+        size = isolated_damage(segment, pos, self.commitlog.max_offset)
+        if size is None:
+            return False
+        if at not in self.reported:
+            copy = _copy_damaged(self.torn_dir, at, bytes(view[pos : pos + size]))
+            log.error(
+                "passed over the damaged record [%d, %d) (%s); copied to %s, the records "
+                "after it are kept",
+                at,
+                at + size,
+                failure,
+                copy,
+            )
+            self.reported.add(at)
+        self.damaged.append(at)
+        self._place(view, pos, at, size)
+        self.reput.offset = at + size
+        return True
+
+    def _place(self, view: memoryview, pos: int, at: int, size: int) -> None:
+        """Give the damaged record its consume queue entry if its header says where."""
+        topic, queue_id, queue_offset, sys_flag = _identity(view, pos)
+        transaction = sys_flag & SYSFLAG_TRANSACTION_MASK
+        if transaction in (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK):
+            return  # such records have no entry
+        queue = self.queues.get(topic, queue_id) if topic is not None else None
+        if queue is None and topic is not None and queue_offset == 0 and queue_id >= 0:
+            queue = self.queues.get_or_create(topic, queue_id)  # its queue's first message
+        if queue is not None and queue.max_offset == queue_offset:
+            queue.put(queue_offset, at, size, 0)
+            return
+        self.unplaced.append(_Unplaced(at, size, queue_id))
+
+    def _whole_record(self, at: int) -> tuple[ConsumeQueue, int, int] | None:
+        """(its queue, its queue offset, its size) for the record at ``at`` if it reads
+        and its queue exists."""
+        segment = self.commitlog.segments.find(at)
+        if segment is None:
+            return None
+        try:
+            info = read_record(segment.view(0, segment.wrote), at - segment.start, check_crc=False)
+        except MessageFormatError:
+            return None
+        queue = self.queues.get(info.topic, info.queue_id)
+        return None if queue is None else (queue, info.queue_offset, info.size)
+
+    def _reset_queue(self, at: int) -> bool:
+        """The whole record at ``at`` failed because its queue's entry for it points
+        elsewhere: empty that queue and dispatch the log again from its start (once per
+        queue)."""
+        found = self._whole_record(at)
+        if found is None:
+            return False
+        queue, queue_offset, size = found
+        entry = queue.entry(queue_offset)
+        key = (queue.topic, queue.queue_id)
+        if entry is None or entry[:2] == (at, size) or key in self.reset:
+            return False
+        problem = f"entry {queue_offset} points at {entry[0]}, the record is at {at}"
+        log.error(
+            "consume queue %s/%d does not match the commitlog (%s): rebuilding it",
+            *key,
+            problem,
+        )
+        self.reset[key] = problem
+        queue.truncate_dirty(-1)
+        self.reput.offset = self.commitlog.min_offset
+        return True
+
+    def _fill_gap(self, at: int) -> bool:
+        """The whole record at ``at`` failed because its queue ends before its queue
+        offset: fill the gap with unplaced damaged records (of its queue id first)."""
+        found = self._whole_record(at) if self.unplaced else None
+        if found is None:
+            return False
+        queue, queue_offset, _size = found
+        if queue.segments.empty or queue_offset <= queue.max_offset:
+            return False
+        missing = queue_offset - queue.max_offset
+        same = [u for u in self.unplaced if u.queue_id == queue.queue_id]
+        chosen = (same if len(same) >= missing else self.unplaced)[:missing]
+        if len(chosen) < missing:
+            return False
+        for unplaced in chosen:
+            queue.put(queue.max_offset, unplaced.offset, unplaced.size, 0)
+            self.unplaced.remove(unplaced)
+        log.warning(
+            "consume queue %s/%d: entries [%d, %d) point at damaged records",
+            queue.topic,
+            queue.queue_id,
+            queue_offset - missing,
+            queue_offset,
+        )
+        return True
+
+
+# ---------------------------------------------------------------- consume queue check
+
+
+def _bad_queue_files(directory: Path, file_bytes: int) -> str | None:
+    """Why the files of a consume queue directory cannot load (what SegmentQueue.load
+    would refuse: a gap, a wrong size, a misaligned name), None if they can."""
+    names = sorted(p.name for p in directory.iterdir() if _SEGMENT_NAME.fullmatch(p.name))
+    expected: int | None = None
+    for name in names:
+        start = int(name)
+        if start % file_bytes:
+            return f"file {name} does not start at a multiple of {file_bytes}"
+        if expected is not None and start != expected:
+            return f"file {expected:020d} is missing"
+        size = (directory / name).stat().st_size
+        if size != file_bytes:
+            return f"file {name} has {size} bytes, not {file_bytes}"
+        expected = start + file_bytes
+    return None
+
+
+def remove_unloadable_queues(root: Path, entries_per_file: int) -> list[str]:
+    """Delete the consume queue directories whose files cannot load (a deleted middle
+    file, a truncated one): they are rebuilt from the log. Returns "topic/queue id"s."""
+    removed: list[str] = []
+    if not root.is_dir():
+        return removed
+    for topic_dir in sorted(root.iterdir()):
+        if not topic_dir.is_dir():
+            continue
+        for queue_dir in sorted(topic_dir.iterdir()):
+            if not (queue_dir.is_dir() and queue_dir.name.isdigit()):
+                continue
+            problem = _bad_queue_files(queue_dir, entries_per_file * ENTRY_SIZE)
+            if problem is not None:
+                name = f"{topic_dir.name}/{queue_dir.name}"
+                log.error("consume queue %s: %s; rebuilding it from the commitlog", name, problem)
+                shutil.rmtree(queue_dir)
+                removed.append(name)
+    return removed
+
+
+def _entry_problem(commitlog: CommitLog, queue: ConsumeQueue, index: int, end: int) -> str | None:
+    """What is wrong with entry ``index`` of ``queue``, judged by the record it points
+    at; None if it matches or cannot be judged (the record is gone, or damaged)."""
+    entry = queue.entry(index)
+    if entry is None:
+        return None
+    physical_offset, size, _tags = entry
+    if size <= 0:
+        return f"entry {index} is empty"
+    if physical_offset < commitlog.min_offset:
+        return None  # the record was deleted with its segment
+    if physical_offset + size > end:
+        return f"entry {index} points past the end of the commitlog ({physical_offset}+{size})"
+    try:
+        head = commitlog.read(physical_offset, _HEAD.size)
+    except StoreError:
+        return f"entry {index} points at {physical_offset}, which the commitlog does not have"
+    total, magic, _crc, queue_id, _flag, queue_offset, physical, _sys = _HEAD.unpack_from(head)
+    if total != size:
+        return f"entry {index} says {size} bytes, the record at {physical_offset} has {total}"
+    if magic not in (MAGIC_V1, MAGIC_V2):
+        return None  # a damaged record (pulls skip it): nothing to judge the entry by
+    if (physical, queue_id, queue_offset) != (physical_offset, queue.queue_id, index):
+        return (
+            f"entry {index} points at {physical_offset}, which holds queue {queue_id} "
+            f"offset {queue_offset}"
+        )
+    return None
+
+
+def _checked_entries(queue: ConsumeQueue) -> list[int]:
+    """The entries checked at start: the first and last of each file, and the last."""
+    per_file = queue.entries_per_file
+    low, high = queue.min_offset, queue.max_offset
+    picks = {high - 1}
+    for start in range(low - low % per_file, high, per_file):
+        picks.add(max(start, low))
+        picks.add(min(start + per_file, high) - 1)
+    return sorted(i for i in picks if low <= i < high)
+
+
+def _first_at_or_after(queue: ConsumeQueue, physical_offset: int) -> int | None:
+    """The commitlog offset of the queue's first entry at or after ``physical_offset``."""
+    offsets = range(queue.min_offset, queue.max_offset)
+    found = bisect.bisect_left(
+        offsets, physical_offset, key=lambda i: (queue.entry(i) or (0, 0, 0))[0]
+    )
+    if found == len(offsets):
+        return None
+    entry = queue.entry(offsets[found])
+    return entry[0] if entry is not None and entry[1] > 0 else None
+
+
+def _tail_start(commitlog: CommitLog, queues: ConsumeQueueTable, end: int) -> int:
+    """Where a record starts at or just after ``end - TAIL_CHECK_BYTES``: a segment's
+    start or a queue entry's record (checked to say it is there)."""
+    target = end - TAIL_CHECK_BYTES
+    if target <= commitlog.min_offset:
+        return commitlog.min_offset
+    holder = commitlog.segments.find(target)
+    best = end if holder is None else min(end, holder.end)
+    for queue in queues.queues.values():
+        at = _first_at_or_after(queue, target)
+        if at is None or not target <= at < best:
+            continue
+        try:
+            head = commitlog.read(at, _HEAD.size)
+        except StoreError:
+            continue
+        if _HEAD.unpack_from(head)[6] == at:
+            best = at
+    return best
+
+
+#: a record the tail check read: (its offset, its size, its queue offset)
+_Seen = tuple[int, int, int]
+
+
+def _tail_records(
+    commitlog: CommitLog, start: int, end: int
+) -> Iterator[tuple[tuple[str, int], _Seen]]:
+    """((topic, queue id), the record) for each record in [start, end) that has a
+    consume queue entry (header and topic read, nothing more: this runs for every
+    record of the window at each start); damaged ones are passed over by their size,
+    the walk stops where nothing can be read."""
+    offset = start
+    topics: dict[bytes, str | None] = {}
+    no_entry = (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK)
+    while offset < end:
+        segment = commitlog.segments.find(offset)
+        if segment is None:
+            return
+        view = segment.view(0, segment.wrote)
+        stop = min(segment.wrote, end - segment.start)
+        pos = offset - segment.start
+        while pos + _HEAD.size <= stop:
+            size, magic, _crc, queue_id, _flag, queue_offset, _phy, sys_flag = _HEAD.unpack_from(
+                view, pos
+            )
+            if magic == BLANK_MAGIC:
+                break
+            if size < MIN_RECORD_BYTES or pos + size > stop:
+                return
+            place = _topic_at(view, pos) if magic in (MAGIC_V1, MAGIC_V2) else None
+            if (
+                place is not None
+                and place[2] < pos + size
+                and sys_flag & SYSFLAG_TRANSACTION_MASK not in no_entry
+            ):
+                raw = bytes(view[place[0] : place[2]])
+                topic = topics.get(raw, "")
+                if topic == "":
+                    try:
+                        topic = topics[raw] = raw.decode()
+                    except UnicodeDecodeError:
+                        topic = topics[raw] = None
+                if topic is not None:
+                    yield (topic, queue_id), (segment.start + pos, size, queue_offset)
+            pos += size
+        if pos + 8 > stop:
+            return
+        offset = segment.end  # a blank marker: the segment's records end here
+
+
+def _tail_problems(
+    commitlog: CommitLog, queues: ConsumeQueueTable, end: int
+) -> dict[tuple[str, int], str]:
+    """Queues that the records in the log's last TAIL_CHECK_BYTES show to be wrong: one
+    ends before a record of it, or its entries for them point elsewhere."""
+    seen: dict[tuple[str, int], list[_Seen]] = {}
+    for key, record in _tail_records(commitlog, _tail_start(commitlog, queues, end), end):
+        records = seen.get(key)
+        if records is None:
+            seen[key] = [record]
+        else:
+            records.append(record)
+    problems: dict[tuple[str, int], str] = {}
+    for key, records in seen.items():
+        last_offset, _size, last = records[-1]
+        queue = queues.get(*key)
+        if queue is None or queue.max_offset <= last:
+            have = "there is no such queue" if queue is None else f"it ends at {queue.max_offset}"
+            problems[key] = f"the commitlog has its entry {last} at {last_offset}, {have}"
+            continue
+        first = max(records[0][2], queue.min_offset)
+        entries = queue.entries(first, last + 1 - first)
+        for offset, size, queue_offset in records:
+            index = queue_offset - first
+            if index < 0:
+                continue  # (expired)
+            entry = entries[index] if index < len(entries) else None
+            if entry is None or entry[0] != offset or entry[1] != size:
+                problems[key] = f"entry {queue_offset} is {entry}, the record is at {offset}+{size}"
+                break
+    return problems
+
+
+def check_consume_queues(
+    commitlog: CommitLog, queues: ConsumeQueueTable, end: int
+) -> dict[tuple[str, int], str]:
+    """Consume queues that do not match the CommitLog, with what is wrong: their
+    checked entries (``_checked_entries``) and the log's last TAIL_CHECK_BYTES."""
+    problems = _tail_problems(commitlog, queues, end)
+    for key, queue in queues.queues.items():
+        if key in problems:
+            continue
+        for index in _checked_entries(queue):
+            problem = _entry_problem(commitlog, queue, index, end)
+            if problem is not None:
+                problems[key] = problem
+                break
+    return problems
+
+
+def _rebuild_queues(
+    dispatcher: _Dispatcher, problems: dict[tuple[str, int], str], store_dir: Path
+) -> None:
+    """Empty the queues named in ``problems`` and dispatch the whole log again (the
+    other queues skip what they have), as deleting consumequeue/ does."""
+    commitlog, queues = dispatcher.commitlog, dispatcher.queues
+    for (topic, queue_id), problem in sorted(problems.items()):
+        queue = queues.get(topic, queue_id)
+        before = (queue.min_offset, queue.max_offset) if queue is not None else None
+        if queue is not None:
+            queue.truncate_dirty(-1)  # every entry: the queue is empty, files removed
+        log.error(
+            "consume queue %s/%d does not match the commitlog (%s): rebuilding it "
+            "(it had entries %s)",
+            topic,
+            queue_id,
+            problem,
+            "none" if before is None else f"[{before[0]}, {before[1]})",
+        )
+    dispatcher.reput.offset = commitlog.min_offset
+    dispatcher.run()
+    for topic, queue_id in sorted(problems):
+        queue = queues.get(topic, queue_id)
+        log.warning(
+            "consume queue %s/%d rebuilt in %s: entries [%d, %d)",
+            topic,
+            queue_id,
+            store_dir,
+            queue.min_offset if queue else 0,
+            queue.max_offset if queue else 0,
+        )
+
+
 def recover(
     *,
     store_dir: Path,
@@ -177,14 +767,18 @@ def recover(
     clean: bool,
 ) -> RecoveryReport:
     """Load and recover everything; on return the store can serve, and ``reput`` has
-    dispatched every record of the log."""
+    dispatched every record of the log. StoreCorruptionError if it cannot: the store
+    must not start (what was cut or moved aside so far stays so, and is logged)."""
     commitlog.load()
+    unloadable = remove_unloadable_queues(queues.root, queues.entries_per_file)
     queues.load()
     index.load()
     segments = commitlog.segments
+    torn_dir = store_dir / "torn"
     reason: str | None = None
     truncated: tuple[int, int] | None = None
     copies: tuple[Path, ...] = ()
+    dispatcher = _Dispatcher(commitlog, queues, reput, torn_dir)
     if clean and checkpoint is None and not segments.empty:
         log.warning("no checkpoint in %s: scanning the commitlog as after a crash", store_dir)
         clean = False
@@ -206,10 +800,12 @@ def recover(
         segments.set_end(end)
     else:
         scan_from = checkpoint.commitlog_flushed_offset if checkpoint else segments.min_offset
-        end, reason = scan_commitlog(commitlog, scan_from)
+        scan = scan_commitlog(commitlog, scan_from)
+        end, reason = scan.end, scan.reason
+        _report_damaged(commitlog, scan, dispatcher)
         if written_past(commitlog, end):
             data_end = max(s.start + _last_nonzero(s, 0) for s in segments.segments)
-            copies = cut_commitlog(commitlog, end, store_dir / "torn")
+            copies = cut_commitlog(commitlog, end, torn_dir)
             truncated = (end, data_end)
             log.error(
                 "crash recovery: commitlog cut at %d (%s); bytes [%d, %d) copied to %s",
@@ -244,9 +840,14 @@ def recover(
             )
     index.truncate(end)
     reput.offset = start
-    records = reput.dispatch_available()
-    if reput.failure is not None:
-        raise StoreCorruptionError(f"rebuilding the consume queues failed: {reput.failure}")
+    dispatcher.run()
+    problems = check_consume_queues(commitlog, queues, end)
+    for name in unloadable:  # (records anywhere in the log: the tail check may miss them)
+        topic, _, queue_id = name.rpartition("/")
+        problems.setdefault((topic, int(queue_id)), "its files could not be loaded")
+    if problems:
+        _rebuild_queues(dispatcher, problems, store_dir)
+    problems.update(dispatcher.reset)
     for queue in queues.queues.values():
         queue.delete_expired(segments.min_offset)  # minimums follow the log's start
     commitlog.queue_offsets = {key: q.max_offset for key, q in queues.queues.items()}
@@ -255,15 +856,32 @@ def recover(
         "clean" if clean else "unclean",
         segments.min_offset,
         end,
-        records,
+        dispatcher.records,
         start,
     )
     return RecoveryReport(
         clean=clean,
         commitlog_end=end,
         dispatched_from=start,
-        records_dispatched=records,
+        records_dispatched=dispatcher.records,
         truncated=truncated,
         torn_copy=copies,
         bad_record=reason,
+        damaged=tuple(sorted(dispatcher.reported)),
+        rebuilt_queues=tuple(f"{t}/{q}" for t, q in sorted(problems)),
     )
+
+
+def _report_damaged(commitlog: CommitLog, scan: Scan, dispatcher: _Dispatcher) -> None:
+    """Copy the damaged records a crash scan passed over to torn/ and log each."""
+    for offset, size, problem in scan.damaged:
+        copy = _copy_damaged(dispatcher.torn_dir, offset, bytes(commitlog.read(offset, size)))
+        log.error(
+            "crash recovery: the damaged record [%d, %d) (%s) is passed over, not cut; "
+            "copied to %s, the records after it are kept",
+            offset,
+            offset + size,
+            problem,
+            copy,
+        )
+        dispatcher.reported.add(offset)

@@ -13,7 +13,10 @@ Delay offsets are persisted — only as far as the delivered copies are flushed 
 ``delay_offset_persist_interval_s`` and at stop as
 ``config/delayOffset.json`` in RocketMQ's shape (``{"offsetTable": {"1": 5, ...}}``), which
 is also the body of GET_ALL_DELAY_OFFSET for slaves. Times come from the store's clock
-(ms), so tests drive them with Trio's MockClock.
+(ms), so tests drive them with Trio's MockClock. The file keeps its previous content
+as ``delayOffset.json.bak``, used (with a warning) when the file is damaged
+(hamq/store/checkpoint.py ``load_with_backup``). A delayed message whose record is
+damaged (it does not decode) is logged and skipped, as a pull skips it.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from hamq.protocol.message import (
     SCHEDULE_TOPIC,
     StoredMessage,
 )
+from hamq.store.checkpoint import load_with_backup, save_with_backup
 from hamq.store.dispatcher import ConsumeQueueTable, DispatchRequest
-from hamq.store.files import write_atomically
+from hamq.store.segment import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +47,9 @@ RETRY_DELIVERY_S = 1.0
 
 
 def load_delay_offsets(path: Path) -> dict[int, int]:
-    """Offsets by level from ``delayOffset.json``; ValueError names a malformed file."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return {}
-    try:
-        return decode_delay_offsets(data)
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+    """Offsets by level from ``delayOffset.json`` (or its backup if it is damaged);
+    MetadataFileError (a StoreError) names a file that is damaged without a backup."""
+    return load_with_backup(path, decode_delay_offsets) or {}
 
 
 def decode_delay_offsets(data: bytes) -> dict[int, int]:
@@ -167,7 +165,7 @@ class ScheduleService:
         snapshot = self.durable_offsets()
         if snapshot != self._persisted:
             await trio.to_thread.run_sync(
-                write_atomically, self.offsets_path, encode_delay_offsets(snapshot)
+                save_with_backup, self.offsets_path, encode_delay_offsets(snapshot)
             )
             self._persisted = snapshot
 
@@ -221,6 +219,14 @@ class ScheduleService:
         None if it should be tried again."""
         try:
             message = self._read_message(physical_offset, size)
+        except OSError:  # (a file that cannot be mapped now: tried again)
+            log.exception("delay level %d: cannot read the message at %d", level, physical_offset)
+            return None
+        except StoreError as exc:  # a damaged record: it will not read better later
+            log.error(
+                "delay level %d: skipped the damaged message at %d: %s", level, physical_offset, exc
+            )
+            return -1
         except Exception:
             log.exception("delay level %d: cannot read the message at %d", level, physical_offset)
             return None

@@ -10,11 +10,25 @@ first byte in the log (``00000000001073741824``). Invariants:
   ``posix_fallocate`` (a full disk is an error at creation, never a SIGBUS on a later
   write), then renamed into place and the directory fsynced: a file with a segment
   name always has its full size;
+- no file descriptor is kept: the one a file is mapped through is closed at once (the
+  map holds the file; CPython before 3.13 keeps one duplicate inside the mmap object),
+  and ``sync_data`` and ``write_bulk`` open the file for the call;
 - ``sync_data`` (fdatasync, which on Linux writes back pages dirtied through the map)
   blocks, so callers run it in a worker thread.
 
+Segments of many small logs (the consume queues: thousands of topics x queues) share
+a ``MappedFiles``: at most its ``limit`` of them are mapped at a time, the least
+recently used are unmapped, and a segment is mapped again when next used. Their
+state (wrote, flushed) lives in the Segment, so nothing is lost by unmapping; pages
+written through the map stay in the page cache until synced. Segments without one
+(CommitLog) stay mapped.
+
 A ``SegmentQueue`` is the ordered, contiguous list of a log's segments; it knows
 nothing of what the bytes mean.
+
+A failure to create, open or map a file is a ``StoreFileError`` (an OSError too: a
+full disk, too many open files), which callers may retry; ``reserve_blocks`` is the
+seam through which tests play a full disk.
 """
 
 from __future__ import annotations
@@ -23,10 +37,12 @@ import logging
 import mmap
 import os
 import re
-from collections.abc import Sequence
+import sys
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from hamq.store.files import fsync_directory
+from hamq.store.files import fsync_directory, sync_file_data
 
 log = logging.getLogger(__name__)
 
@@ -43,88 +59,195 @@ class StoreCorruptionError(StoreError):
     """Files on disk are not what the store wrote (wrong size, gap, bad name)."""
 
 
+class StoreFileError(StoreError, OSError):
+    """A store file could not be created, opened or mapped (a full disk, too many open
+    files): worth trying again later. ``errno`` is the cause's; the text names the file."""
+
+    def __init__(self, cause: OSError, what: str) -> None:
+        super().__init__(cause.errno, f"{what}: {cause.strerror or cause}")
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
 def segment_name(start: int) -> str:
     return f"{start:020d}"
 
 
-def map_new_file(path: Path, size: int) -> tuple[int, mmap.mmap]:
+def _reserve(fd: int, size: int, path: Path) -> None:
+    os.posix_fallocate(fd, 0, size)
+
+
+#: reserves the blocks of a new store file (``fd`` open on it, ``path`` its final name):
+#: posix_fallocate. A seam: tests put a function here that raises OSError(ENOSPC) to
+#: play a full disk; nothing else replaces it.
+reserve_blocks: Callable[[int, int, Path], None] = _reserve
+
+
+if sys.version_info >= (3, 13):
+
+    def _map(fd: int, size: int) -> mmap.mmap:
+        return mmap.mmap(fd, size, trackfd=False)  # holds no descriptor of its own
+
+else:
+
+    def _map(fd: int, size: int) -> mmap.mmap:
+        return mmap.mmap(fd, size)  # (keeps a duplicate of fd until it is closed)
+
+
+def map_new_file(path: Path, size: int) -> mmap.mmap:
     """Create ``path`` with ``size`` reserved zero bytes, atomically, and map it.
 
-    On any failure nothing is left behind under ``path`` (a retry can create it again).
+    On any failure nothing is left behind under ``path`` (a retry can create it again);
+    an OSError is raised as a StoreFileError naming the file.
     """
     if path.exists():
         raise StoreCorruptionError(f"{path} exists already")
     temporary = path.with_name(f".{path.name}.creating")
-    fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    except OSError as exc:
+        raise StoreFileError(exc, f"cannot create {path}") from exc
     renamed = False
     try:
         try:
-            os.posix_fallocate(fd, 0, size)
+            reserve_blocks(fd, size, path)
             os.fsync(fd)  # the size is on disk before the name is
+            os.rename(temporary, path)
+            renamed = True
+            fsync_directory(path.parent)
+            return _map(fd, size)
         except OSError as exc:
-            raise StoreError(f"cannot reserve {size} bytes for {path}: {exc}") from exc
-        os.rename(temporary, path)
-        renamed = True
-        fsync_directory(path.parent)
-        mm = mmap.mmap(fd, size)
+            raise StoreFileError(exc, f"cannot create {path} ({size} bytes)") from exc
     except BaseException:
-        os.close(fd)
         temporary.unlink(missing_ok=True)
         if renamed:
             path.unlink(missing_ok=True)
         raise
-    return fd, mm
+    finally:
+        os.close(fd)
 
 
-def map_existing_file(path: Path, size: int) -> tuple[int, mmap.mmap]:
+def map_existing_file(path: Path, size: int) -> mmap.mmap:
     """Map an existing file that must be exactly ``size`` bytes."""
+    check_size(path, size)
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError as exc:
+        raise StoreFileError(exc, f"cannot open {path}") from exc
+    try:
+        return _map(fd, size)
+    except OSError as exc:
+        raise StoreFileError(exc, f"cannot map {path}") from exc
+    finally:
+        os.close(fd)
+
+
+def check_size(path: Path, size: int) -> None:
+    """StoreCorruptionError unless ``path`` has exactly ``size`` bytes."""
     actual = path.stat().st_size
     if actual != size:
         raise StoreCorruptionError(
             f"{path} has {actual} bytes, expected {size}; was its size configuration changed?"
         )
-    fd = os.open(path, os.O_RDWR)
-    try:
-        return fd, mmap.mmap(fd, size)
-    except BaseException:
-        os.close(fd)
-        raise
 
 
-def close_mapped_file(fd: int, mm: mmap.mmap, path: Path) -> None:
+def close_map(mm: mmap.mmap, path: Path) -> None:
     try:
         mm.close()
     except BufferError:
         # a reader still holds a view; the map closes when that view is dropped
         log.debug("%s still viewed at close; the map outlives it", path)
-    os.close(fd)
+
+
+class MappedFiles:
+    """The mapped segments of a family of small logs, least recently used first; when
+    there are more than ``limit``, the oldest are unmapped (each map costs a file
+    descriptor before CPython 3.13, and a kernel map area always)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._order: OrderedDict[Segment, None] = OrderedDict()
+        #: how many times a file was mapped again after being unmapped for lack of room
+        self.remaps = 0
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def used(self, segment: Segment) -> None:
+        """``segment`` (mapped) was used now; unmap the least recently used beyond the limit."""
+        order = self._order
+        if segment in order:
+            order.move_to_end(segment)
+            return
+        order[segment] = None
+        while len(order) > max(1, self.limit):
+            oldest, _ = order.popitem(last=False)
+            oldest.unmap()
+
+    def forget(self, segment: Segment) -> None:
+        self._order.pop(segment, None)
+
+    def shrink(self) -> None:
+        """Unmap the least recently used until at most ``limit`` are mapped (after the
+        limit was lowered)."""
+        while len(self._order) > max(1, self.limit):
+            oldest, _ = self._order.popitem(last=False)
+            oldest.unmap()
 
 
 class Segment:
-    __slots__ = ("_fd", "_mm", "_view", "flushed", "needs_sync", "path", "size", "start", "wrote")
+    __slots__ = (
+        "_closed",
+        "_files",
+        "_mm",
+        "_view",
+        "flushed",
+        "needs_sync",
+        "path",
+        "size",
+        "start",
+        "wrote",
+    )
 
-    def __init__(self, path: Path, start: int, size: int, fd: int, mm: mmap.mmap) -> None:
+    def __init__(
+        self,
+        path: Path,
+        start: int,
+        size: int,
+        mm: mmap.mmap | None,
+        files: MappedFiles | None = None,
+    ) -> None:
         self.path = path
         self.start = start
         self.size = size
-        self._fd = fd
+        self._files = files
         self._mm = mm
-        self._view = memoryview(mm)
+        self._view = memoryview(mm) if mm is not None else None
+        self._closed = False
         self.wrote = 0
         self.flushed = 0
         #: bytes below ``flushed`` changed (zeroed by a cut) and must be synced again
         self.needs_sync = False
+        if mm is not None and files is not None:
+            files.used(self)
 
     @classmethod
-    def create(cls, directory: Path, start: int, size: int) -> Segment:
+    def create(
+        cls, directory: Path, start: int, size: int, files: MappedFiles | None = None
+    ) -> Segment:
         path = directory / segment_name(start)
-        fd, mm = map_new_file(path, size)
-        return cls(path, start, size, fd, mm)
+        return cls(path, start, size, map_new_file(path, size), files)
 
     @classmethod
-    def open(cls, path: Path, start: int, size: int) -> Segment:
-        fd, mm = map_existing_file(path, size)
-        segment = cls(path, start, size, fd, mm)
+    def open(cls, path: Path, start: int, size: int, files: MappedFiles | None = None) -> Segment:
+        """An existing segment file; with ``files`` it is mapped when first used."""
+        if files is None:
+            mm: mmap.mmap | None = map_existing_file(path, size)
+        else:
+            check_size(path, size)
+            mm = None
+        segment = cls(path, start, size, mm, files)
         segment.wrote = segment.flushed = size
         return segment
 
@@ -144,9 +267,40 @@ class Segment:
         return self.flushed < self.wrote or self.needs_sync
 
     @property
+    def mapped(self) -> bool:
+        return self._mm is not None
+
+    @property
     def buffer(self) -> mmap.mmap:
-        """The mapped bytes, for ``struct.pack_into`` and slice assignment."""
-        return self._mm
+        """The mapped bytes, for ``struct.pack_into`` and slice assignment (mapped now
+        if it was not). Use it at once: a later use of other segments of the same
+        ``MappedFiles`` may unmap this one."""
+        mm = self._mm
+        if mm is None:
+            mm = self._map()
+        if self._files is not None:
+            self._files.used(self)
+        return mm
+
+    def _map(self) -> mmap.mmap:
+        if self._closed:
+            raise StoreError(f"{self.path} is closed")
+        mm = map_existing_file(self.path, self.size)
+        self._mm, self._view = mm, memoryview(mm)
+        if self._files is not None:
+            self._files.remaps += 1
+        return mm
+
+    def unmap(self) -> None:
+        """Let go of the map (it is made again when next used); what was written through
+        it stays in the page cache, to be synced as before."""
+        mm, view = self._mm, self._view
+        if mm is None:
+            return
+        self._mm = self._view = None
+        if view is not None:
+            view.release()
+        close_map(mm, self.path)
 
     def __repr__(self) -> str:
         return f"<Segment {self.path.name} wrote={self.wrote} flushed={self.flushed}>"
@@ -158,7 +312,7 @@ class Segment:
         end = pos + len(data)
         if end > self.size:
             raise StoreError(f"{len(data)} bytes do not fit in {self!r}")
-        self._mm[pos:end] = data
+        self.buffer[pos:end] = data
         self.wrote = end
         return pos
 
@@ -172,19 +326,28 @@ class Segment:
             raise StoreError(f"{total} bytes do not fit in {self!r}")
         views = [memoryview(c) for c in chunks]
         at = pos
-        while views:
-            written = os.pwritev(self._fd, views[:IOV_MAX], at)
-            at += written
-            while views and written >= len(views[0]):
-                written -= len(views.pop(0))
-            if written:
-                views[0] = views[0][written:]
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            while views:
+                written = os.pwritev(fd, views[:IOV_MAX], at)
+                at += written
+                while views and written >= len(views[0]):
+                    written -= len(views.pop(0))
+                if written:
+                    views[0] = views[0][written:]
+        finally:
+            os.close(fd)
         self.wrote = pos + total
         return pos
 
     def view(self, pos: int, length: int) -> memoryview:
         """Zero-copy view of ``length`` bytes at ``pos`` (within what was written)."""
-        return self._view[pos : pos + length]
+        view = self._view
+        if view is None or self._files is not None:
+            self.buffer  # noqa: B018 - mapped now if it was not, and counted as used
+            view = self._view
+            assert view is not None
+        return view[pos : pos + length]
 
     def cut(self, pos: int) -> None:
         """End the data at ``pos``: zero what follows and mark it for the next sync."""
@@ -196,24 +359,26 @@ class Segment:
 
     def zero(self, start: int, stop: int) -> None:
         """Overwrite [start, stop) with zeros."""
+        mm = self.buffer
         chunk = 1 << 20
         for pos in range(start, stop, chunk):
             end = min(stop, pos + chunk)
-            self._mm[pos:end] = bytes(end - pos)
+            mm[pos:end] = bytes(end - pos)
 
     def sync_data(self) -> None:
         """Blocking fdatasync of the file: run it in a worker thread."""
-        os.fdatasync(self._fd)
+        sync_file_data(self.path)
 
     def mtime(self) -> float:
         return self.path.stat().st_mtime
 
     def close(self) -> None:
-        if self._fd < 0:
+        if self._closed:
             return
-        self._view.release()
-        close_mapped_file(self._fd, self._mm, self.path)
-        self._fd = -1
+        self._closed = True
+        if self._files is not None:
+            self._files.forget(self)
+        self.unmap()
 
     def destroy(self) -> None:
         """Close and delete the file."""
@@ -222,11 +387,15 @@ class Segment:
 
 
 class SegmentQueue:
-    """The contiguous, ordered segments of one log in one directory."""
+    """The contiguous, ordered segments of one log in one directory; with ``files``
+    its segments are mapped only while used (see MappedFiles)."""
 
-    def __init__(self, directory: Path, segment_size: int) -> None:
+    def __init__(
+        self, directory: Path, segment_size: int, files: MappedFiles | None = None
+    ) -> None:
         self.directory = directory
         self.segment_size = segment_size
+        self.files = files
         self.segments: list[Segment] = []
 
     def load(self) -> None:
@@ -252,7 +421,9 @@ class SegmentQueue:
                     f"segments of {self.directory} have a gap: expected {segment_name(expected)}"
                     f" after the previous one, found {name}"
                 )
-            self.segments.append(Segment.open(self.directory / name, start, self.segment_size))
+            self.segments.append(
+                Segment.open(self.directory / name, start, self.segment_size, self.files)
+            )
             expected = start + self.segment_size
 
     @property
@@ -293,7 +464,7 @@ class SegmentQueue:
         if start % self.segment_size:
             raise StoreError(f"new segment at {start} is not segment-aligned")
         self.directory.mkdir(parents=True, exist_ok=True)
-        segment = Segment.create(self.directory, start, self.segment_size)
+        segment = Segment.create(self.directory, start, self.segment_size, self.files)
         self.segments.append(segment)
         return segment
 

@@ -10,6 +10,10 @@
   MESSAGE_WAS_REMOVING 20; an empty queue or an offset one past the end 19 (21 if the
   offset was not 0 for an empty queue); offsets out of range 21. The remark is the
   status name; the body is the records back to back.
+- A damaged record (it does not decode, or its body CRC fails with the store's
+  ``check_crc_on_read``) is passed over by the store and counted here (metrics:
+  hamq_broker_damaged_records_skipped); the next offset is past it, so the consumer
+  goes on. A batch of damaged records only is MESSAGE_WAS_REMOVING: retry at once.
 - suggestWhichBrokerId: the master, unless slave reads are on and the consumer is far
   behind the head (``slave_read_lag_bytes``): then a slave. A slave serves pulls too
   (consumers come when their master is down); it never commits a pull's offset.
@@ -131,6 +135,8 @@ class PullProcessor:
             header.max_msg_nums,
             tag_codes=codes,
         )
+        if result.skipped:
+            ctx.stats.skipped_damaged(header.topic, result.skipped)
         status = result.status
         if status in (
             GetMessageStatus.NO_MATCHED_LOGIC_QUEUE,
