@@ -29,12 +29,12 @@ from rich.table import Table
 
 from cli.common import (
     DEFAULT_NAMESRV,
+    HELP_MARKUP,
     CommandError,
     ControllerOption,
     NamesrvOption,
+    access,
     client_options,
-    client_remoting,
-    credentials,
     fail,
     run,
 )
@@ -54,18 +54,13 @@ from hamq.remoting import parse_address
 app = typer.Typer(
     help="Look at and operate the cluster: brokers, consumer groups, messages, failover.",
     no_args_is_help=True,
+    rich_markup_mode=HELP_MARKUP,
 )
 console = Console()
 
 #: a message body longer than this is cut short unless --body-full
 BODY_SHOWN_CHARS = 512
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _controller_access() -> dict[str, Any]:
-    """The account and TLS of ``hamq --access-key/--tls...`` for the admin module's
-    functions that ask controllers and brokers directly."""
-    return {"credentials": credentials(), "remoting": client_remoting()}
 
 
 def _addresses(value: str, option: str) -> list[str]:
@@ -617,7 +612,7 @@ def sync_state_set(
     names = list(dict.fromkeys(brokers or []))
 
     async def main() -> None:
-        addr, answer = await sync_state_data(addrs, names, **_controller_access())
+        addr, answer = await sync_state_data(addrs, names, **access().call_options())
         table = answer["replicasInfoTable"]
         if as_json:
             print_json(answer)
@@ -628,7 +623,7 @@ def sync_state_set(
                 _print_group(name, group)
         missing = [name for name in names if name not in table]
         if missing:
-            known = await known_broker_groups(addr, **_controller_access())
+            known = await known_broker_groups(addr, **access().call_options())
             raise CommandError(
                 f"controller {addr} knows no broker group {', '.join(missing)} "
                 f"(known: {', '.join(known) or 'none'})"
@@ -657,7 +652,7 @@ def elect_master_command(
     addrs = _addresses(controller, "--controller")
 
     async def main() -> None:
-        election = await elect_master(addrs, cluster, broker, broker_id, **_controller_access())
+        election = await elect_master(addrs, cluster, broker, broker_id, **access().call_options())
         if as_json:
             print_json(election.to_json())
             return
@@ -684,7 +679,7 @@ def broker_epoch(broker: BrokerOption, as_json: JsonOption = False) -> None:
     addr = _addresses(broker, "--broker")[0]
 
     async def main() -> None:
-        epochs = await broker_epochs(addr, **_controller_access())
+        epochs = await broker_epochs(addr, **access().call_options())
         if as_json:
             print_json({"address": addr, **epochs.to_json()})
             return

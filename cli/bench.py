@@ -9,7 +9,13 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="Run hamq's benchmarks (from a source checkout).", no_args_is_help=True)
+from cli.common import HELP_MARKUP
+
+app = typer.Typer(
+    help="Run hamq's benchmarks (from a source checkout).",
+    no_args_is_help=True,
+    rich_markup_mode=HELP_MARKUP,
+)
 
 BENCHMARKS_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
 

@@ -55,7 +55,7 @@ from hamq.client import (
     SendStatus,
 )
 from hamq.client.message import DEFAULT_MAX_MESSAGE_SIZE, check_message, check_topic
-from hamq.protocol import headers
+from hamq.protocol import send_timing
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +66,12 @@ MAX_CONCURRENCY = 1024
 MAX_BATCH = 1024
 #: RocketMQ's delay levels by default (messageDelayLevel): 1=1s 2=5s 3=10s ... 18=2h
 MAX_DELAY_LEVEL = 18
-#: how long one message may take by default, retries and a failover included
-SEND_TIMEOUT_S = headers.SEND_TIMEOUT_S
-#: how long one try may wait for the broker: well past the longest a broker waits before
-#: it answers by default (a SYNC_FLUSH broker's FLUSH_DISK_TIMEOUT after 5 s,
-#: ``sync_flush_timeout_s``; a SYNC_MASTER's FLUSH_SLAVE_TIMEOUT after 3 s, ``[ha]
-#: sync_timeout_s``; both waits run at once), so that only a broker that hangs is left
-#: for another try (a try given up while the broker still works would store a second
-#: copy); short enough that the default --send-timeout leaves room for two more. The
-#: producer's defaults, whose rule hamq/protocol/headers.py states.
-ATTEMPT_TIMEOUT_S = headers.SEND_ATTEMPT_TIMEOUT_S
+#: how long one message may take, retries and a failover included, and how long one try
+#: may wait for the broker: the producer's defaults, which keep the rule of
+#: hamq/protocol/send_timing.py (a try outlasts the longest a broker waits before it
+#: answers, so that only a broker that hangs is left for another try)
+SEND_TIMEOUT_S = send_timing.SEND_TIMEOUT_S
+ATTEMPT_TIMEOUT_S = send_timing.SEND_ATTEMPT_TIMEOUT_S
 
 
 @attrs.define

@@ -12,7 +12,8 @@ checkout's conf/ (conf/README.md lists them); anything else is taken as a path.
 Order: nameservers, then masters (broker_id 0), then slaves, then brokers in controller
 mode (``enable_controller_mode``: the controllers pick their ids and their master) start,
 each awaited until its one ``hamq ... ready:`` line (at most READY_TIMEOUT_S); then ``up``
-waits until every nameserver knows every master and slave (nameservers embedded in
+waits until every nameserver knows every master and slave (asked over TLS with the
+brokers' settings when they have ``[remoting.tls]``; nameservers embedded in
 brokers learn of the brokers started before theirs within seconds; at most
 REGISTERED_TIMEOUT_S, then a warning) before it prints the table and says ready. They
 stop in reverse kind order: controller-mode brokers, slaves, masters, nameservers;
@@ -63,13 +64,18 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.common import fail
+from cli.common import HELP_MARKUP, fail
 from hamq.broker import BrokerConfig, ConfigError, build_config
+from hamq.broker.config import resolve_files
 from hamq.protocol import ProtocolError, RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.bodies import BodyError, ClusterInfo, decode_body
-from hamq.remoting import RemotingClient, RemotingError
+from hamq.remoting import RemotingClient, RemotingConfig, RemotingError
 
-app = typer.Typer(help="Run a whole cluster from a profile (see conf/).", no_args_is_help=True)
+app = typer.Typer(
+    help="Run a whole cluster from a profile (see conf/).",
+    no_args_is_help=True,
+    rich_markup_mode=HELP_MARKUP,
+)
 console = Console()
 
 #: profiles by name: the conf/ directory of the source checkout
@@ -143,6 +149,9 @@ class Profile:
     children: tuple[ChildSpec, ...]
     #: the shared Raft secret of a group of embedded controllers (made by ``up``)
     raft_secret_file: Path | None = None
+    #: how ``up`` asks the nameservers: TLS as the brokers connect (their
+    #: ``[remoting.tls]``, when a broker has one), else plain TCP
+    remoting: RemotingConfig | None = None
 
     @property
     def controller_mode(self) -> bool:
@@ -334,7 +343,7 @@ def load_profile(profile: str) -> Profile:
         if path.name == CLUSTER_FILE:
             continue
         try:
-            brokers.append((path, build_config(_read_toml(path))))
+            brokers.append((path, build_config(resolve_files(_read_toml(path), path.parent))))
         except ConfigError as exc:
             raise ProfileError(f"{path}: {exc}") from None
     if not brokers:
@@ -364,7 +373,8 @@ def load_profile(profile: str) -> Profile:
     for kind in START_ORDER[1:]:
         children += [spec for spec in specs if spec.kind is kind]
     secret = _secret_file(cluster) if len(cluster.raft_ports) > 1 else None
-    return Profile(name, directory, tuple(children), secret)
+    tls = next((config.remoting for _, config in brokers if config.remoting.tls), None)
+    return Profile(name, directory, tuple(children), secret, tls)
 
 
 def _broker_kind(config: BrokerConfig) -> Kind:
@@ -655,7 +665,7 @@ class Cluster:
         if all(addr in standalone for addr in namesrvs):
             return  # (nameservers that started first know every broker from its start)
         unknown = ["the nameservers did not answer"]
-        async with RemotingClient() as client:
+        async with RemotingClient(config=self.profile.remoting) as client:
             with trio.move_on_after(REGISTERED_TIMEOUT_S):
                 while True:
                     unknown = await _not_registered(client, namesrvs, brokers)
@@ -663,8 +673,8 @@ class Cluster:
                         return
                     await trio.sleep(0.1)
         _say(
-            f"warning: after {REGISTERED_TIMEOUT_S:g} s {'; '.join(unknown)}: clients asking "
-            "it may find no route until the next registration",
+            f"warning: after {REGISTERED_TIMEOUT_S:g} s {'; '.join(unknown)}: a client asking "
+            "such a nameserver may find no route until the next registration",
             err=True,
         )
 
@@ -831,7 +841,11 @@ class Cluster:
             Console(width=width).print(table)
         namesrvs = self._namesrvs()
         namesrv = ";".join(namesrvs)
-        _say(f"clients: --namesrv {namesrv if len(namesrvs) < 2 else repr(namesrv)}")
+        hint = f"clients: --namesrv {namesrv if len(namesrvs) < 2 else repr(namesrv)}"
+        tls = self.profile.remoting.tls if self.profile.remoting is not None else None
+        if tls is not None:  # (a root option: hamq --tls-ca CA produce ...)
+            hint += f"; TLS: hamq --tls-ca {tls.ca_file or '<the CA of the servers>'} ..."
+        _say(hint)
         _say(
             f"hamq cluster ready: {self.profile.name}, {len(self.children)} process(es); "
             f"logs in {self.log_dir}; {self._restart_note}; Ctrl-C stops them all"
@@ -961,8 +975,7 @@ def up(
         typer.Option(
             "--profile",
             "-p",
-            help="A profile under conf/ (1m-1s-sync, 2m-2s-sync, 2m-2s-async, autoswitch) "
-            "or a directory.",
+            help=f"A profile under conf/ ({', '.join(profile_names()) or 'none'}) or a directory.",
         ),
     ],
     log_dir: Annotated[

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import attrs
 import trio
@@ -35,6 +35,11 @@ from hamq.protocol import RequestError
 from hamq.remoting import RemotingConfig, RemotingError
 from hamq.remoting.tls import TlsConfig
 from hamq.store import StoreError
+
+#: how help texts are shown (every command group's ``rich_markup_mode``): markdown joins
+#: the source lines of a paragraph and leaves brackets alone, where typer's "rich" mode
+#: keeps each line break and takes ``[ha]`` for a style (and drops it)
+HELP_MARKUP: Final = "markdown"
 
 #: ``--namesrv``: one or more nameservers, ``;``-separated as RocketMQ writes them
 NamesrvOption = Annotated[
@@ -66,10 +71,26 @@ ControllerOption = Annotated[
 @attrs.frozen
 class ClientAccess:
     """How client commands reach the servers: ``hamq --tls/--tls-ca`` (TLS) and
-    ``hamq --access-key/--secret-key`` (the ACL account they sign with)."""
+    ``hamq --access-key/--secret-key`` (the ACL account they sign with). The root
+    callback (cli/main.py) sets it; commands get it with ``access()``."""
 
     credentials: Credentials | None = None
     remoting: RemotingConfig | None = None
+
+    def client_options(self) -> dict[str, Any]:
+        """Options of hamq's clients: ``Producer(group, namesrv, **access().client_options())``."""
+        options: dict[str, Any] = {}
+        if self.remoting is not None:
+            options["remoting"] = self.remoting
+        if self.credentials is not None:
+            options["access_key"] = self.credentials.access_key
+            options["secret_key"] = self.credentials.secret_key
+        return options
+
+    def call_options(self) -> dict[str, Any]:
+        """Options of hamq.client.admin's functions that ask a controller or a broker
+        directly: ``elect_master(..., **access().call_options())``."""
+        return {"credentials": self.credentials, "remoting": self.remoting}
 
 
 def tls_remoting(tls: bool, ca_file: Path | None) -> RemotingConfig | None:
@@ -81,36 +102,20 @@ def tls_remoting(tls: bool, ca_file: Path | None) -> RemotingConfig | None:
 
 
 #: this command's ClientAccess: set by the root callback (cli/main.py) before the command
-#: runs (a context variable, so that Trio's tasks, which start from the command's
-#: context, see it)
+#: runs. A context variable, not ``ctx.obj``: the commands do not take their context,
+#: and typer keeps its (vendored) click's current context private; Trio's tasks start
+#: from the command's context, so they see it.
 ACCESS: ContextVar[ClientAccess | None] = ContextVar("hamq_cli_access", default=None)
 
 
-def _access() -> ClientAccess:
+def access() -> ClientAccess:
+    """This command's ClientAccess (none given: plain TCP, unsigned)."""
     return ACCESS.get() or ClientAccess()
 
 
-def credentials() -> Credentials | None:
-    """The account client commands sign their requests with, if one is given."""
-    return _access().credentials
-
-
-def client_remoting() -> RemotingConfig | None:
-    """The remoting settings of client commands (TLS), if any differ from the default."""
-    return _access().remoting
-
-
 def client_options() -> dict[str, Any]:
-    """A client's options for this command's TLS and account: ``Producer(group, namesrv,
-    **client_options())``."""
-    access = _access()
-    options: dict[str, Any] = {}
-    if access.remoting is not None:
-        options["remoting"] = access.remoting
-    if access.credentials is not None:
-        options["access_key"] = access.credentials.access_key
-        options["secret_key"] = access.credentials.secret_key
-    return options
+    """``access().client_options()``: the options every client a command makes gets."""
+    return access().client_options()
 
 
 class CommandError(Exception):

@@ -1,6 +1,7 @@
 """``hamq``: the root command. One typer app per command group, combined here.
 
-Global options live in the callback and reach the commands through ``ctx.obj``.
+Global options live in the callback and reach the commands through ``ctx.obj``, the
+client access options (TLS, the ACL account) through cli/common.py's ``access()``.
 ``main`` runs the app and owns how every command ends (cli/common.py's comment): a
 usage error is one ``error: ...`` line and exit code 2, a closed stdout ends quietly,
 Ctrl-C outside Trio exits 130 without a traceback.
@@ -12,6 +13,7 @@ answers with the completions of the words typed instead of running a command.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import sys
@@ -27,6 +29,7 @@ import typer.main
 from cli import admin, bench, clients, cluster, servers, topic
 from cli.common import (
     ACCESS,
+    HELP_MARKUP,
     STDOUT_CLOSED_EXIT,
     ClientAccess,
     is_broken_pipe,
@@ -41,6 +44,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=HELP_MARKUP,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command()(servers.broker)
@@ -174,7 +178,13 @@ def _one_line(message: str) -> str:
 
 def run_command(args: Sequence[str]) -> int:
     """Run ``hamq <args>``; its exit code. With COMPLETE_VAR set (by the script of
-    ``--show-completion``), answer the shell's completion request instead."""
+    ``--show-completion``), answer the shell's completion request instead. The command
+    runs in a copy of the caller's context: what the root options set (cli/common.py's
+    ACCESS) ends with it, also for a caller that runs several (tests)."""
+    return contextvars.copy_context().run(_run_command, args)
+
+
+def _run_command(args: Sequence[str]) -> int:
     command = typer.main.get_command(app)
     instruction = os.environ.get(COMPLETE_VAR)
     if instruction:

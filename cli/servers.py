@@ -20,6 +20,7 @@ import typer
 from cli.common import fail, run
 from hamq.acl import AclFileError
 from hamq.broker import BrokerNode, ConfigError, load_config
+from hamq.broker.config import read_secret_file
 from hamq.controller import DEFAULT_CONTROLLER_PORT, ControllerConfig, ControllerServer
 from hamq.controller.service import Controller
 from hamq.remoting import RemotingConfig
@@ -146,12 +147,9 @@ def _raft_secret(secret_file: Path | None) -> str | None:
     if secret_file is None:
         return os.environ.get("HAMQ_RAFT_SECRET") or None
     try:
-        secret = secret_file.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise fail(f"--raft-secret-file {secret_file}: cannot read it ({exc})", 2) from None
-    if not secret:
-        raise fail(f"--raft-secret-file {secret_file} is empty", 2)
-    return secret
+        return read_secret_file("--raft-secret-file", secret_file)
+    except ConfigError as exc:
+        raise fail(str(exc), 2) from None
 
 
 def _controller_config(

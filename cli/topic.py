@@ -17,12 +17,21 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.common import DEFAULT_NAMESRV, NamesrvOption, client_options, fail, run
+from cli.common import (
+    DEFAULT_NAMESRV,
+    HELP_MARKUP,
+    NamesrvOption,
+    client_options,
+    fail,
+    run,
+)
 from hamq.client import AdminClient, InvalidArgumentError
 from hamq.client.admin import TopicShrinkError
 from hamq.protocol.bodies import PERM_READ, PERM_WRITE, TopicRouteData, encode_body
 
-app = typer.Typer(help="Create, list and inspect topics.", no_args_is_help=True)
+app = typer.Typer(
+    help="Create, list and inspect topics.", no_args_is_help=True, rich_markup_mode=HELP_MARKUP
+)
 console = Console()
 
 #: ``--json``: one JSON object instead of tables

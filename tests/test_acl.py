@@ -29,6 +29,8 @@ from hamq.acl import (
     AclPolicy,
     Credentials,
     Perm,
+    Reason,
+    Refusal,
     Secret,
     check,
     load_acl_file,
@@ -40,20 +42,33 @@ from hamq.acl import (
     signer,
 )
 from hamq.broker import BrokerNode, build_config
-from hamq.client import AdminClient, ClientError, Message, Producer, PullConsumer, PullStatus
+from hamq.client import (
+    AdminClient,
+    ClientError,
+    Message,
+    Producer,
+    PullConsumer,
+    PullStatus,
+    SendError,
+)
 from hamq.controller import ControllerConfig, ControllerServer
+from hamq.controller.metrics import ControllerCollector
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.bodies import (
     ClusterInfo,
     ConsumerData,
     HeartbeatData,
+    LockBatchRequestBody,
+    MessageQueue,
     RegisterBrokerBody,
     SubscriptionData,
+    UnlockBatchRequestBody,
     decode_body,
     encode_body,
 )
 from hamq.protocol.headers import (
     BrokerHeartbeatRequestHeader,
+    ConsumerSendMsgBackRequestHeader,
     CreateTopicRequestHeader,
     DeleteTopicRequestHeader,
     ElectMasterRequestHeader,
@@ -63,11 +78,19 @@ from hamq.protocol.headers import (
     ResetOffsetRequestHeader,
     UnregisterBrokerRequestHeader,
     UpdateConsumerOffsetRequestHeader,
+    ViewMessageRequestHeader,
 )
+from hamq.protocol.message import parse_offset_msg_id
 from hamq.protocol.serialization import decode_json_header
 from hamq.remoting import Connection, Dispatcher, RemotingClient, RemotingConfig
 from hamq.remoting.address import ip_of
-from tests.broker_support import broker_config, running_broker, running_nameserver, send_request
+from tests.broker_support import (
+    broker_config,
+    running_broker,
+    running_nameserver,
+    send_request,
+    wait_for,
+)
 from tests.processes import HAMQ, ROOT, copy_profile, free_ports, user_env
 from tests.test_cluster import READY_S, cluster_up
 
@@ -346,20 +369,78 @@ def _heartbeat(group: str, topic: str) -> bytes:
     return encode_body(data)
 
 
+def _lock(code: int, group: str) -> bytes:
+    body = LockBatchRequestBody if code == RequestCode.LOCK_BATCH_MQ else UnlockBatchRequestBody
+    return encode_body(body(group, "c1", [MessageQueue("Demo", "broker-a", 0)]))
+
+
+def _send(topic: str, code: int = RequestCode.SEND_MESSAGE_V2, /, **more: str) -> dict[str, str]:
+    """A whole send header's ext fields (``code``'s spelling), changed by ``more``."""
+    return {**send_request(topic, code=code).ext_fields, **more}
+
+
 LOCAL = ip_of("127.0.0.1")
 
 
 @pytest.mark.parametrize(
     ("code", "fields", "body", "refusal"),
     [
-        (RequestCode.SEND_MESSAGE_V2, {"a": "P", "b": "Demo"}, b"x", None),
-        (RequestCode.SEND_MESSAGE, {"topic": "Other"}, b"x", "No PUB permission for topic Other"),
+        (RequestCode.SEND_MESSAGE_V2, _send("Demo"), b"x", None),
+        (
+            RequestCode.SEND_MESSAGE,
+            _send("Other", RequestCode.SEND_MESSAGE),
+            b"x",
+            "No PUB permission for topic Other",
+        ),
+        # checked on the topic the broker stores to, never on a field it ignores: a
+        # SEND_MESSAGE's "b", a SEND_MESSAGE_V2's "topic" (which its decoder takes when
+        # the one-letter fields need its slow path: a negative bornTimestamp here)
+        (
+            RequestCode.SEND_MESSAGE,
+            _send("Other", RequestCode.SEND_MESSAGE, b="Demo"),
+            b"x",
+            "No PUB permission for topic Other",
+        ),
+        (
+            RequestCode.SEND_MESSAGE_V2,
+            _send("Demo", g="-1", topic="Other"),
+            b"x",
+            "No PUB permission for topic Other",
+        ),
         # a message sent back to a group's retry topic needs SUB on the group
-        (RequestCode.SEND_MESSAGE_V2, {"b": "%RETRY%G"}, b"", None),
-        (RequestCode.SEND_MESSAGE_V2, {"b": "%RETRY%H"}, b"", "No SUB permission for group H"),
-        (RequestCode.SEND_BATCH_MESSAGE, {"b": "Other"}, b"", "No PUB permission for topic Other"),
+        (RequestCode.SEND_MESSAGE_V2, _send("%RETRY%G"), b"", None),
+        (RequestCode.SEND_MESSAGE_V2, _send("%RETRY%H"), b"", "No SUB permission for group H"),
+        (
+            RequestCode.SEND_BATCH_MESSAGE,
+            _send("Other", RequestCode.SEND_BATCH_MESSAGE),
+            b"",
+            "No PUB permission for topic Other",
+        ),
         # traces: anyone signed may publish them
-        (RequestCode.SEND_MESSAGE_V2, {"b": "RMQ_SYS_TRACE_TOPIC"}, b"", None),
+        (RequestCode.SEND_MESSAGE_V2, _send("RMQ_SYS_TRACE_TOPIC"), b"", None),
+        # a send whose header does not decode: the send processor refuses it
+        (RequestCode.SEND_MESSAGE_V2, {"b": "Other"}, b"", None),
+        # a stranger's lock would keep the group's orderly consumers off its queues
+        (RequestCode.LOCK_BATCH_MQ, {}, _lock(RequestCode.LOCK_BATCH_MQ, "G"), None),
+        (
+            RequestCode.LOCK_BATCH_MQ,
+            {},
+            _lock(RequestCode.LOCK_BATCH_MQ, "H"),
+            "No SUB permission for group H",
+        ),
+        (
+            RequestCode.UNLOCK_BATCH_MQ,
+            {},
+            _lock(RequestCode.UNLOCK_BATCH_MQ, "H"),
+            "No SUB permission for group H",
+        ),
+        # any message of any topic, by its offset: operators only
+        (
+            RequestCode.VIEW_MESSAGE_BY_ID,
+            {"offset": "0"},
+            b"",
+            "is not admin (VIEW_MESSAGE_BY_ID)",
+        ),
         (RequestCode.CONSUMER_SEND_MSG_BACK, {"group": "H"}, b"", "No SUB permission for group H"),
         (RequestCode.PULL_MESSAGE, {"topic": "Demo", "consumerGroup": "G"}, b"", None),
         (RequestCode.PULL_MESSAGE, {"topic": "%RETRY%G", "consumerGroup": "G"}, b"", None),
@@ -406,32 +487,86 @@ def test_what_the_broker_asks_of_a_signed_request(
     request = _request(code, fields, body)
     sign(request, APP)
     found = check(table, BROKER_POLICY, request, LOCAL)
-    assert (found is None) if refusal is None else (found is not None and refusal in found), found
+    if refusal is None:
+        assert found is None, found
+    else:
+        assert found is not None and refusal in found.remark, found
 
 
 def test_who_gets_through_and_why_not() -> None:
     table = parse_acl(acl_text(white="['10.0.0.*']", app_white="127.0.0.3"), "test")
-    send = _request(RequestCode.SEND_MESSAGE_V2, {"b": "Demo"}, b"x")
-    assert "not signed and 127.0.0.1 is not whitelisted" in str(
-        check(table, BROKER_POLICY, send, LOCAL)
+    send = _request(RequestCode.SEND_MESSAGE_V2, _send("Demo"), b"x")
+    assert check(table, BROKER_POLICY, send, LOCAL) == Refusal(
+        Reason.UNSIGNED, "No AccessKey: the request is not signed and 127.0.0.1 is not whitelisted"
     )
     assert check(table, BROKER_POLICY, send, ip_of("10.0.0.9")) is None  # global
-    unknown = _request(RequestCode.SEND_MESSAGE_V2, {"b": "Demo"}, b"x")
+    unknown = _request(RequestCode.SEND_MESSAGE_V2, _send("Demo"), b"x")
     sign(unknown, Credentials("nobody-at-all", "whatever"))
-    assert check(table, BROKER_POLICY, unknown, LOCAL) == "No account for AccessKey nobody-at-all"
-    forged = _request(RequestCode.SEND_MESSAGE_V2, {"b": "Demo"}, b"x")
+    assert check(table, BROKER_POLICY, unknown, LOCAL) == Refusal(
+        Reason.UNKNOWN_ACCESS_KEY, "No account for AccessKey nobody-at-all"
+    )
+    forged = _request(RequestCode.SEND_MESSAGE_V2, _send("Demo"), b"x")
     sign(forged, Credentials(APP.access_key, "guessed-secret"))
-    assert check(table, BROKER_POLICY, forged, LOCAL) == (
-        "Signature check failed for AccessKey app-key1"
+    assert check(table, BROKER_POLICY, forged, LOCAL) == Refusal(
+        Reason.BAD_SIGNATURE, "Signature check failed for AccessKey app-key1"
     )
     # the account's own whitelist: its key, from there, without a signature
     named = _request(RequestCode.UPDATE_AND_CREATE_TOPIC, {"AccessKey": "app-key1"})
     assert check(table, BROKER_POLICY, named, ip_of("127.0.0.3")) is None
-    assert check(table, BROKER_POLICY, named, LOCAL) is not None
+    refused = check(table, BROKER_POLICY, named, LOCAL)
+    assert refused is not None and refused.reason is Reason.BAD_SIGNATURE
     # an admin account without topic or group lists may do anything
     anything = _request(RequestCode.PULL_MESSAGE, {"topic": "X", "consumerGroup": "Y"})
     sign(anything, ADMIN)
     assert check(table, BROKER_POLICY, anything, LOCAL) is None
+
+
+def _send_back(offset: int, group: str = "G") -> RemotingCommand:
+    header = ConsumerSendMsgBackRequestHeader(offset, group, 0)
+    return RemotingCommand.request(RequestCode.CONSUMER_SEND_MSG_BACK, header)
+
+
+@pytest.mark.parametrize(
+    ("offset", "refusal"),
+    [
+        (0, "No SUB permission for topic Secret"),  # another topic's message
+        (100, None),  # a message of Demo
+        (200, None),  # a message of G's retry topic
+        (300, None),  # no message there: the processor refuses it
+    ],
+)
+def test_a_send_back_needs_sub_on_the_topic_of_the_message_it_copies(
+    offset: int, refusal: str | None
+) -> None:
+    """The broker copies the message at the offset, whatever its topic, into the group's
+    retry topic, where the group pulls it: without this check SUB on a group reads
+    every topic."""
+    topics = {0: "Secret", 100: "Demo", 200: "%RETRY%G"}
+    table = parse_acl(acl_text(), "test")
+    request = _send_back(offset)
+    sign(request, APP)
+    found = check(table, BROKER_POLICY, request, LOCAL, topics.get)
+    if refusal is None:
+        assert found is None, found
+    else:
+        assert found is not None and refusal in found.remark, found
+    unknowable = check(table, BROKER_POLICY, request, LOCAL)  # no store to ask
+    assert unknowable is not None and "cannot be checked here" in unknowable.remark
+
+
+def test_what_a_peer_wrote_shows_escaped_and_cut_in_a_refusal() -> None:
+    """A refusal's remark is logged: an access key or topic forging a log line, or a
+    megabyte long, shows as one short line."""
+    table = parse_acl(acl_text(), "test")
+    forged = "x\n2026-01-01 00:00:00 CRITICAL broker: all data deleted"
+    for name in (forged, "k" * 1_000_000):
+        unknown = _request(RequestCode.SEND_MESSAGE_V2, {"AccessKey": name, "Signature": "x"})
+        topic = _request(RequestCode.PULL_MESSAGE, {"topic": name, "consumerGroup": "G"})
+        sign(topic, APP)
+        for request in (unknown, topic):
+            refused = check(table, BROKER_POLICY, request, LOCAL)
+            assert refused is not None
+            assert "\n" not in refused.remark and len(refused.remark) < 150, refused.remark
 
 
 @pytest.mark.parametrize("policy", [NAMESERVER_POLICY, CONTROLLER_POLICY])
@@ -448,7 +583,9 @@ def test_name_services_check_only_what_changes_them(policy: AclPolicy) -> None:
         assert "not signed" in str(check(table, policy, unsigned, LOCAL))
         signed = _request(code, {})
         sign(signed, APP)
-        assert "is not admin" in str(check(table, policy, signed, LOCAL))
+        refused = check(table, policy, signed, LOCAL)
+        assert refused is not None and refused.reason is Reason.NOT_ADMIN, refused
+        assert "is not admin" in refused.remark
         sign(signed, BROKER)
         assert check(table, policy, signed, LOCAL) is None
 
@@ -509,11 +646,15 @@ async def test_sends_pulls_and_offsets_need_their_rights(tmp_path: Path) -> None
         assert_refused(
             await invoke(addr, send_request("Demo"), wrong), "Signature check failed for AccessKey"
         )
-        with pytest.raises(ClientError, match="No PUB permission for topic Other"):
+        with pytest.raises(SendError) as refused:
             async with Producer(
                 "P", ns, access_key=APP.access_key, secret_key=APP.secret_key
             ) as producer:
-                await producer.send(Message("Other", b"x"), timeout_s=5)
+                await producer.send(Message("Other", b"x"))
+        # its tries (1 + retry_times_when_send_failed), then the refusal: no failover
+        # lifts it, so it is not sent again and again until the send timeout
+        assert len(refused.value.attempts) == 3, refused.value.attempts
+        assert all("No PUB permission for topic Other" in a for a in refused.value.attempts)
         # pull
         async with PullConsumer("G", ns, access_key=APP.access_key, secret_key=APP.secret_key) as c:
             queue = next(q for q in await c.queues("Demo") if q.queue_id == result.queue.queue_id)
@@ -534,6 +675,54 @@ async def test_sends_pulls_and_offsets_need_their_rights(tmp_path: Path) -> None
         )
         assert_refused(await invoke(addr, query, APP), "No SUB permission for group H")
         assert node.acl is not None and node.acl.refused >= 7
+
+
+async def test_a_hostile_account_gets_nothing_past_the_rights_it_has(tmp_path: Path) -> None:
+    """An application account (PUB|SUB on Demo, SUB on group G) tries a live broker:
+    a send whose checked field is not the one stored to, sending another topic's
+    message back into its group's retry topic, a lock on another group's queues,
+    reading a message of another topic by its offset, an unsigned oneway offset
+    commit."""
+    async with acl_broker(tmp_path) as node, RemotingClient() as client:
+        addr = node.address
+
+        async def signed(request: RemotingCommand) -> RemotingCommand:
+            sign(request, APP)
+            return await client.invoke(addr, request, 10)
+
+        tricks = [
+            (RequestCode.SEND_MESSAGE, _send("Other", RequestCode.SEND_MESSAGE, b="Demo")),
+            (RequestCode.SEND_MESSAGE_V2, _send("Demo", g="-1", topic="Other")),
+        ]
+        for code, fields in tricks:
+            answer = await signed(_request(code, fields, b"smuggled"))
+            assert_refused(answer, "No PUB permission for topic Other")
+        assert "Other" not in node.ctx.topics.table
+        admin = {"access_key": ADMIN.access_key, "secret_key": ADMIN.secret_key}
+        async with Producer("P", ns_of(node), **admin) as producer:
+            secret = await producer.send(Message("Secret", b"not for app-key1"))
+        offset = parse_offset_msg_id(secret.offset_msg_id)[1]
+        answer = await signed(_send_back(offset))  # copied to %RETRY%G, which G may pull
+        assert_refused(answer, "No SUB permission for topic Secret")
+        assert node.store.max_offset_in_queue("%RETRY%G", 0) <= 0
+        lock = _request(RequestCode.LOCK_BATCH_MQ, {}, _lock(RequestCode.LOCK_BATCH_MQ, "H"))
+        assert_refused(await signed(lock), "No SUB permission for group H")
+        queue = MessageQueue("Demo", "broker-a", 0)
+        assert node.ctx.locks.owner("H", queue, node.ctx.clock()) is None
+        view = RemotingCommand.request(RequestCode.VIEW_MESSAGE_BY_ID, ViewMessageRequestHeader(0))
+        assert_refused(await signed(view), "is not admin (VIEW_MESSAGE_BY_ID)")
+        commit = RemotingCommand.request(
+            RequestCode.UPDATE_CONSUMER_OFFSET, UpdateConsumerOffsetRequestHeader("H", "Demo", 0, 5)
+        )
+        await client.invoke_oneway(addr, commit, 10)  # no answer to wait for ...
+        await wait_for(lambda: node.acl is not None and node.acl.refused == 6)
+        assert node.ctx.offsets.query("H", "Demo", 0) == -1  # ... and nothing changed
+        assert node.acl is not None
+        assert node.acl.statistics().refused_by_reason == {
+            "no_permission": 4,
+            "not_admin": 1,
+            "unsigned": 1,
+        }
 
 
 @pytest.mark.slow
@@ -654,6 +843,15 @@ async def test_the_controllers_elect_only_for_admin_accounts(tmp_path: Path) -> 
         assert answer.code not in (ResponseCode.NO_PERMISSION, ResponseCode.SUCCESS), answer
         data = RemotingCommand.request(RequestCode.CONTROLLER_GET_SYNC_STATE_DATA, body=b"[]")
         assert (await invoke(addr, data)).code == ResponseCode.SUCCESS  # read-outs stay open
+        [refused] = [
+            family
+            for family in ControllerCollector(server.controller).collect()
+            if family.name == "hamq_controller_acl_refused"
+        ]
+        assert {s.labels["reason"]: s.value for s in refused.samples} == {
+            "unsigned": 1,
+            "not_admin": 1,
+        }
         nursery.cancel_scope.cancel()
 
 

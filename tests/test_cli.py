@@ -36,3 +36,19 @@ def test_console_script_runs() -> None:
         [sys.executable, "-m", "cli.main", "version"], capture_output=True, text=True, check=True
     )
     assert out.stdout.startswith("hamq ")
+
+
+def test_help_texts_read_as_written() -> None:
+    """Help is shown as markdown: a summary that spans source lines reads as one
+    sentence, and ``[ha]`` is text (rich markup took it for a style and dropped it)."""
+    wide = {"COLUMNS": "200", "TERMINAL_WIDTH": "200"}
+
+    def shown(*args: str) -> str:
+        result = runner.invoke(app, [*args, "--help"], env=wide)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    assert "never talk to each other (embedded controllers do, over Raft)." in shown()
+    assert "sync_flush_timeout_s and [ha]" in shown("produce")
+    assert "last message it consumed was stored (GET_CONSUME_STATS)" in shown("admin")
+    assert ", acl, autoswitch) or a directory" in shown("cluster", "up")

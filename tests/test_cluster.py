@@ -406,3 +406,37 @@ def test_the_readme_autoswitch_example_is_the_profile() -> None:
     )
     for key in ("broker_name", "listen_port", "namesrv_addrs", "controller_addrs"):
         assert example[key] == profile[key], key
+
+
+@pytest.mark.slow
+async def test_a_tls_profile_comes_up_registered_and_tells_clients_the_ca(tmp_path: Path) -> None:
+    """conf/1m-1s-sync with TLS on every port: ``up`` asks the brokers' embedded
+    nameservers over TLS (with the brokers' own TLS settings) whether they know both
+    brokers, so it says ready without a warning, and names the CA clients need."""
+    import trustme
+
+    from tests.processes import copy_profile
+
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    ca_file, cert, key = tmp_path / "ca.pem", tmp_path / "server.pem", tmp_path / "server.key"
+    ca.cert_pem.write_to_path(str(ca_file))
+    cert.write_bytes(b"".join(blob.bytes() for blob in server.cert_chain_pems))
+    server.private_key_pem.write_to_path(str(key))
+    profile = tmp_path / "tls"
+    moved = copy_profile("1m-1s-sync", profile, tmp_path / "data")
+    tls = f"\n[remoting.tls]\ncert_file = '{cert}'\nkey_file = '{key}'\nca_file = '{ca_file}'\n"
+    for path in profile.glob("*.toml"):
+        path.write_text(path.read_text() + tls)
+    async with cluster_up(profile, tmp_path / "logs") as up:
+        await up.read_until(r"^hamq cluster ready: tls, 2 process\(es\)", READY_S)
+        assert f"TLS: hamq --tls-ca {ca_file} ..." in up.text, up.text
+        assert "warning" not in up.stderr.read_text()
+        namesrv = f"127.0.0.1:{moved[9876]};127.0.0.1:{moved[9877]}"
+        sent = await hamq_command(
+            "--tls-ca", str(ca_file), "produce", "-n", namesrv, "-t", "T", "x"
+        )
+        assert sent.returncode == 0, sent.stderr
+        os.kill(up.proc.pid, signal.SIGINT)
+        with trio.fail_after(STOP_S):
+            assert await up.proc.wait() == 0, await up.read_to_end(5)

@@ -22,6 +22,7 @@ from hamq.client import (
     PushConsumer,
     SendStatus,
 )
+from hamq.protocol import ResponseCode
 from hamq.store import MessageStore
 from tests.broker_support import running_broker, running_nameserver, wait_for
 
@@ -83,7 +84,8 @@ async def test_a_slave_copies_the_master_byte_for_byte(tmp_path: Path, protocol:
             slave.address,
             producer.instance.request(310, body=b"x"),
         )
-        assert refused.code == 16 and "is a slave" in (refused.remark or "")
+        assert refused.code == ResponseCode.SERVICE_NOT_AVAILABLE
+        assert "is a slave" in (refused.remark or "")
 
 
 async def test_sync_master_waits_for_its_slave_and_says_when_there_is_none(tmp_path: Path) -> None:

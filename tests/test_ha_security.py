@@ -15,7 +15,9 @@ slave registered from there, or claim an id nobody registered.
 
 from __future__ import annotations
 
+import logging
 import os
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -29,7 +31,16 @@ from hamq.broker import BrokerNode, build_config
 from hamq.broker.live_config import flatten
 from hamq.client import Message, Producer, SendStatus
 from hamq.controller import ControllerConfig, ControllerServer
-from hamq.ha.membership import Peer, judge
+from hamq.ha.membership import (
+    MAX_AGE_S,
+    REFRESH_MIN_S,
+    REGISTRY_TIMEOUT_S,
+    MemberCache,
+    Peer,
+    Registry,
+    RegistryUnavailable,
+    judge,
+)
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.headers import (
     ApplyBrokerIdRequestHeader,
@@ -168,6 +179,96 @@ async def test_a_stranger_reporting_offset_0_gets_no_log_data(
         assert len(fake.received) == (36 if secret else 0)
         assert master.ha_service is not None and master.ha_service.refused_peers == 1
         assert refused_in_log(caplog, fake, reason)
+
+
+async def test_a_flood_of_strangers_is_counted_in_full_and_logged_in_a_few_lines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """30 strangers on the HA port: a third reset the connection at once (before the
+    master's challenge reaches them), a third send a classic report instead of a proof,
+    a third just close. Each is a refusal, counted; the log gets a few lines."""
+    async with master_alone(tmp_path, secret=SECRET) as (_, master):
+        ha = master.ha_service
+        assert ha is not None
+        host, port = ha_address(master).rsplit(":", 1)
+        for i in range(30):
+            with trio.socket.socket() as sock:
+                await sock.connect((host, int(port)))
+                if i % 3 == 0:  # close with a reset (SO_LINGER 0)
+                    sock.setsockopt(
+                        trio.socket.SOL_SOCKET, trio.socket.SO_LINGER, struct.pack("ii", 1, 0)
+                    )
+                elif i % 3 == 1:
+                    await sock.send(struct.pack(">q", 0))
+        await wait_for(lambda: ha.refused_peers == 30)
+    lines = [
+        r for r in caplog.records if r.name == "hamq.ha.master" and r.levelno >= logging.WARNING
+    ]
+    refusals = [r for r in lines if "HA peer" in r.getMessage() and "refused" in r.getMessage()]
+    assert lines == refusals, [r.getMessage() for r in lines]  # no "dropped" lines besides
+    assert 1 <= len(refusals) <= 5
+    assert ha.warnings.suppressed["refused"] == 30 - len(refusals)
+
+
+@pytest.mark.parametrize(("protocol", "secret"), [("classic", SECRET), ("autoswitch", "")])
+async def test_a_peer_that_stalls_its_set_up_is_cut_after_connect_timeout(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, protocol: str, secret: str
+) -> None:
+    """Half-open: it connects and never answers the challenge (or never sends its
+    HANDSHAKE). Its place on the HA port is freed after connect_timeout_s."""
+    async with (
+        master_alone(tmp_path, protocol=protocol, secret=secret, connect_timeout_s=0.5) as (
+            _,
+            master,
+        ),
+        FakeSlave.connect(ha_address(master)) as fake,
+    ):
+        started = trio.current_time()
+        with trio.fail_after(5):
+            await fake.drain()
+        assert trio.current_time() - started >= 0.5
+        assert len(fake.received) == (36 if secret else 0)
+        assert refused_in_log(caplog, fake, "did not complete the HA set-up within 0.5s")
+
+
+@pytest.mark.parametrize("answered_before", [True, False])
+async def test_strangers_ask_a_registry_that_does_not_answer_once_a_second(
+    autojump_clock: trio.testing.MockClock, answered_before: bool
+) -> None:
+    """The nameservers stop answering (each question waits for its 3 s time-out); 20
+    strangers arrive at once. The registry is asked once for all of them, not 20 times
+    in a row (a minute during which a real slave would queue behind them)."""
+    questions = 0
+
+    async def fetch() -> dict[int, str]:
+        nonlocal questions
+        questions += 1
+        if questions == 1 and answered_before:
+            return {0: "127.0.0.1:10911", 1: "127.0.0.1:10921"}
+        await trio.sleep(REGISTRY_TIMEOUT_S)
+        raise RegistryUnavailable("no nameserver answered")
+
+    cache = MemberCache(Registry("the nameservers", lambda: 0, False, fetch))
+    if answered_before:
+        await cache.members(lambda _: True)
+        await trio.sleep(MAX_AGE_S)  # the answer is old: a stranger asks again
+    asked_from = questions
+    started = trio.current_time()
+    outcomes: list[str] = []
+
+    async def stranger() -> None:
+        try:
+            members = await cache.members(lambda known: 7 in known)
+            outcomes.append("last answer" if members else "empty")
+        except RegistryUnavailable:
+            outcomes.append("unavailable")
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(20):
+            nursery.start_soon(stranger)
+    assert questions - asked_from == 1
+    assert trio.current_time() - started <= REGISTRY_TIMEOUT_S + REFRESH_MIN_S
+    assert outcomes == ["last answer" if answered_before else "unavailable"] * 20
 
 
 # ---------------------------------------------------------------- (c) wrong secret, unknown id

@@ -408,7 +408,7 @@ async def test_a_retry_goes_to_the_new_master_when_the_store_host_is_a_slave(
 ) -> None:
     """Master A and slave B of broker-a; a message is stored on A; then B's store
     serves as master and A's as slave at A's old address: the message's store host
-    refuses the send-back (NO_PERMISSION), the group's master takes it."""
+    refuses the send-back (SERVICE_NOT_AVAILABLE), the group's master takes it."""
     deliveries: list[MessageExt] = []
     first_seen, swapped = trio.Event(), trio.Event()
     async with running_nameserver() as (_, ns), trio.open_nursery() as nursery:

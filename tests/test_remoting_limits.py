@@ -1,12 +1,15 @@
 """Hostile peers against a remoting server: slowloris frames, too many connections,
-accept() out of file descriptors, floods of malformed frames, JSON nested 100,000 deep.
+accept() out of file descriptors, floods of malformed frames, JSON nested 100,000 deep;
+and what operators see of them in a broker's metrics.
 
 Real sockets on loopback with small limits; the hostile peers are raw sockets.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import struct
 import textwrap
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,6 +20,7 @@ import trio
 
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode, encode_frame
 from hamq.protocol.bodies import BodyError, HeartbeatData, decode_body
+from hamq.protocol.headers import DeleteTopicRequestHeader, UnregisterBrokerRequestHeader
 from hamq.remoting import (
     Connection,
     Dispatcher,
@@ -25,9 +29,11 @@ from hamq.remoting import (
     RemotingError,
     RemotingServer,
 )
-from hamq.remoting.ratelimit import RateLimitedLog
+from hamq.remoting.ratelimit import MAX_LINE_CHARS, RateLimitedLog
 from tests.broker_support import running_broker, wait_for
 from tests.processes import running
+from tests.test_acl import BROKER, acl_text, write_acl
+from tests.test_metrics import documented, scrape, value
 
 ECHO = 1
 
@@ -211,6 +217,24 @@ async def test_a_flood_of_malformed_frames_logs_a_few_lines(
     assert server.warnings.suppressed["protocol"] == 30 - len(warnings)
 
 
+async def test_a_warning_quoting_a_megabyte_of_the_peer_is_one_short_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING)
+    key = "k" * 1_000_000
+    header = json.dumps({"code": ECHO, "flag": 0, "opaque": 1, "extFields": {key: [1]}})
+    frame = struct.pack(">ii", 4 + len(header), len(header)) + header.encode()
+    async with serving(RemotingConfig(max_frame_length=2**24)) as (_, port):
+        with trio.socket.socket() as sock:
+            await sock.connect(("127.0.0.1", port))
+            await sock.send(frame)
+            with trio.fail_after(5):
+                assert await closed_by_server(sock)
+    [line] = [r.getMessage() for r in caplog.records if "closing connection with" in r.getMessage()]
+    assert "extFields value for 'kkk" in line
+    assert len(line) < MAX_LINE_CHARS + 100 and line.endswith("characters cut)")
+
+
 def test_rate_limited_log_says_how_many_lines_it_held_back(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -250,3 +274,63 @@ async def test_a_deeply_nested_body_gets_one_clean_answer(
             assert response.code == ResponseCode.INVALID_PARAMETER
             assert response.remark == "HeartbeatData body is nested too deeply"
     assert not [r for r in caplog.records if r.exc_info or "RecursionError" in r.getMessage()]
+
+
+# ---------------------------------------------------------------- what operators see
+async def test_what_hostile_peers_did_shows_in_the_broker_metrics(tmp_path: Path) -> None:
+    """A broker with ACL on, an HA secret and max_connections 3, and its embedded
+    nameserver: an unsigned request to each, a stranger on the HA port, both listeners
+    filled past their cap. The broker's metrics count each of them, by listener and by
+    reason, and the README names every family."""
+    acl = write_acl(tmp_path / "plain_acl.yml", acl_text())
+    async with (
+        running_broker(
+            tmp_path / "store",
+            acl_enable=True,
+            acl_file=str(acl),
+            access_key=BROKER.access_key,
+            secret_key=BROKER.secret_key,
+            ha={"secret": "a-long-random-secret-of-group-a", "connect_timeout_s": 30},
+            remoting={"max_connections": 3},
+            metrics_port=0,
+        ) as node,
+        RemotingClient() as client,
+    ):
+        assert node.metrics_port is not None and node.ha_service is not None
+        ha = node.ha_service
+        unsigned = RemotingCommand.request(
+            RequestCode.DELETE_TOPIC_IN_BROKER, DeleteTopicRequestHeader("Demo")
+        )
+        assert (await client.invoke(node.address, unsigned, 5)).code == ResponseCode.NO_PERMISSION
+        register = RemotingCommand.request(
+            RequestCode.UNREGISTER_BROKER,
+            UnregisterBrokerRequestHeader("broker-a", node.address, "DefaultCluster", 0),
+        )
+        answer = await client.invoke(node.namesrv_addrs[0], register, 5)
+        assert answer.code == ResponseCode.NO_PERMISSION
+        ha_host, ha_port = ha.address.rsplit(":", 1)
+        with trio.socket.socket() as stranger:
+            await stranger.connect((ha_host, int(ha_port)))
+            await stranger.send(struct.pack(">q", 0))  # a report, not the secret's proof
+            await wait_for(lambda: ha.refused_peers == 1)
+        held = []
+        try:
+            for port in (node.ctx.port, int(ha_port)):  # each listener full, and one more
+                open_now = 1 if port == node.ctx.port else 0  # (the client's connection)
+                held += [await connect(port) for _ in range(3 - open_now)]
+                with trio.fail_after(5):
+                    assert await closed_by_server(await connect(port))
+            await wait_for(lambda: ha.statistics().connections_refused >= 1)
+            shown = await scrape(node.metrics_port)
+        finally:
+            for sock in held:
+                sock.close()
+    broker = "hamq_broker_"
+    assert value(shown, broker + "connections_refused", "_total", listener="remoting") >= 1
+    assert value(shown, broker + "connections_refused", "_total", listener="ha") >= 1
+    assert value(shown, broker + "tls_handshake_failures", "_total", listener="ha") == 0
+    assert value(shown, broker + "ha_peers_refused", "_total") == 1
+    assert value(shown, broker + "acl_refused", "_total", reason="unsigned") == 1
+    assert value(shown, "hamq_nameserver_acl_refused", "_total", reason="unsigned") == 1
+    assert value(shown, "hamq_nameserver_connections_refused", "_total") == 0
+    assert documented(shown) == []

@@ -1,5 +1,6 @@
 """The "hamq" Spark data source against a real broker process: batch and streaming
-reads, the sink, and reading from a slave while its master is down.
+reads, the sink, reading from a slave while its master is down, and a broker with ACL
+and TLS on.
 
 One local[2] SparkSession serves the whole test session (starting a JVM takes seconds).
 """
@@ -19,6 +20,8 @@ import trio
 
 from hamq.client import AdminClient, Message, MessageQueue, PullStatus, SendStatus
 from hamq.client.blocking import Producer, PullConsumer
+from hamq.remoting import RemotingConfig
+from hamq.remoting.tls import TlsConfig
 from hamq.spark.options import parse_write_options
 from hamq.spark.writing import write_batches
 from tests.ha_support import broker_group
@@ -372,3 +375,64 @@ async def test_read_from_the_slave_while_the_master_is_down(spark: Any, tmp_path
         assert await trio.to_thread.run_sync(read_all) == expected  # master up: pulls the slave
         await stop(master, signal.SIGKILL)
         assert await trio.to_thread.run_sync(read_all) == expected
+
+
+# ---------------------------------------------------------------- ACL and TLS on
+
+
+#: a broker's accounts: its own (admin), and an application that may write and read
+#: SparkSecure with the source's default groups, nothing else
+SPARK_ACL = """\
+globalWhiteRemoteAddresses: []
+accounts:
+  - accessKey: hamq-broker
+    secretKey: broker-secret
+    admin: true
+  - accessKey: spark-app
+    secretKey: spark-app-secret
+    defaultTopicPerm: DENY
+    defaultGroupPerm: DENY
+    topicPerms:
+      - SparkSecure=PUB|SUB
+    groupPerms:
+      - HAMQ_SPARK_READER=SUB
+"""
+
+
+def test_the_source_signs_and_speaks_tls_to_a_secured_broker(spark: Any, tmp_path: Path) -> None:
+    """A broker with ACL and TLS on every port: the sink and a read reach it with
+    accessKey / secretKey / tlsCaFile; the same read without the account is refused."""
+    import trustme
+
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    ca_file, cert, key = tmp_path / "ca.pem", tmp_path / "server.pem", tmp_path / "server.key"
+    ca.cert_pem.write_to_path(str(ca_file))
+    cert.write_bytes(b"".join(blob.bytes() for blob in server.cert_chain_pems))
+    server.private_key_pem.write_to_path(str(key))
+    (tmp_path / "plain_acl.yml").write_text(SPARK_ACL)
+    config = (
+        f"acl_enable = true\nacl_file = '{tmp_path / 'plain_acl.yml'}'\n"
+        "access_key = 'hamq-broker'\nsecret_key = 'broker-secret'\n"
+        f"[remoting.tls]\ncert_file = '{cert}'\nkey_file = '{key}'\nca_file = '{ca_file}'\n"
+    )
+    tls = RemotingConfig(tls=TlsConfig(ca_file=ca_file))
+    with broker_process(tmp_path, config) as (_, ns):
+
+        async def create() -> None:
+            keys = {"access_key": "hamq-broker", "secret_key": "broker-secret"}
+            async with AdminClient(ns, remoting=tls, **keys) as admin:
+                await admin.create_topic("SparkSecure", 2)
+
+        trio.run(create)
+        access = {"accessKey": "spark-app", "secretKey": "spark-app-secret"}
+        bodies = [f"secure {i}" for i in range(40)]
+        writer = spark.createDataFrame([(b,) for b in bodies], "body string").write.format("hamq")
+        sink = {"namesrv": ns, "topic": "SparkSecure", "tlsCaFile": str(ca_file), **access}
+        for name, value in sink.items():
+            writer = writer.option(name, value)
+        writer.mode("append").save()
+        df = read(spark, ns, "SparkSecure", tlsCaFile=str(ca_file), **access)
+        assert sorted(bytes(r.body).decode() for r in df.collect()) == sorted(bodies)
+        with pytest.raises(Exception, match="not signed"):
+            read(spark, ns, "SparkSecure", tlsCaFile=str(ca_file)).collect()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import trustme
 
 from hamq.client import InvalidArgumentError
 from hamq.protocol.message import (
@@ -140,6 +143,51 @@ def test_write_options() -> None:
         parse_write_options({"namesrv": "h:1", "batchSize": "0"})
     with pytest.raises(InvalidArgumentError, match="no option startingoffsets"):
         parse_write_options({"namesrv": "h:1", "startingOffsets": "earliest"})
+
+
+def test_access_options_reach_every_client_and_hide_the_secret(tmp_path: Path) -> None:
+    """accessKey / secretKey / tlsCaFile, read and write alike, become the clients'
+    access_key, secret_key and TLS settings; the secret never shows in a repr."""
+    ca_file = tmp_path / "ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(ca_file))
+    given = {"accessKey": "spark-app", "SECRETKEY": "spark-app-secret", "tlsCaFile": str(ca_file)}
+    read = parse_read_options({**BASE, **given}, streaming=False)
+    write = parse_write_options({**BASE, **given})
+    assert read.access == write.access
+    assert "spark-app-secret" not in repr(read) + repr(write)
+    clients = read.access.client_options()
+    assert (clients["access_key"], clients["secret_key"]) == ("spark-app", "spark-app-secret")
+    assert clients["remoting"].tls.ca_file == ca_file
+    assert parse_read_options(BASE, streaming=False).access.client_options() == {}
+    system_cas = parse_write_options({**BASE, "tls": "true"}).access.client_options()
+    assert system_cas["remoting"].tls.ca_file is None
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"accessKey": "spark-app"}, "accessKey / secretKey: access key 'spark-app' is given "
+                                     "without a secret key"),
+        ({"secretKey": "spark-app-secret"}, "a secret key is given without an access key"),
+        ({"tlsCaFile": " "}, "tlsCaFile is empty"),
+        ({"tlsCaFile": "ca.pem", "tls": "false"}, "tlsCaFile is for TLS connections"),
+        ({"tls": "yes"}, "tls is true or false, not 'yes'"),
+    ],
+)  # fmt: skip
+def test_bad_access_options_are_named(options: dict[str, str], named: str) -> None:
+    for parse in (lambda o: parse_read_options(o, streaming=True), parse_write_options):
+        with pytest.raises(InvalidArgumentError, match=re.escape(named)):
+            parse({**BASE, **options})
+
+
+def test_a_ca_file_that_cannot_be_used_is_named_with_its_option(tmp_path: Path) -> None:
+    (tmp_path / "not-a-ca.pem").write_text("hello")
+    for name, problem in (("missing.pem", "cannot read it"), ("not-a-ca.pem", "no PEM")):
+        access = parse_read_options(
+            {**BASE, "tlsCaFile": str(tmp_path / name)}, streaming=False
+        ).access
+        with pytest.raises(InvalidArgumentError, match=f"^tlsCaFile: tls ca_file .*{problem}"):
+            access.client_options()
 
 
 # ---------------------------------------------------------------- batch planning

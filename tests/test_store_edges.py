@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import random
 import threading
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from hamq.store import (
 )
 from hamq.store.checkpoint import load_checkpoint, save_checkpoint
 from hamq.store.commitlog import CommitLog
-from hamq.store.consume_queue import ENTRY_SIZE
+from hamq.store.consume_queue import ENTRY_SIZE, MAX_CHECKED_RANGES, CheckedRanges
 from hamq.store.index import IndexService
 from hamq.store.segment import Segment, StoreError, fsync_directory
 from tests.store_support import SEGMENT, message, open_store, small_config, virtual_clock
@@ -236,3 +238,31 @@ def test_an_invalid_config_is_refused_by_field() -> None:
         StoreConfig(store_dir="x", commitlog_segment_bytes=SEGMENT, max_message_bytes=SEGMENT)
     with pytest.raises(StoreError):
         CommitLog(Path(os.devnull), 64 * 1024, lambda: 0).append_raw(10, b"x")
+
+
+def test_checked_ranges_never_vouch_for_an_offset_not_added_or_clipped_since() -> None:
+    """A queue's ``checked`` lets pulls skip checking records: it may forget offsets
+    (at most MAX_CHECKED_RANGES ranges are kept), but every offset it vouches for was
+    added and not clipped since. Random adds and clips (fixed seed) against a set."""
+    rng = random.Random(14)
+    for _ in range(200):
+        ranges, added = CheckedRanges(), set()
+        for _ in range(30):
+            if rng.random() < 0.15:
+                stop = rng.randrange(0, 120)
+                ranges.clip(stop)
+                added = {o for o in added if o < stop}
+            else:
+                start = rng.randrange(0, 100)
+                stop = start + rng.choice([1, 1, 2, 5, 20])
+                ranges.add(start, stop)
+                added.update(range(start, stop))
+            vouched = {o for o in range(130) if ranges.end_of(o) > o}
+            assert vouched <= added, (ranges, sorted(added))
+            assert all(ranges.end_of(o) == o or o in added for o in range(130))
+            spans = ranges.spans()
+            assert len(spans) <= MAX_CHECKED_RANGES and spans == sorted(spans)
+            assert all(b1 < a2 for (_, b1), (a2, _) in itertools.pairwise(spans))
+        ranges.add(0, 10)
+        ranges.add(10, 11)  # (the dispatcher's case: one more at the end)
+        assert ranges.end_of(3) >= 11

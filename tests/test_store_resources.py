@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -270,14 +271,16 @@ async def test_topics_beyond_max_topics_are_refused_with_the_limit_named(
 # ---------------------------------------------------------------- a full disk
 class FullDisk:
     """Plays a disk with no room for new files through the store's seam: while ``full``,
-    reserving blocks for a new file fails with ENOSPC as posix_fallocate does."""
+    reserving blocks for a new file whose path holds ``where`` fails with ENOSPC as
+    posix_fallocate does."""
 
-    def __init__(self) -> None:
+    def __init__(self, where: str = "") -> None:
         self.full = False
+        self.where = where
         self.refused: list[Path] = []
 
     def __call__(self, fd: int, size: int, path: Path) -> None:
-        if self.full:
+        if self.full and self.where in str(path):
             self.refused.append(path)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         os.posix_fallocate(fd, 0, size)
@@ -349,3 +352,88 @@ async def test_a_full_disk_at_an_index_file_loses_no_key(
         await store.wait_dispatched()
         for key in ("k0", "k00", "k1", "k2"):
             assert len(store.query_message("T", key, 10)) == 1, key
+
+
+async def put_all(store: MessageStore, messages: list[tuple[str, str]]) -> None:
+    for topic, body in messages:
+        result = await store.put_message(message(topic, body=body.encode()))
+        assert result.status is PutMessageStatus.PUT_OK, result
+
+
+def bodies(*names: str) -> list[bytes]:
+    return [name.encode() for name in names]
+
+
+async def test_a_store_started_on_a_full_disk_serves_what_it_dispatched_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk is full when the store starts and must rebuild its consume queues
+    (consumequeue/ was deleted): the file for B's queue cannot be made. The store
+    starts anyway, serves what it dispatched before B's first message, refuses sends
+    with the disk-full remark, stops cleanly, and once there is room dispatches the rest
+    by itself; sends then continue every queue after its last message, no queue offset
+    twice."""
+    config = small_config(tmp_path)
+    async with open_store(config) as store:
+        await put_all(store, [("A", f"a{i}") for i in range(5)])
+        await put_all(store, [("B", f"b{i}") for i in range(3)] + [("A", "a5"), ("A", "a6")])
+    shutil.rmtree(config.consume_queue_dir)
+    disk = FullDisk(where="consumequeue/B")
+    disk.full = True
+    monkeypatch.setattr(segment_module, "reserve_blocks", disk)
+    async with open_store(config) as store:
+        assert store.recovery is not None and store.recovery.paused is not None
+        assert store.recovery.paused.startswith("disk full: ")
+        assert await read_queue(store, "A") == bodies("a0", "a1", "a2", "a3", "a4")
+        assert await read_queue(store, "B") == []
+        refused = await store.put_message(message("A", body=b"refused"))
+        assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert refused.remark.startswith("disk full: "), refused.remark
+        assert "consumequeue/B/0" in refused.remark
+    async with open_store(config) as store:  # stopped while paused: a clean stop all the same
+        assert store.recovery is not None and store.recovery.clean
+        assert store.recovery.paused is not None
+        assert await read_queue(store, "A") == bodies("a0", "a1", "a2", "a3", "a4")
+        await wait_for(lambda: store.reput.retries >= 2)  # it keeps trying
+        disk.full = False
+        await wait_for(lambda: store.reput.failure is None)
+        await store.wait_dispatched()
+        assert await read_queue(store, "A") == bodies(*(f"a{i}" for i in range(7)))
+        assert await read_queue(store, "B") == bodies("b0", "b1", "b2")
+        for topic, body, queue_offset in (("A", b"a7", 7), ("B", b"b3", 3)):
+            result = await store.put_message(message(topic, body=body))
+            assert result.append is not None, result
+            assert result.append.queue_offset == queue_offset
+    async with open_store(config) as store:
+        assert await read_queue(store, "A") == bodies(*(f"a{i}" for i in range(8)))
+        assert await read_queue(store, "B") == bodies("b0", "b1", "b2", "b3")
+
+
+async def test_a_broker_started_on_a_full_disk_serves_pulls_and_takes_sends_once_there_is_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same over the wire: a broker whose store starts with dispatching paused by a
+    full disk starts, answers pulls of what is dispatched, refuses sends with a remark
+    saying the disk is full, and takes them again by itself once there is room."""
+    async with running_broker(tmp_path) as node, RemotingClient() as client:
+        for topic in ("A", "A", "B", "A"):
+            response = await client.invoke(node.address, send_request(topic), TIMEOUT_S)
+            assert response.code == ResponseCode.SUCCESS, response.remark
+    shutil.rmtree(tmp_path / "consumequeue")
+    disk = FullDisk(where="consumequeue/B")
+    disk.full = True
+    monkeypatch.setattr(segment_module, "reserve_blocks", disk)
+    async with running_broker(tmp_path) as node, RemotingClient() as client:
+        pulled = await client.invoke(node.address, pull_request("A"), TIMEOUT_S)
+        assert pulled.code == ResponseCode.SUCCESS, pulled.remark
+        assert len(decode_messages(pulled.body)) == 2
+        refused = await client.invoke(node.address, send_request("A"), TIMEOUT_S)
+        assert refused.code == ResponseCode.SERVICE_NOT_AVAILABLE
+        assert "disk full" in (refused.remark or ""), refused.remark
+        disk.full = False
+        await wait_for(lambda: node.store.reput.failure is None)
+        await node.store.wait_dispatched()
+        taken = await client.invoke(node.address, send_request("A"), TIMEOUT_S)
+        assert taken.code == ResponseCode.SUCCESS, taken.remark
+        pulled = await client.invoke(node.address, pull_request("A"), TIMEOUT_S)
+        assert len(decode_messages(pulled.body)) == 4

@@ -24,7 +24,7 @@ from cli.common import DEFAULT_NAMESRV
 from hamq.broker import build_config
 from hamq.client import AdminClient, Message, Producer, SendStatus
 from hamq.ha import HAConfig
-from hamq.protocol.headers import (
+from hamq.protocol.send_timing import (
     BROKER_SYNC_FLUSH_WAIT_S,
     BROKER_SYNC_SLAVE_WAIT_S,
     send_wait_too_short,

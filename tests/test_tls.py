@@ -23,6 +23,7 @@ from hamq.remoting import RemotingClient, RemotingConfig, RemotingError
 from hamq.remoting.tls import TlsConfig, TlsConfigError
 from tests.broker_support import running_broker, running_nameserver, wait_for
 from tests.processes import hamq_command
+from tests.test_metrics import scrape, value
 
 
 @attrs.frozen
@@ -170,9 +171,8 @@ async def test_a_slave_replicates_from_its_master_over_tls(
                 await sock.send((0).to_bytes(8, "big"))
                 with trio.fail_after(5):
                     assert await sock.recv(65536) == b""
-            await wait_for(
-                lambda: any("HA service: closed" in r.getMessage() for r in caplog.records)
-            )
+            refusal = f"HA service {ha.address}: closed"
+            await wait_for(lambda: any(refusal in r.getMessage() for r in caplog.records))
             await producer.send(Message("Replicated", b"after"))
             await wait_for(
                 lambda: slave.store.commitlog_max_offset == master.store.commitlog_max_offset
@@ -207,6 +207,35 @@ async def test_a_silent_peer_is_cut_when_the_handshake_times_out(pki: Pki) -> No
             with trio.fail_after(5):
                 assert await sock.recv(1024) == b""  # closed by the server
         await wait_for(lambda: server.server.statistics().tls_handshake_failures == 1)
+
+
+async def test_failed_handshakes_show_in_the_metrics_by_listener(tmp_path: Path, pki: Pki) -> None:
+    """Plain-TCP peers on a TLS broker's remoting port (twice), its HA port and its
+    embedded nameserver's port: each a failed handshake, counted where it happened."""
+    async with running_broker(tmp_path, remoting=pki.broker_tls(), metrics_port=0) as node:
+        assert node.metrics_port is not None and node.ha_service is not None
+        targets = [node.address, node.address, node.ha_service.address, node.namesrv_addrs[0]]
+        for address in targets:
+            host, port = address.rsplit(":", 1)
+            with trio.socket.socket() as sock:
+                await sock.connect((host, int(port)))
+                await sock.send((0).to_bytes(8, "big"))  # not a ClientHello
+                with trio.fail_after(5):
+                    assert await sock.recv(65536) == b""
+        nameserver, ha = node.nameserver, node.ha_service
+        assert nameserver is not None
+        await wait_for(  # (each is counted as its connection closes)
+            lambda: (
+                node.server.statistics().tls_handshake_failures == 2
+                and ha.statistics().tls_handshake_failures == 1
+                and nameserver.server.statistics().tls_handshake_failures == 1
+            )
+        )
+        shown = await scrape(node.metrics_port)
+    failures = "hamq_broker_tls_handshake_failures"
+    assert value(shown, failures, "_total", listener="remoting") == 2
+    assert value(shown, failures, "_total", listener="ha") == 1
+    assert value(shown, "hamq_nameserver_tls_handshake_failures", "_total") == 1
 
 
 async def test_a_client_that_does_not_trust_the_servers_ca_is_refused(pki: Pki) -> None:

@@ -7,15 +7,15 @@ plain_acl.yml, permissions per topic and group, address whitelists.
 - addresses.py   whitelist patterns
 - accounts.py    the plain_acl.yml file -> AclTable
 - rights.py      what a request needs (by code), and which codes each server checks
-- check.py       the decision: None, or the NO_PERMISSION remark
+- check.py       the decision: None, or a Refusal (its reason, the NO_PERMISSION remark)
 - guard.py       AclGuard: the table kept current, the dispatcher's check
 
-Everything but guard.py is pure (no I/O, no Trio).
+Everything but guard.py is pure: no I/O, no tasks.
 """
 
 from hamq.acl.accounts import Account, AclFileError, AclTable, load_acl_file, parse_acl
 from hamq.acl.addresses import AddressPattern, parse_pattern
-from hamq.acl.check import check
+from hamq.acl.check import Reason, Refusal, check
 from hamq.acl.guard import AclGuard, AclStatistics
 from hamq.acl.permission import Perm, parse_perm
 from hamq.acl.rights import (
@@ -30,7 +30,6 @@ from hamq.acl.signing import (
     SECURITY_TOKEN,
     SIGNATURE,
     Credentials,
-    RpcHook,
     Secret,
     credentials_from,
     sign,
@@ -38,6 +37,7 @@ from hamq.acl.signing import (
     signature_matches,
     signer,
 )
+from hamq.remoting.client import RpcHook
 
 __all__ = [
     "ACCESS_KEY",
@@ -56,6 +56,8 @@ __all__ = [
     "AddressPattern",
     "Credentials",
     "Perm",
+    "Reason",
+    "Refusal",
     "RpcHook",
     "Secret",
     "check",

@@ -8,16 +8,17 @@ inode): a changed file is read again (in a worker thread) and replaces the table
 parses; when it does not (a typo, a half-written file, a deleted one) the error is
 logged once per change of the file, and the accounts of the last good read stay.
 
-A refused request is answered NO_PERMISSION with the reason as remark; refusals are
-counted, and logged as warnings at most once per REFUSAL_LOG_INTERVAL_S (with how many
-there were in between; every one at debug level).
+A refused request is answered NO_PERMISSION with the refusal's remark; refusals are
+counted by reason (check.py's ``Reason``), and logged as warnings at most once per
+REFUSAL_LOG_INTERVAL_S (a RateLimitedLog: the next line says how many were not
+logged; every one at debug level).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
+from collections import Counter
 from pathlib import Path
 from typing import Protocol
 
@@ -25,10 +26,11 @@ import attrs
 import trio
 
 from hamq.acl.accounts import AclFileError, AclTable, load_acl_file
-from hamq.acl.check import check
+from hamq.acl.check import MessageTopic, Refusal, check
 from hamq.acl.rights import AclPolicy
 from hamq.protocol import RemotingCommand, ResponseCode
 from hamq.remoting.address import ip_of
+from hamq.remoting.ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -62,49 +64,56 @@ class AclStatistics:
     refused: int
     reloads: int
     reload_failures: int
+    #: refusals by reason (check.py's Reason values), those that happened
+    refused_by_reason: dict[str, int] = attrs.field(factory=dict)
 
 
 class AclGuard:
     def __init__(
-        self, path: Path, policy: AclPolicy, *, reload_interval_s: float = RELOAD_INTERVAL_S
+        self,
+        path: Path,
+        policy: AclPolicy,
+        *,
+        reload_interval_s: float = RELOAD_INTERVAL_S,
+        message_topic: MessageTopic | None = None,
     ) -> None:
-        """Read ``path`` now; AclFileError if it cannot be used."""
+        """Read ``path`` now; AclFileError if it cannot be used. ``message_topic``: the
+        topic of the stored message at an offset (a broker's store; check.py)."""
         self.path = Path(path)
         self.policy = policy
+        self.message_topic = message_topic
         self.reload_interval_s = reload_interval_s
         self._stamp = _stamp(self.path)
         self.table: AclTable = load_acl_file(self.path)
-        self.refused = 0
+        #: refusals by reason (Reason values)
+        self.refusals: Counter[str] = Counter()
         self.reloads = 0
         self.reload_failures = 0
-        self._refused_unlogged = 0
-        self._last_logged = -REFUSAL_LOG_INTERVAL_S
+        self._warnings = RateLimitedLog(log, interval_s=REFUSAL_LOG_INTERVAL_S, burst=1)
         log.info(
             "ACL on (%s): %d account(s) from %s", policy.name, len(self.table.accounts), self.path
         )
 
     # ------------------------------------------------------------------ the check
+    @property
+    def refused(self) -> int:
+        """Requests refused since the guard was made."""
+        return self.refusals.total()
+
     def __call__(self, request: RemotingCommand, conn: Peer) -> RemotingCommand | None:
         """The dispatcher's guard: None to go on, else the NO_PERMISSION answer."""
-        reason = check(self.table, self.policy, request, ip_of(conn.peer))
-        if reason is None:
+        refusal = check(self.table, self.policy, request, ip_of(conn.peer), self.message_topic)
+        if refusal is None:
             return None
-        self.refused += 1
-        self._log_refusal(request, conn.peer, reason)
-        return request.response_to(ResponseCode.NO_PERMISSION, reason)
+        self.refusals[refusal.reason.value] += 1
+        self._log_refusal(request, conn.peer, refusal)
+        return request.response_to(ResponseCode.NO_PERMISSION, refusal.remark)
 
-    def _log_refusal(self, request: RemotingCommand, peer: str, reason: str) -> None:
-        log.debug("ACL refused %s from %s: %s", request.describe(), peer, reason)
-        now = time.monotonic()
-        if now - self._last_logged < REFUSAL_LOG_INTERVAL_S:
-            self._refused_unlogged += 1
-            return
-        more = (
-            f" ({self._refused_unlogged} more refused before it)" if self._refused_unlogged else ""
+    def _log_refusal(self, request: RemotingCommand, peer: str, refusal: Refusal) -> None:
+        log.debug("ACL refused %s from %s: %s", request.describe(), peer, refusal.remark)
+        self._warnings.warning(
+            "refused", "ACL refused %s from %s: %s", request.describe(), peer, refusal.remark
         )
-        log.warning("ACL refused %s from %s: %s%s", request.describe(), peer, reason, more)
-        self._last_logged = now
-        self._refused_unlogged = 0
 
     # ------------------------------------------------------------------ reloading
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -137,4 +146,5 @@ class AclGuard:
             refused=self.refused,
             reloads=self.reloads,
             reload_failures=self.reload_failures,
+            refused_by_reason=dict(self.refusals),
         )

@@ -4,10 +4,16 @@ touches (PlainAccessValidator.parse, with hamq's additions marked).
 Resources, by request code (wire field names in quotes):
 
     SEND_MESSAGE 10, SEND_MESSAGE_V2 310, SEND_BATCH_MESSAGE 320 (hamq: RocketMQ forgot 320)
-                                 PUB on the topic ("topic" / "b"); a retry topic
+                                 PUB on the topic the broker stores to: the header as
+                                 the send processor decodes it (decode_send_header:
+                                 "topic" for 10, "b" for 310/320); a retry topic
                                  %RETRY%G is group G's: SUB on the group (a consumer
                                  sending a message back); %DLQ%G is a topic like any other
-    CONSUMER_SEND_MSG_BACK 36    SUB on the group ("group")
+    CONSUMER_SEND_MSG_BACK 36    SUB on the group ("group"), and (hamq) SUB on the topic
+                                 of the message at "offset": the broker copies that
+                                 message, whatever its topic, into the group's retry
+                                 topic, where the group may pull it (``message_offset``;
+                                 check.py asks the broker for the topic)
     PULL_MESSAGE 11              SUB on the topic ("topic"; a retry topic: its group) and
                                  on the group ("consumerGroup")
     QUERY_MESSAGE 12             SUB on the topic
@@ -17,21 +23,31 @@ Resources, by request code (wire field names in quotes):
                                  SUB on the group ("consumerGroup"; an empty one is none)
     QUERY_CONSUMER_OFFSET 14 (hamq), UPDATE_CONSUMER_OFFSET 15
                                  SUB on the group and on the topic
+    LOCK_BATCH_MQ 41, UNLOCK_BATCH_MQ 42 (hamq)
+                                 SUB on the body's consumerGroup: a stranger's lock would
+                                 keep the group's orderly consumers off those queues
 
 Admin codes (the account's ``admin`` flag): RocketMQ's five (UPDATE_AND_CREATE_TOPIC,
 UPDATE_BROKER_CONFIG, DELETE_TOPIC_IN_BROKER, UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
 DELETE_SUBSCRIPTIONGROUP) and hamq's: what resets offsets, deletes or changes
 cluster state (INVOKE_BROKER_TO_RESET_OFFSET, DELETE_TOPIC_IN_NAMESRV, the nameserver's
 REGISTER_BROKER / UNREGISTER_BROKER / BROKER_HEARTBEAT, the controller's
-REGISTER_BROKER / APPLY_BROKER_ID / ALTER_SYNC_STATE_SET / ELECT_MASTER, ...). A broker
-therefore signs with an admin account.
+REGISTER_BROKER / APPLY_BROKER_ID / ALTER_SYNC_STATE_SET / ELECT_MASTER, ...), and
+VIEW_MESSAGE_BY_ID, which reads any message of any topic by its commit-log offset
+(operators' ``hamq admin query-message --id``). A broker therefore signs with an
+admin account.
 
 Policies: a broker checks every request (RocketMQ's broker does); a nameserver or a
 controller checks only the admin codes: routes, cluster info and the controllers'
 read-outs stay readable by anyone who reaches the port.
 
-Pure: a body or header that does not decode adds no resource (the request's own
-processor refuses it).
+Resources are read from what the processors act on, never from a field they ignore:
+a send's topic is decoded by the send processor's own decoder (a SEND_MESSAGE carrying
+a "b" field, or a SEND_MESSAGE_V2 whose fast decoding falls back to the renamed
+fields, must be checked on the topic it is stored to). Pure: a header or body that
+does not decode adds no resource (the request's own processor refuses it with the same
+decoder's error); any other exception propagates, and the dispatcher then refuses the
+request.
 """
 
 from __future__ import annotations
@@ -39,8 +55,14 @@ from __future__ import annotations
 import attrs
 
 from hamq.acl.permission import Perm
-from hamq.protocol import RemotingCommand, RequestCode
-from hamq.protocol.bodies import HeartbeatData, decode_body
+from hamq.protocol import RemotingCommand, RequestCode, RequestError
+from hamq.protocol.bodies import (
+    HeartbeatData,
+    LockBatchRequestBody,
+    UnlockBatchRequestBody,
+    decode_body,
+)
+from hamq.protocol.headers import ConsumerSendMsgBackRequestHeader, decode_send_header
 from hamq.protocol.message import RETRY_GROUP_TOPIC_PREFIX
 
 #: RocketMQ's TopicValidator.RMQ_SYS_TRACE_TOPIC: anyone signed may publish traces
@@ -72,7 +94,13 @@ ADMIN_CODES = frozenset(
         RequestCode.CONTROLLER_ELECT_MASTER,
         RequestCode.UPDATE_CONTROLLER_CONFIG,
         RequestCode.CLEAN_BROKER_DATA,
+        # reads any message by its commit-log offset, whatever its topic
+        RequestCode.VIEW_MESSAGE_BY_ID,
     }
+)
+
+_SEND_CODES = frozenset(
+    {RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE}
 )
 
 
@@ -87,6 +115,8 @@ class Resource:
 class Needs:
     admin: bool = False
     resources: tuple[Resource, ...] = ()
+    #: the commit-log offset of a stored message the request reads (SUB on its topic)
+    message_offset: int | None = None
 
 
 @attrs.frozen
@@ -101,7 +131,7 @@ class AclPolicy:
         admin = request.code in ADMIN_CODES
         if not admin and not self.check_all:
             return None
-        return Needs(admin, tuple(_resources(request)))
+        return Needs(admin, tuple(_resources(request)), _message_offset(request))
 
 
 BROKER_POLICY = AclPolicy("broker", check_all=True)
@@ -109,7 +139,8 @@ NAMESERVER_POLICY = AclPolicy("nameserver", check_all=False)
 CONTROLLER_POLICY = AclPolicy("controller", check_all=False)
 
 
-def _topic(topic: str | None, perm: Perm) -> list[Resource]:
+def topic_resources(topic: str | None, perm: Perm) -> list[Resource]:
+    """What ``perm`` on ``topic`` needs: the topic's, or a retry topic's group's SUB."""
     if not topic:
         return []
     if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
@@ -121,38 +152,64 @@ def _group(group: str | None, perm: Perm = Perm.SUB) -> list[Resource]:
     return [Resource("group", group, perm)] if group else []
 
 
+def _send(request: RemotingCommand) -> list[Resource]:
+    try:
+        header = decode_send_header(request.ext_fields, v2=request.code != RequestCode.SEND_MESSAGE)
+    except RequestError:  # (the send processor says what is wrong with it)
+        return []
+    return topic_resources(header.topic, Perm.PUB)
+
+
 def _heartbeat(request: RemotingCommand) -> list[Resource]:
     try:
         data = decode_body(HeartbeatData, request.body)
-    except Exception:  # (the processor says what is wrong with it)
+    except RequestError:  # (the processor says what is wrong with it)
         return []
     found: list[Resource] = []
     for consumer in data.consumer_data_set:
         found += _group(consumer.group_name)
         for subscription in consumer.subscription_data_set:
-            found += _topic(subscription.topic, Perm.SUB)
+            found += topic_resources(subscription.topic, Perm.SUB)
     return found
+
+
+def _lock(request: RemotingCommand) -> list[Resource]:
+    try:
+        if request.code == RequestCode.LOCK_BATCH_MQ:
+            group = decode_body(LockBatchRequestBody, request.body).consumer_group
+        else:
+            group = decode_body(UnlockBatchRequestBody, request.body).consumer_group
+    except RequestError:  # (the processor says what is wrong with it)
+        return []
+    return _group(group)
+
+
+def _message_offset(request: RemotingCommand) -> int | None:
+    if request.code != RequestCode.CONSUMER_SEND_MSG_BACK:
+        return None
+    try:
+        return request.header(ConsumerSendMsgBackRequestHeader).offset
+    except RequestError:  # (the processor says what is wrong with it)
+        return None
 
 
 def _resources(request: RemotingCommand) -> list[Resource]:
     fields = request.ext_fields
     code = request.code
-    if code in (
-        RequestCode.SEND_MESSAGE,
-        RequestCode.SEND_MESSAGE_V2,
-        RequestCode.SEND_BATCH_MESSAGE,
-    ):
-        return _topic(fields.get("b", fields.get("topic")), Perm.PUB)
+    if code in _SEND_CODES:
+        return _send(request)
     if code == RequestCode.CONSUMER_SEND_MSG_BACK:
         return _group(fields.get("group"))
     if code == RequestCode.PULL_MESSAGE:
-        return _topic(fields.get("topic"), Perm.SUB) + _group(fields.get("consumerGroup"))
+        return topic_resources(fields.get("topic"), Perm.SUB) + _group(fields.get("consumerGroup"))
     if code == RequestCode.QUERY_MESSAGE:
-        return _topic(fields.get("topic"), Perm.SUB)
+        return topic_resources(fields.get("topic"), Perm.SUB)
     if code == RequestCode.HEART_BEAT:
         return _heartbeat(request)
     if code in (RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP):
         return _group(fields.get("consumerGroup"))
     if code in (RequestCode.QUERY_CONSUMER_OFFSET, RequestCode.UPDATE_CONSUMER_OFFSET):
-        return _group(fields.get("consumerGroup")) + _topic(fields.get("topic"), Perm.SUB)
+        return _group(fields.get("consumerGroup")) + topic_resources(fields.get("topic"), Perm.SUB)
+    if code in (RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ):
+        return _lock(request)
     return []

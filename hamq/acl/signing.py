@@ -26,20 +26,18 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import attrs
 
 from hamq.protocol import RemotingCommand
+from hamq.remoting.client import RpcHook
 
 ACCESS_KEY = "AccessKey"
 SIGNATURE = "Signature"
 SECURITY_TOKEN = "SecurityToken"
 #: RocketMQ's MixAll.UNIQUE_MSG_QUERY_FLAG: left out of the content by the checking side
 UNIQUE_MSG_QUERY_FLAG = "_UNIQUE_KEY_QUERY"
-
-#: what a client calls on every request before it is sent: ``hook(address, request)``
-RpcHook = Callable[[str, RemotingCommand], None]
 
 
 class Secret:

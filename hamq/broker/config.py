@@ -26,12 +26,21 @@ reported with its name (all of them at once), and nothing starts. Types are stri
 ``listen_port = "11011"`` is refused, not converted (the one conversion: an integer
 where a float goes, ``register_interval_s = 30``). Names follow RocketMQ's
 BrokerConfig in snake_case.
+
+Secrets need not sit in the file: ``secret_key_file`` and ``[ha] secret_file`` name a
+file holding ``secret_key`` / ``[ha] secret`` (its content, surrounding whitespace
+dropped; a mounted secret, or a file only the broker's user may read: one warning when
+others may). Relative paths (these and ``acl_file``) are taken from the configuration
+file's directory. A file that cannot be read, is empty, or is given beside its key is
+a ConfigError naming the key and the file.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
+import stat
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -46,14 +55,16 @@ from cattrs.v import format_exception
 from hamq.acl import Credentials, Secret, credentials_from
 from hamq.ha import HAConfig
 from hamq.protocol.ha_wire import HAProtocol
-from hamq.protocol.headers import (
+from hamq.protocol.message import TOPIC_MAX_LENGTH
+from hamq.protocol.send_timing import (
     SEND_ANSWER_MARGIN_S,
     SEND_ATTEMPT_TIMEOUT_S,
     send_wait_too_short,
 )
-from hamq.protocol.message import TOPIC_MAX_LENGTH
 from hamq.remoting import RemotingConfig, check_address, check_addresses
 from hamq.store import BrokerRole, FlushDiskType, StoreConfig
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -241,7 +252,7 @@ class BrokerConfig:
         """Why producers at their default per-try wait (hamq's SEND_ATTEMPT_TIMEOUT_S)
         would give up on this broker's sends before it answers, or None. (A producer
         that gives up and retries stores a second copy; see the rule in
-        hamq/protocol/headers.py.)"""
+        hamq/protocol/send_timing.py.)"""
         waits = self.send_waits
         longest = max(waits.values(), default=0.0)
         if not send_wait_too_short(SEND_ATTEMPT_TIMEOUT_S, longest):
@@ -349,9 +360,63 @@ def build_config(values: Mapping[str, Any]) -> BrokerConfig:
         raise ConfigError(str(exc)) from None
 
 
+#: (table, key): the secrets a ``<key>_file`` may hold instead (None: the top level)
+SECRET_KEYS: tuple[tuple[str | None, str], ...] = ((None, "secret_key"), ("ha", "secret"))
+
+
+def resolve_files(data: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """``data`` (a configuration file's values, changed in place and returned) with what
+    it names resolved: ``acl_file`` and the secret files relative to ``directory`` (the
+    file's own, not the working directory), and each secret file read into its key
+    (see the module's text). ConfigError naming the key and the file."""
+    acl_file = data.get("acl_file")
+    if isinstance(acl_file, str) and acl_file:
+        data["acl_file"] = str(directory / acl_file)  # (an absolute path stays itself)
+    for table_name, key in SECRET_KEYS:
+        table = data if table_name is None else data.get(table_name)
+        if isinstance(table, dict) and f"{key}_file" in table:
+            name = key if table_name is None else f"[{table_name}] {key}"
+            if key in table:
+                raise ConfigError(f"give {name} or {name}_file, not both")
+            table[key] = _read_secret(f"{name}_file", table.pop(f"{key}_file"), directory)
+    return data
+
+
+def _read_secret(name: str, value: object, directory: Path) -> str:
+    """The secret in the file ``value`` names, relative to ``directory``."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{name} must be a path (a string), not {_kind(value)}")
+    return read_secret_file(name, directory / value)
+
+
+def read_secret_file(name: str, path: Path) -> str:
+    """The secret ``path`` holds, surrounding whitespace dropped; one warning when users
+    other than the owner may read it. ConfigError (``"<name> <path>: cannot read it
+    (...)"``, ``"... is empty"``) when it cannot be used. ``name`` says where the path
+    came from: ``secret_key_file``, ``--raft-secret-file``."""
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise ConfigError(f"{name} {path}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{name} {path} is not UTF-8 text") from None
+    if not text:
+        raise ConfigError(f"{name} {path} is empty")
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        log.warning(
+            "%s %s may be read by other users (mode %03o): chmod 600 %s",
+            name,
+            path,
+            stat.S_IMODE(mode),
+            path,
+        )
+    return text
+
+
 def load_config(path: Path | None, overrides: Mapping[str, Any] | None = None) -> BrokerConfig:
-    """Read ``path`` (TOML) if given, apply ``overrides`` (``store.x`` goes into [store],
-    ``remoting.tls.x`` into [remoting.tls])."""
+    """Read ``path`` (TOML) if given (resolving what it names: ``resolve_files``), apply
+    ``overrides`` (``store.x`` goes into [store], ``remoting.tls.x`` into [remoting.tls])."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -360,9 +425,7 @@ def load_config(path: Path | None, overrides: Mapping[str, Any] | None = None) -
             raise ConfigError(f"cannot read {path}: {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-        acl_file = data.get("acl_file")
-        if isinstance(acl_file, str) and acl_file and not Path(acl_file).is_absolute():
-            data["acl_file"] = str(path.parent / acl_file)  # (beside the file, not the cwd)
+        resolve_files(data, path.parent)
     for key, value in (overrides or {}).items():
         if value is None:
             continue

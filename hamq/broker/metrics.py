@@ -3,9 +3,12 @@
 Every family is named ``hamq_broker_*`` (README: "Metrics" lists them with their
 meaning). Counters come from hamq/broker/stats.py; the rest is read when scraped:
 consumer lag from the committed offsets and the consume queues, replication from the
-HA service, the store's offsets. The store's disk use is a walk of its files: it is
-measured every DISK_WALK_S in a worker thread by ``measure_disk`` (a task the broker
-runs), never on the Trio thread while a scrape waits.
+HA service, the store's offsets, and what hostile peers met (``_defenses``: the
+listeners' refused connections and failed TLS handshakes, the HA port's refused
+peers, the ACL's refusals by reason) from those services' statistics. The store's
+disk use is a walk of its files: it is measured every DISK_WALK_S in a worker thread
+by ``measure_disk`` (a task the broker runs), never on the Trio thread while a scrape
+waits.
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ class BrokerCollector:
         yield from self._consumers()
         yield from self._replication()
         yield from self._store()
+        yield from self._defenses()
 
     def _identity(self) -> Iterator[Metric]:
         node, ctx = self.node, self.node.ctx
@@ -247,3 +251,38 @@ class BrokerCollector:
         disk.add_metric(["reserved"], self.disk[0])
         disk.add_metric(["used"], self.disk[1])
         yield disk
+
+    def _defenses(self) -> Iterator[Metric]:
+        node = self.node
+        remoting = node.server.statistics()
+        refused = {"remoting": remoting.connections_refused}
+        handshakes = {"remoting": remoting.tls_handshake_failures}
+        ha_refused = 0
+        if node.ha_service is not None:
+            ha = node.ha_service.statistics()
+            refused["ha"] = ha.connections_refused
+            handshakes["ha"] = ha.tls_handshake_failures
+            ha_refused = ha.refused_peers
+        yield _counted(
+            "hamq_broker_connections_refused",
+            "Connections closed at accept for being over max_connections, by listener",
+            "listener",
+            refused,
+        )
+        yield _counted(
+            "hamq_broker_tls_handshake_failures",
+            "TLS handshakes that failed or timed out, by listener",
+            "listener",
+            handshakes,
+        )
+        yield CounterMetricFamily(
+            "hamq_broker_ha_peers_refused",
+            "Peers refused on the HA port: not proved members of this broker group",
+            ha_refused,
+        )
+        yield _counted(
+            "hamq_broker_acl_refused",
+            "Requests the ACL refused (NO_PERMISSION), by reason",
+            "reason",
+            node.acl.statistics().refused_by_reason if node.acl is not None else {},
+        )

@@ -67,7 +67,7 @@ from hamq.remoting import (
     format_address,
     parse_address,
 )
-from hamq.store import BrokerRole, MessageStore
+from hamq.store import BrokerRole, MessageStore, StoreError
 from hamq.store.files import raise_open_files_limit
 from hamq.store.message_store import wall_clock_ms
 from nameserver import NameServer, NameServerConfig
@@ -177,7 +177,7 @@ class BrokerNode:
         #: the ACL (acl_enable): every request is checked against acl_file's accounts
         self.acl: AclGuard | None = None
         if config.acl_enable and config.acl_file is not None:
-            self.acl = AclGuard(config.acl_file, BROKER_POLICY)
+            self.acl = AclGuard(config.acl_file, BROKER_POLICY, message_topic=self._message_topic)
         self.dispatcher = Dispatcher(guard=self.acl)
         self.pull = PullProcessor(self.ctx)
         for processor in (
@@ -227,6 +227,14 @@ class BrokerNode:
         if self.ha_service is not None and self.ctx.is_master:
             return self.ha_service.floor()
         return self.store.commitlog_max_offset
+
+    def _message_topic(self, offset: int) -> str | None:
+        """The topic of the message at commit-log ``offset``, None if none starts there
+        (the ACL checks a send-back against it)."""
+        try:
+            return self.store.look_message_by_offset(offset).topic
+        except StoreError:
+            return None
 
     def _confirm_offset(self) -> int:
         if self.ha_service is not None and self.ctx.is_master:

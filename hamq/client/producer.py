@@ -22,7 +22,7 @@
   ``send_attempt_timeout_s`` (10 s; None: the rest of ``send_timeout_s``, as RocketMQ's
   does); when set, a send whose only broker timed out waits, looking the route up
   again, until a new master elected meanwhile takes it or the time out has passed.
-- The rule for the per-try wait (hamq/protocol/headers.py): it must exceed the longest
+- The rule for the per-try wait (hamq/protocol/send_timing.py): it must exceed the longest
   a broker waits before it answers — a SYNC_FLUSH broker's fsync (``[store]
   sync_flush_timeout_s``, 5 s) and a SYNC_MASTER's wait for its slave (``[ha]
   sync_timeout_s``, 3 s), which run at once — by a margin (1 s) for the answer to come
@@ -83,18 +83,7 @@ from hamq.protocol import (
     ResponseCode,
 )
 from hamq.protocol.bodies import MessageQueue
-from hamq.protocol.headers import (
-    BROKER_SEND_WAIT_S,
-    BROKER_SYNC_FLUSH_WAIT_S,
-    BROKER_SYNC_SLAVE_WAIT_S,
-    SEND_ANSWER_MARGIN_S,
-    SEND_ATTEMPT_TIMEOUT_S,
-    SEND_TIMEOUT_S,
-    SendMessageRequestHeader,
-    decode_send_response,
-    send_v2_fields,
-    send_wait_too_short,
-)
+from hamq.protocol.headers import SendMessageRequestHeader, decode_send_response, send_v2_fields
 from hamq.protocol.message import (
     DEFAULT_TOPIC,
     PROPERTY_UNIQ_KEY,
@@ -105,6 +94,15 @@ from hamq.protocol.message import (
     encode_batch,
     encode_properties,
     java_string_hash,
+)
+from hamq.protocol.send_timing import (
+    BROKER_SEND_WAIT_S,
+    BROKER_SYNC_FLUSH_WAIT_S,
+    BROKER_SYNC_SLAVE_WAIT_S,
+    SEND_ANSWER_MARGIN_S,
+    SEND_ATTEMPT_TIMEOUT_S,
+    SEND_TIMEOUT_S,
+    send_wait_too_short,
 )
 from hamq.remoting import RemotingTimeoutError
 
@@ -124,6 +122,16 @@ _RETRY_CODES = frozenset(
         ResponseCode.NOT_IN_CURRENT_UNIT,
     }
 )
+
+
+def _failover_explains(error: Exception) -> bool:
+    """Whether a master failover may lift ``error``, so that sending again, past the
+    retries, until the send timeout is worth it: lost connections, a route without a
+    master, a slave's refusal (SERVICE_NOT_AVAILABLE) — not NO_PERMISSION (the ACL, a
+    topic without write permission), which no failover changes."""
+    return not (isinstance(error, BrokerError) and error.code == ResponseCode.NO_PERMISSION)
+
+
 _STATUSES: dict[int, SendStatus] = {
     ResponseCode.SUCCESS: SendStatus.SEND_OK,
     ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
@@ -439,7 +447,12 @@ class Producer(InstanceOwner):
                 # every try failed in a way a master failover explains (refused or lost
                 # connections, a route without a master, a slave's refusal): keep trying,
                 # with pauses, until the send timeout
-                if oneway or last_error is None or deadline - trio.current_time() <= pause:
+                if (
+                    oneway
+                    or last_error is None
+                    or not _failover_explains(last_error)
+                    or deadline - trio.current_time() <= pause
+                ):
                     break
                 await trio.sleep(pause)
                 pause = min(pause * 2, FAILOVER_PAUSE_MAX_S)

@@ -1,7 +1,9 @@
 """A controller's metrics (``hamq_controller_*``), read at scrape time.
 
 The replicated state is applied by pysyncobj's thread: the groups are copied in one
-step (``dict(...)``, atomic under the GIL) before they are read.
+step (``dict(...)``, atomic under the GIL) before they are read. ACL refusals are a
+standalone controller's (``acl_file``); an embedded one's requests are checked, and
+counted, by its nameserver.
 """
 
 from __future__ import annotations
@@ -36,6 +38,15 @@ class ControllerCollector:
             "Brokers heartbeating to this controller",
             value=len(controller.live.brokers),
         )
+        refused = CounterMetricFamily(
+            "hamq_controller_acl_refused",
+            "Requests the ACL refused (NO_PERMISSION), by reason",
+            labels=["reason"],
+        )
+        acl = controller.acl
+        for reason, count in sorted(acl.statistics().refused_by_reason.items() if acl else ()):
+            refused.add_metric([reason], count)
+        yield refused
         labels = ["cluster", "broker_name"]
         families = {
             "master_id": GaugeMetricFamily(

@@ -15,6 +15,7 @@ import attrs
 from attrs import validators as v
 
 from hamq.protocol.ha_wire import HAProtocol
+from hamq.protocol.send_timing import BROKER_SYNC_SLAVE_WAIT_S
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -59,7 +60,7 @@ class HAConfig:
     #: a slave further behind than this is not in sync (haMaxGapNotInSync)
     max_gap_not_in_sync_bytes: int = attrs.field(default=256 * MIB, validator=v.ge(0))
     #: how long a SYNC_MASTER send waits for a slave's ack (RocketMQ slaveTimeout: 3 s)
-    sync_timeout_s: float = attrs.field(default=3.0, validator=v.gt(0))
+    sync_timeout_s: float = attrs.field(default=BROKER_SYNC_SLAVE_WAIT_S, validator=v.gt(0))
     #: a slave that has nothing starts at the master's last segment (False: at its first
     #: retained byte)
     sync_from_last_file: bool = True

@@ -1,14 +1,16 @@
 """The master's side of the HA channel: accept slaves, push CommitLog bytes, count acks.
 
 A connection is first *set up* (``SlaveConnection._set_up``, the one place a
-connection becomes a slave's; TLS, when added, wraps the stream before it): within
-``connect_timeout_s`` the peer proves ``[ha] secret`` if the master has one, and in
-the auto-switch protocol sends its HANDSHAKE (its broker id); then membership.py's
-rule decides whether it is a member of this broker group. A peer that is not is
-closed having been sent no CommitLog byte, none of its reports is read, and one line
-is logged naming it and why (``refused_peers`` counts them). Only admitted slaves are
-in ``connections``: everything that decides a send (``in_sync``, ``replicated_offset``,
-the SyncStateSet's acks, SLAVE_NOT_AVAILABLE) sees members only.
+connection becomes a slave's; the listener's Acceptor has already counted it against
+``max_connections`` and negotiated TLS): within ``connect_timeout_s`` the peer proves
+``[ha] secret`` if the master has one, and in the auto-switch protocol sends its
+HANDSHAKE (its broker id); then membership.py's rule decides whether it is a member
+of this broker group. A peer that is not — or whose connection fails before it is
+admitted — is closed having been sent no CommitLog byte, none of its reports is read,
+and it is counted (``refused_peers``) and logged naming it and why, through a
+RateLimitedLog: a flood of strangers writes a few lines per 10 s, not one each. Only
+admitted slaves are in ``connections``: everything that decides a send (``in_sync``,
+``replicated_offset``, the SyncStateSet's acks, SLAVE_NOT_AVAILABLE) sees members only.
 
 Per admitted slave, two tasks under the connection's nursery:
 - the reader takes the slave's messages: in the auto-switch protocol the HANDSHAKE
@@ -119,6 +121,9 @@ class MasterHAStatistics:
     #: peers refused on the HA port (not members of this group), and the last reason
     refused_peers: int = 0
     last_refusal: str | None = None
+    #: connections closed at accept for being over max_connections
+    connections_refused: int = 0
+    tls_handshake_failures: int = 0
 
 
 class SlaveConnection:
@@ -204,6 +209,9 @@ class SlaveConnection:
             raise SlaveRefused(f"it did not complete the HA set-up within {limit:g}s") from None
         except (ProofFailed, HAProtocolError) as exc:
             raise SlaveRefused(str(exc)) from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            # (a stranger's reset is a refusal like any other: counted, rate-limited)
+            raise SlaveRefused(f"its connection failed during the HA set-up: {exc}") from None
         peer = Peer(
             self.peer,
             self.peer_host,
@@ -485,8 +493,10 @@ class HAService:
         self.active = True
         #: controller mode with allAckInSyncStateSet: the other members that must ack
         self.must_ack: frozenset[int] | None = None
+        #: every line a stranger can provoke at will (refusals, the listener's)
+        self.warnings = RateLimitedLog(log)
         #: the listener's connection cap and TLS (the broker's [remoting] settings)
-        self._acceptor = Acceptor("HA service", remoting or RemotingConfig(), RateLimitedLog(log))
+        self._acceptor = Acceptor("HA service", remoting or RemotingConfig(), self.warnings)
 
     @property
     def address(self) -> str:
@@ -500,6 +510,7 @@ class HAService:
                 exc.errno, f"cannot listen for HA on {self.address}: {exc.strerror or exc}"
             ) from None
         self.port = listeners[0].socket.getsockname()[1]
+        self._acceptor.name = f"HA service {self.address}"
         log.info(
             "HA service (%s) listening on %s; slaves are admitted by %s",
             self.config.protocol.value,
@@ -514,10 +525,15 @@ class HAService:
     async def _serve(self, stream: trio.abc.Stream, peer: str) -> None:
         peer_host = ip_of(peer)  # None for "unknown peer"
         if not self.active:
-            log.info("HA connection from %s refused: this broker is not master", peer)
+            self.warnings.log(
+                logging.INFO,
+                "inactive",
+                "HA connection from %s closed: this broker is not master",
+                peer,
+            )
             await trio.aclose_forcefully(stream)
             return
-        log.info("HA connection from %s", peer)
+        log.debug("HA connection from %s", peer)  # (an admitted slave gets an INFO line)
         await SlaveConnection(self, stream, peer, peer_host).serve()
 
     # ------------------------------------------------------------------ membership
@@ -557,9 +573,10 @@ class HAService:
         return rule(members)
 
     def refused(self, peer: str, reason: str) -> None:
+        """Count a refused peer and log it (rate-limited: strangers come in floods)."""
         self.refused_peers += 1
         self.last_refusal = f"{peer}: {reason}"
-        log.warning("HA peer %s refused: %s", peer, reason)
+        self.warnings.warning("refused", "HA peer %s refused: %s", peer, reason)
 
     def deactivate(self) -> None:
         """Stop serving slaves (this broker is no longer master)."""
@@ -652,4 +669,6 @@ class HAService:
             ),
             refused_peers=self.refused_peers,
             last_refusal=self.last_refusal,
+            connections_refused=self._acceptor.refused,
+            tls_handshake_failures=self._acceptor.handshake_failures,
         )

@@ -22,8 +22,11 @@ the pure rule):
    who can register a broker at a nameserver (no ACL), passes it.
 
 The registry's answer is kept (``MemberCache``) and asked again when a peer is not in
-it (at most every ``REFRESH_MIN_S``) or when it is older than ``MAX_AGE_S``; when the
-registry cannot be reached, the last answer still admits the members it names.
+it or when it is older than ``MAX_AGE_S`` — but never more than once per
+``REFRESH_MIN_S``, whether it answered or not: a flood of strangers costs the registry
+one question a second, even while it does not answer (each question then waits for its
+time-out, and they would queue). When the registry cannot be reached, the last answer
+still admits the members it names.
 """
 
 from __future__ import annotations
@@ -146,27 +149,37 @@ def judge(
 
 
 class MemberCache:
-    """The registry's last answer, asked again when it does not name a peer (at most
-    every REFRESH_MIN_S, so a flood of strangers costs the registry one question a
-    second) or when older than MAX_AGE_S. One question at a time."""
+    """The registry's last answer, asked again when it does not name a peer or is older
+    than MAX_AGE_S, at most every REFRESH_MIN_S (answered or not). One question at a
+    time."""
 
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
         self._members: dict[int, str] | None = None
         self._fetched_at = -math.inf
+        #: when the registry last answered or failed to, and why it failed (None: it answered)
+        self._asked_at = -math.inf
+        self._problem: str | None = None
         self._lock = trio.Lock()
 
     async def members(self, names: Callable[[Mapping[int, str]], bool]) -> Mapping[int, str]:
         """The members; ``names(members)`` says whether an answer is good enough as it
         is. RegistryUnavailable only if the registry was never reached."""
         async with self._lock:
-            age = trio.current_time() - self._fetched_at
+            now = trio.current_time()
             known = self._members
-            if known is not None and age < MAX_AGE_S and (names(known) or age < REFRESH_MIN_S):
+            fresh = now - self._fetched_at < MAX_AGE_S
+            if known is not None and fresh and names(known):
+                return known
+            if now - self._asked_at < REFRESH_MIN_S:  # asked just now: that answer stands
+                if known is None:
+                    raise RegistryUnavailable(self._problem or "not asked yet")
                 return known
             try:
                 fetched = dict(await self.registry.fetch())
             except RegistryUnavailable as exc:
+                self._asked_at = trio.current_time()  # (when its time-out ended)
+                self._problem = str(exc)
                 if known is None:
                     raise
                 log.warning(
@@ -175,7 +188,8 @@ class MemberCache:
                     exc,
                 )
                 return known
-            self._members, self._fetched_at = fetched, trio.current_time()
+            self._members, self._problem = fetched, None
+            self._fetched_at = self._asked_at = trio.current_time()
             return fetched
 
 

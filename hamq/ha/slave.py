@@ -5,7 +5,7 @@ nameservers' registration answers, or configured). A session:
 0. with ``[ha] secret``: the secret exchange (membership.py) — this slave proves it
    knows the secret and checks that the master does too (a master that cannot is not
    this group's: nothing is taken from it). ``_set_up`` is the one place a connection
-   is set up (TLS, when added, wraps the stream there first);
+   is set up (over TLS already when ``[remoting.tls]`` is set: ``open_stream``);
 1. auto-switch: HANDSHAKE — the master answers its max offset and epoch table; the
    slave truncates its log to the last offset both agree on by epoch (nothing if its
    own epoch table is empty), then

@@ -7,6 +7,10 @@
 - headers.py       typed request/response headers (attrs)
 - converter.py     headers <-> ext fields (cattrs)
 - errors.py        ProtocolError, RequestError, HeaderError
+- message.py       stored message records, message ids, properties, batches
+- bodies.py        JSON request/response bodies
+- ha_wire.py       the HA channel's messages (classic, auto-switch, membership proof)
+- send_timing.py   a send's timing contract: broker waits, client per-try waits
 """
 
 from hamq.protocol.codes import (

@@ -249,37 +249,6 @@ def to_v2_fields(fields: Mapping[str, T]) -> dict[str, T]:
     return {_SEND_V1_KEYS.get(key, key): value for key, value in fields.items()}
 
 
-# A send's timing contract. A broker may wait before it answers a send: a SYNC_FLUSH
-# broker for its fsync, a SYNC_MASTER for a slave's ack (both waits run at once); when
-# a wait runs out it still answers, FLUSH_DISK_TIMEOUT or FLUSH_SLAVE_TIMEOUT (the
-# message is stored). A client that gives up on a try before that answer cannot tell
-# a stored message from a lost one, and its retry stores a second copy. The rule: a
-# client's per-try wait exceeds the broker's longest wait by at least
-# SEND_ANSWER_MARGIN_S. The broker's defaults are its configuration's
-# (``[store] sync_flush_timeout_s``, ``[ha] sync_timeout_s``); a client knows only
-# these, and a broker configured to wait longer says so when it starts.
-
-#: a SYNC_FLUSH broker's default wait for its fsync (``[store] sync_flush_timeout_s``)
-BROKER_SYNC_FLUSH_WAIT_S = 5.0
-#: a SYNC_MASTER's default wait for a slave's ack (``[ha] sync_timeout_s``, RocketMQ's 3 s)
-BROKER_SYNC_SLAVE_WAIT_S = 3.0
-#: the longest a broker waits by default before it answers a send
-BROKER_SEND_WAIT_S = max(BROKER_SYNC_FLUSH_WAIT_S, BROKER_SYNC_SLAVE_WAIT_S)
-#: time for the broker's answer to come back after its wait ran out
-SEND_ANSWER_MARGIN_S = 1.0
-#: how long hamq's producer waits for one try's answer by default: well past
-#: BROKER_SEND_WAIT_S, so that only a broker that hangs is given up for another try
-SEND_ATTEMPT_TIMEOUT_S = 10.0
-#: how long one send may take by default, retries included: room for three tries
-SEND_TIMEOUT_S = 30.0
-
-
-def send_wait_too_short(try_s: float, broker_wait_s: float = BROKER_SEND_WAIT_S) -> bool:
-    """True if a client waiting ``try_s`` for a try's answer may give up before a broker
-    that waits ``broker_wait_s`` answers (the rule above)."""
-    return try_s < broker_wait_s + SEND_ANSWER_MARGIN_S
-
-
 @attrs.frozen
 class SendMessageResponseHeader:
     """Reply to a send: the offset msg id (PROTOCOL.md §6.4), queue and queue offset."""

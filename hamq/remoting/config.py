@@ -34,8 +34,10 @@ class RemotingConfig:
     #: connection is closed: a peer trickling a byte a second ("slowloris") never
     #: looks idle, and would hold its connection (and a file descriptor) for ever.
     frame_timeout_s: float | None = attrs.field(default=30.0, validator=_positive_or_none)
-    #: Connections a server holds open at most (TLS handshakes under way included);
+    #: Connections a listener holds open at most (TLS handshakes under way included);
     #: one more is closed as soon as it is accepted, with a (rate-limited) log line.
+    #: Each listener counts its own: a broker's remoting port and its HA port (a flood
+    #: on one never locks slaves or clients out of the other).
     max_connections: int = attrs.field(default=10_000, validator=v.ge(1))
     #: TLS on listeners and connections (hamq/remoting/tls.py); None: plain TCP.
     tls: TlsConfig | None = None

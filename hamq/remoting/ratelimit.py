@@ -8,6 +8,9 @@ on the next line of that kind that gets through ("... (41 more like this not log
 before it)"). No timer: nothing is logged when nothing happens. Kinds are independent, so
 a flood of one never hides another.
 
+A line is also cut to MAX_LINE_CHARS: what it quotes of the peer's bytes (a header
+key, a name) is the peer's to choose, and could be megabytes.
+
 Not thread-safe; one per server (owned by it, passed down to its connections).
 """
 
@@ -22,6 +25,8 @@ import attrs
 #: by default: 5 lines of a kind per 10 s
 DEFAULT_INTERVAL_S = 10.0
 DEFAULT_BURST = 5
+#: a longer line is cut (saying how much was)
+MAX_LINE_CHARS = 1000
 
 
 @attrs.define
@@ -65,10 +70,12 @@ class RateLimitedLog:
             self.suppressed[key] = self.suppressed.get(key, 0) + 1
             return False
         window.logged += 1
+        text = message % args if args else message
+        if len(text) > MAX_LINE_CHARS:
+            text = f"{text[:MAX_LINE_CHARS]}... ({len(text) - MAX_LINE_CHARS} characters cut)"
         if earlier:
-            message += " (%d more like this not logged before it)"
-            args = (*args, earlier)
-        self.logger.log(level, message, *args)
+            text += f" ({earlier} more like this not logged before it)"
+        self.logger.log(level, "%s", text)
         return True
 
     def warning(self, key: str, message: str, *args: object) -> bool:

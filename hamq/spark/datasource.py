@@ -80,11 +80,11 @@ class HamqDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         _check_schema(schema)
-        return HamqReader(parse_read_options(self.options, streaming=False))
+        return HamqReader(_read_options(self.options, streaming=False))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         _check_schema(schema)
-        return HamqStreamReader(parse_read_options(self.options, streaming=True))
+        return HamqStreamReader(_read_options(self.options, streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> HamqWriter:
         return HamqWriter(_write_options(self.options, schema, overwrite))
@@ -101,6 +101,12 @@ def _check_schema(schema: StructType) -> None:
         )
 
 
+def _read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
+    parsed = parse_read_options(options, streaming=streaming)
+    parsed.access.client_options()  # a bad tlsCaFile named now, on the driver
+    return parsed
+
+
 def _write_options(options: Mapping[str, str], schema: StructType, overwrite: bool) -> WriteOptions:
     if overwrite:
         raise InvalidArgumentError(
@@ -109,14 +115,17 @@ def _write_options(options: Mapping[str, str], schema: StructType, overwrite: bo
         )
     parsed = parse_write_options(options)
     check_sink_schema(schema, parsed)
+    parsed.access.client_options()  # a bad tlsCaFile named now, not in each executor
     return parsed
 
 
 def _with_consumer(options: ReadOptions, work: Callable[[PullConsumer], Awaitable[R]]) -> R:
     """``work`` with a PullConsumer, in a Trio run of its own (planning on the driver)."""
 
+    clients = options.access.client_options()
+
     async def main() -> R:
-        async with PullConsumer(options.pull_group, options.namesrv) as consumer:
+        async with PullConsumer(options.pull_group, options.namesrv, **clients) as consumer:
             return await work(consumer)
 
     return trio.run(main)

@@ -12,18 +12,28 @@ several topics are read); -2 means the queue's earliest offset and -1 its latest
 Kafka. A queue the JSON does not name starts at its earliest offset (``startingOffsets``)
 and ends at its latest (``endingOffsets``). Streaming checkpoints hold the topic-first
 form with every queue.
+
+A cluster with ACL or TLS on (README "Security"): ``accessKey`` / ``secretKey`` name
+the account every request is signed with, ``tls`` and ``tlsCaFile`` make the
+connections TLS, the servers' certificates checked against that CA (else the
+system's). Both go to every client the source makes, on the driver and in the
+executors.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
 
+from hamq.acl import credentials_from
 from hamq.client.errors import InvalidArgumentError
 from hamq.client.message import check_group, check_topic
+from hamq.remoting import RemotingConfig
+from hamq.remoting.tls import TlsConfig
 
 EARLIEST = -2
 LATEST = -1
@@ -58,6 +68,33 @@ class OffsetSpec:
 
 
 @attrs.frozen
+class Access:
+    """How the source's clients reach the servers: the ACL account they sign with and
+    TLS. Pickled to the executors with the rest of the options (the secret key too:
+    they sign as well); never shown by ``repr``."""
+
+    access_key: str | None = None
+    secret_key: str | None = attrs.field(default=None, repr=False)
+    tls: bool = False
+    tls_ca_file: str | None = None
+
+    def client_options(self) -> dict[str, Any]:
+        """Options of hamq's clients: ``Producer(group, namesrv, **access.client_options())``.
+        Reads the CA file (each call: executors have their own file system):
+        InvalidArgumentError naming ``tlsCaFile`` when it cannot be used."""
+        options: dict[str, Any] = {}
+        if self.access_key is not None:
+            options.update(access_key=self.access_key, secret_key=self.secret_key)
+        if self.tls or self.tls_ca_file is not None:
+            ca_file = Path(self.tls_ca_file) if self.tls_ca_file is not None else None
+            try:
+                options["remoting"] = RemotingConfig(tls=TlsConfig(ca_file=ca_file))
+            except ValueError as exc:
+                raise InvalidArgumentError(f"tlsCaFile: {exc}") from None
+        return options
+
+
+@attrs.frozen
 class ReadOptions:
     namesrv: str
     topics: tuple[str, ...]
@@ -69,6 +106,7 @@ class ReadOptions:
     max_offsets_per_trigger: int | None
     fail_on_data_loss: bool
     pull_batch_size: int
+    access: Access = Access()
 
     @property
     def pull_group(self) -> str:
@@ -81,8 +119,16 @@ class WriteOptions:
     topic: str | None
     group: str
     batch_size: int
+    access: Access = Access()
 
 
+#: what both reading and writing take: the cluster, and how to reach it
+_ACCESS_OPTIONS = {
+    "accesskey": "accessKey",
+    "secretkey": "secretKey",
+    "tls": "tls",
+    "tlscafile": "tlsCaFile",
+}
 _READ_OPTIONS = {
     "namesrv": "namesrv",
     "topic": "topic",
@@ -94,12 +140,14 @@ _READ_OPTIONS = {
     "maxoffsetspertrigger": "maxOffsetsPerTrigger",
     "failondataloss": "failOnDataLoss",
     "pullbatchsize": "pullBatchSize",
+    **_ACCESS_OPTIONS,
 }
 _WRITE_OPTIONS = {
     "namesrv": "namesrv",
     "topic": "topic",
     "group": "group",
     "batchsize": "batchSize",
+    **_ACCESS_OPTIONS,
 }
 
 
@@ -141,6 +189,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         max_offsets_per_trigger=_int(given, "maxoffsetspertrigger", low=1),
         fail_on_data_loss=_bool(given, "failondataloss", True),
         pull_batch_size=_int(given, "pullbatchsize", low=1, high=MAX_PULL_BATCH) or MAX_PULL_BATCH,
+        access=_access(given),
     )
 
 
@@ -157,6 +206,7 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         topic=topic,
         group=group,
         batch_size=_int(given, "batchsize", low=1, high=MAX_PULL_BATCH) or 128,
+        access=_access(given),
     )
 
 
@@ -263,6 +313,24 @@ def _namesrv(given: Mapping[str, str]) -> str:
     if not addrs:
         raise InvalidArgumentError("namesrv names no nameserver (host:port, comma-separated)")
     return ";".join(addrs)
+
+
+def _access(given: Mapping[str, str]) -> Access:
+    """accessKey and secretKey (both or neither), tls and tlsCaFile (which implies tls).
+    The CA file is not read here (pure): ``Access.client_options`` reads it."""
+    access_key = given.get("accesskey") or None
+    secret_key = given.get("secretkey") or None
+    try:
+        credentials_from(access_key, secret_key)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"accessKey / secretKey: {exc}") from None
+    ca_file = given.get("tlscafile", "").strip() or None
+    if "tlscafile" in given and ca_file is None:
+        raise InvalidArgumentError("tlsCaFile is empty: give the PEM file of the servers' CA")
+    tls = _bool(given, "tls", ca_file is not None)
+    if ca_file is not None and not tls:
+        raise InvalidArgumentError("tlsCaFile is for TLS connections: drop tls=false")
+    return Access(access_key, secret_key, tls, ca_file)
 
 
 def _topics(given: Mapping[str, str]) -> tuple[str, ...]:

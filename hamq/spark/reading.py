@@ -73,7 +73,8 @@ async def read_range(
     key = qrange.key
     queue = message_queue(key)
     rows = Columns(key.topic, key.broker, key.queue_id)
-    async with PullConsumer(options.pull_group, options.namesrv) as consumer:
+    clients = options.access.client_options()
+    async with PullConsumer(options.pull_group, options.namesrv, **clients) as consumer:
         if options.read_from_slave:
             consumer.caller.suggested[queue] = FIRST_SLAVE_ID
 

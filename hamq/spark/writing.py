@@ -116,7 +116,7 @@ def check_sink_schema(schema: StructType, options: WriteOptions) -> None:
 def write_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> SinkReport:
     """Send every row of ``batches``; the counts per SendStatus."""
     counts: collections.Counter[str] = collections.Counter()
-    with Producer(options.group, options.namesrv) as producer:
+    with Producer(options.group, options.namesrv, **options.access.client_options()) as producer:
         sender = _Sender(producer, options, counts)
         for batch in batches:
             for row in _rows(batch, options):

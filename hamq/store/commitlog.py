@@ -12,16 +12,14 @@ Offsets here are byte offsets in the log ("physical offsets"). Invariants:
 - everything after ``max_offset`` is zeros, so a scan after a crash stops there;
 - reads for consumers (``read_checked``) never hand out a record that would not decode:
   a damaged one (flipped bytes on disk) is skipped, counted in ``damaged`` and logged
-  at most once per DAMAGE_LOG_INTERVAL_S; the bytes stay where they are (offsets after
-  them, replicas and the index depend on them).
+  at most once per DAMAGE_LOG_INTERVAL_S (hamq/store/records.py); the bytes stay where
+  they are (offsets after them, replicas and the index depend on them).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import struct
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -32,15 +30,13 @@ from hamq.protocol.message import (
     END_FILE_MIN_BLANK_LENGTH,
     MAGIC_V1,
     MAGIC_V2,
-    SYSFLAG_BORNHOST_V6,
-    SYSFLAG_STOREHOST_V6,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
     RecordTemplate,
-    body_crc,
     offset_msg_id,
 )
+from hamq.store.records import DamageLog, record_problem
 from hamq.store.segment import Segment, SegmentQueue, StoreError
 
 log = logging.getLogger(__name__)
@@ -49,92 +45,6 @@ log = logging.getLogger(__name__)
 BULK_BYTES = 16 * 1024
 
 _BLANK = struct.Struct(">ii")  # int32 size (or bytes remaining), int32 magic
-#: TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG (40 bytes)
-_HEAD = struct.Struct(">iiiiiqqi")
-_I32 = struct.Struct(">i")
-_I16 = struct.Struct(">h")
-#: the smallest record: 91 fixed bytes (IPv4 hosts, V1) and a one-byte topic
-MIN_RECORD_BYTES = 92
-#: a damaged record met by reads is logged at most this often (the others are counted)
-DAMAGE_LOG_INTERVAL_S = 10.0
-
-
-def record_problem(
-    record: memoryview, physical_offset: int, *, check_crc: bool = False
-) -> str | None:
-    """What is wrong with ``record`` (one whole record read at ``physical_offset``), or
-    None if a consumer can decode it.
-
-    Checks what ``hamq.protocol.message.read_record`` checks — magic, TOTALSIZE, every
-    length, the lengths adding up, topic and properties UTF-8, and (``check_crc``) the
-    body CRC — plus that the record says it is at ``physical_offset``, without building
-    a RecordInfo: this runs for every message a pull returns (about 4x faster).
-    """
-    size = len(record)
-    if size < MIN_RECORD_BYTES:
-        return f"{size} bytes are too few for a record"
-    total, magic, crc, _queue, _flag, _queue_offset, physical, sys_flag = _HEAD.unpack_from(record)
-    if magic != MAGIC_V1 and magic != MAGIC_V2:
-        return f"magic code {magic & 0xFFFFFFFF:#010x} is not a message's"
-    if total != size:
-        return f"total size {total} is not the {size} bytes its consume queue entry says"
-    if physical != physical_offset:
-        return f"it says it is at commitlog offset {physical}"
-    # BORNTIMESTAMP, BORNHOST, STORETIMESTAMP, STOREHOST, RECONSUMETIMES, PREPARED OFFSET
-    at = _HEAD.size + 8 + (20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8)
-    at += 8 + (20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8) + 12
-    try:
-        (body_len,) = _I32.unpack_from(record, at)
-        body_at = at + 4
-        at = body_at + body_len
-        if body_len < 0 or at > size:
-            return f"body length {body_len} runs past total size {size}"
-        if magic == MAGIC_V1:
-            topic_len = record[at]
-            at += 1
-        else:
-            (topic_len,) = _I16.unpack_from(record, at)
-            at += 2
-        (properties_len,) = _I16.unpack_from(record, at + topic_len)
-        if topic_len <= 0 or properties_len < 0 or at + topic_len + 2 + properties_len != size:
-            return f"topic and properties lengths do not add up to total size {size}"
-        str(record[at : at + topic_len], "utf-8")
-        str(record[at + topic_len + 2 :], "utf-8")
-    except (struct.error, IndexError):
-        return f"record fields run past total size {size}"
-    except UnicodeDecodeError as exc:
-        return f"topic or properties are not UTF-8: {exc}"
-    if check_crc and body_crc(record[body_at : body_at + body_len]) != crc:
-        return f"body CRC does not match stored {crc:#x}"
-    return None
-
-
-class DamagedReads:
-    """Records that reads skipped because they do not decode: every one is counted, one
-    is logged at most every DAMAGE_LOG_INTERVAL_S (consumers pulling past the same
-    damaged record again and again must not flood the log)."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.count = 0
-        self._clock = clock
-        self._unlogged = 0
-        self._next_log = -math.inf
-
-    def note(self, physical_offset: int, problem: str) -> None:
-        self.count += 1
-        now = self._clock()
-        if now < self._next_log:
-            self._unlogged += 1
-            return
-        more = f" ({self._unlogged} more skipped since the last report)" if self._unlogged else ""
-        log.error(
-            "skipped the damaged record at commitlog offset %d: %s%s",
-            physical_offset,
-            problem,
-            more,
-        )
-        self._unlogged = 0
-        self._next_log = now + DAMAGE_LOG_INTERVAL_S
 
 
 @attrs.define(slots=True)
@@ -165,7 +75,10 @@ class CommitLog:
         #: next queue offset of each (topic, queue id)
         self.queue_offsets: dict[tuple[str, int], int] = {}
         #: damaged records reads skipped (``read_checked``)
-        self.damaged = DamagedReads()
+        self.damaged = DamageLog("a pull")
+        #: every record from here to the end was appended by this process (``append``:
+        #: its CRC computed here from the body given); None after replicated bytes
+        self.local_from: int | None = None
 
     def load(self) -> None:
         self.segments.load()
@@ -205,6 +118,8 @@ class CommitLog:
             store_timestamp=store_timestamp,
         )
         segment.wrote = pos + size
+        if self.local_from is None:
+            self.local_from = physical_offset
         if counted:
             self.queue_offsets[key] = queue_offset + 1
         return AppendResult(
@@ -235,6 +150,7 @@ class CommitLog:
         """Append consecutive replicated chunks from ``offset`` on: those that fall in
         one segment go to disk in one gathered write. Each chunk stays within a segment,
         as ``append_raw`` requires."""
+        self.local_from = None
         i = 0
         while i < len(chunks):
             segment = self._segment_for_raw(offset)
@@ -294,6 +210,8 @@ class CommitLog:
             magic = _BLANK.unpack_from(holder.buffer, offset - holder.start)[1]
             if magic not in (MAGIC_V1, MAGIC_V2, BLANK_MAGIC):
                 raise StoreError(f"cannot truncate to {offset}: no record starts there")
+        if self.local_from is not None and offset < self.local_from:
+            self.local_from = None
         self.segments.remove_after(offset + 1)  # keeps the segment holding offset
         segment = self.segments.find(offset)
         if segment is not None:
@@ -320,6 +238,11 @@ class CommitLog:
         magic = _BLANK.unpack_from(segment.buffer, offset - segment.start)[1]
         return magic in (MAGIC_V1, MAGIC_V2, BLANK_MAGIC)
 
+    def appended_here(self, offset: int) -> bool:
+        """Whether the record at ``offset`` was appended by this process (``append``),
+        with a body CRC computed here: its bytes are as written, CRC and all."""
+        return self.local_from is not None and offset >= self.local_from
+
     # ------------------------------------------------------------------ reading
     def read(self, offset: int, size: int) -> memoryview:
         """The ``size`` bytes at ``offset`` (one record), zero-copy."""
@@ -328,16 +251,19 @@ class CommitLog:
             raise StoreError(f"no {size}-byte record at commitlog offset {offset}")
         return segment.view(offset - segment.start, size)
 
-    def read_checked(self, offset: int, size: int, *, check_crc: bool) -> memoryview | None:
-        """The record at ``offset`` if a consumer can decode it (``record_problem``),
-        else None: the record is damaged (or the consume queue entry pointing here is),
-        and it is counted and logged (rate-limited) in ``damaged``. Never raises."""
+    def read_checked(
+        self, offset: int, size: int, entry: tuple[str, int, int] | None = None, *, check_crc: bool
+    ) -> memoryview | None:
+        """The record at ``offset`` if a consumer can decode it (``record_problem``: for
+        the consume-queue ``entry`` (topic, queue id, queue offset) if given; the body
+        CRC with ``check_crc``), else None: the record is damaged (or the entry pointing
+        here is), and it is counted and logged (rate-limited) in ``damaged``. Never raises."""
         try:
             record = self.read(offset, size)
         except StoreError as exc:
             self.damaged.note(offset, str(exc))
             return None
-        problem = record_problem(record, offset, check_crc=check_crc)
+        problem = record_problem(record, offset, entry, check_crc=check_crc)
         if problem is not None:
             self.damaged.note(offset, problem)
             return None

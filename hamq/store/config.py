@@ -12,6 +12,7 @@ import attrs
 from attrs import validators as v
 
 from hamq.protocol.message import END_FILE_MIN_BLANK_LENGTH
+from hamq.protocol.send_timing import BROKER_SYNC_FLUSH_WAIT_S
 
 GIB = 1024 * 1024 * 1024
 MIB = 1024 * 1024
@@ -76,7 +77,7 @@ class StoreConfig:
     flush_interval_commitlog_s: float = attrs.field(default=0.5, validator=v.gt(0.0))
     flush_interval_consume_queue_s: float = attrs.field(default=1.0, validator=v.gt(0.0))
     #: how long a SYNC_FLUSH put waits for its fsync before FLUSH_DISK_TIMEOUT
-    sync_flush_timeout_s: float = attrs.field(default=5.0, validator=v.gt(0.0))
+    sync_flush_timeout_s: float = attrs.field(default=BROKER_SYNC_FLUSH_WAIT_S, validator=v.gt(0.0))
     #: CommitLog files older than this may be deleted (RocketMQ fileReservedTime: 72 h)
     file_reserved_time_h: float = attrs.field(default=72.0, validator=v.gt(0.0))
     clean_interval_s: float = attrs.field(default=10.0, validator=v.gt(0.0))
@@ -89,7 +90,9 @@ class StoreConfig:
     #: pulls check each record's body CRC and pass over a record that fails it (as one
     #: that does not decode is always passed over); RocketMQ checks CRCs at recovery
     #: (checkCRCOnRecover), hamq's consumers on every pull: a record sent with a bad CRC
-    #: would fail their whole batch. About 1.5 us per KiB of body.
+    #: would fail their whole batch. Each record is checked once per run of the process
+    #: (about 1.5 us per KiB of body), when first pulled; none that this process
+    #: appended itself (it computed their CRCs).
     check_crc_on_read: bool = True
 
     def __attrs_post_init__(self) -> None:

@@ -12,7 +12,12 @@ and are named by the 20-digit byte offset of their first entry, under
   rebuild after the oldest CommitLog files were deleted);
 - the dispatch (reput) task is the only writer; readers get copies of entries;
 - a queue's files are mapped only while used (the table's ``MappedFiles`` bounds how
-  many are at once): thousands of queues cost a bounded number of maps and fds.
+  many are at once): thousands of queues cost a bounded number of maps and fds;
+- ``checked`` holds the entries whose records this process read whole and found sound
+  (the dispatcher reads every record it dispatches; a pull checks the others once):
+  pulls need not decode those again, only check CRCs if configured. A record's bytes
+  do not change while the process runs except through a truncation, which clips
+  ``checked`` with the entries.
 """
 
 from __future__ import annotations
@@ -32,6 +37,70 @@ ENTRY_SIZE = ENTRY.size  # 20
 
 Entry = tuple[int, int, int]  # commit-log offset, size, tags code
 
+#: most separate ranges a queue's ``checked`` keeps (consumers read forward, so a few
+#: cover a queue: the tail the dispatcher extends, and one per backlog being read)
+MAX_CHECKED_RANGES = 4
+
+
+class CheckedRanges:
+    """Queue offsets as at most MAX_CHECKED_RANGES sorted, disjoint half-open ranges
+    (``[start, stop)`` lists); past that many, the shortest is forgotten."""
+
+    __slots__ = ("_ranges",)
+
+    def __init__(self) -> None:
+        self._ranges: list[list[int]] = []
+
+    def __repr__(self) -> str:
+        return f"<CheckedRanges {self.spans()}>"
+
+    def spans(self) -> list[tuple[int, int]]:
+        """The ranges, as (start, stop) pairs in order."""
+        return [(start, stop) for start, stop in self._ranges]
+
+    def end_of(self, offset: int) -> int:
+        """The end of the range holding ``offset``; ``offset`` itself if none does."""
+        for start, stop in self._ranges:
+            if start <= offset < stop:
+                return stop
+        return offset
+
+    def add(self, start: int, stop: int) -> None:
+        """Add [start, stop), merging it with the ranges it overlaps or touches."""
+        if start >= stop:
+            return
+        ranges = self._ranges
+        if ranges and ranges[-1][1] == start:  # (the dispatcher's case: one more at the end)
+            ranges[-1][1] = stop
+            return
+        for i, current in enumerate(ranges):
+            if current[1] == start:  # (the common case: one more at a range's end)
+                current[1] = stop
+                self._merge_from(i)
+                return
+            if stop < current[0]:
+                ranges.insert(i, [start, stop])
+                break
+            if start <= current[1]:
+                current[0] = min(current[0], start)
+                current[1] = max(current[1], stop)
+                self._merge_from(i)
+                return
+        else:
+            ranges.append([start, stop])
+        if len(ranges) > MAX_CHECKED_RANGES:
+            ranges.remove(min(ranges, key=lambda r: r[1] - r[0]))
+
+    def _merge_from(self, i: int) -> None:
+        ranges = self._ranges
+        current = ranges[i]
+        while i + 1 < len(ranges) and ranges[i + 1][0] <= current[1]:
+            current[1] = max(current[1], ranges.pop(i + 1)[1])
+
+    def clip(self, stop: int) -> None:
+        """Forget every offset at or past ``stop``."""
+        self._ranges = [[a, min(b, stop)] for a, b in self._ranges if a < stop]
+
 
 class ConsumeQueue:
     def __init__(
@@ -49,6 +118,8 @@ class ConsumeQueue:
         self.segments = SegmentQueue(self.directory, entries_per_file * ENTRY_SIZE, files)
         self.min_offset = 0
         self.max_offset = 0
+        #: entries whose records are known to decode (read whole in this process)
+        self.checked = CheckedRanges()
 
     def __repr__(self) -> str:
         return f"<ConsumeQueue {self.topic}/{self.queue_id} [{self.min_offset}, {self.max_offset})>"
@@ -132,6 +203,7 @@ class ConsumeQueue:
         dropped = self.max_offset - keep
         if not dropped:
             return 0
+        self.checked.clip(keep)
         if keep == self.min_offset:
             self.segments.remove_after(0)
             self.min_offset = self.max_offset = keep
@@ -143,6 +215,13 @@ class ConsumeQueue:
         segment.cut(position - segment.start)
         self.max_offset = keep
         return dropped
+
+    def clear(self) -> None:
+        """Remove every entry and file: the queue is as new (to be rebuilt from the
+        CommitLog, from whatever queue offset its first record has)."""
+        self.segments.remove_after(0)
+        self.min_offset = self.max_offset = 0
+        self.checked = CheckedRanges()
 
     def delete_expired(self, commitlog_min_offset: int) -> int:
         """Delete files whose every entry points below the CommitLog's start, then move

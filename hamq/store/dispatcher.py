@@ -11,11 +11,24 @@ and for each one adds a consume-queue entry and index keys, then tells the liste
 - for SCHEDULE_TOPIC_XXXX the tags code is the delivery time: store time + the delay
   of the message's level;
 - dispatching a record twice is harmless (consume queues and index skip what they have);
+- every record dispatched was read whole (``read_summary``): its entry is marked in its
+  queue's ``checked`` (with ``check_crc``, only if this process appended it, computing
+  its CRC), and pulls need not check it again;
 - a disk error (an OSError: a full disk, too many open files) stops dispatching at the
   record it failed on, which is tried again with backoff (RETRY_MIN_S doubling up to
   RETRY_MAX_S) until it succeeds; meanwhile ``failure`` says why, and the store refuses
-  sends with it. Nothing is skipped: dispatch resumes at that very record. Any other
-  failure (a damaged record) stops dispatching for good.
+  sends with it. Nothing is skipped: dispatch resumes at that very record;
+- a damaged record (one that does not decode, or names no valid queue: flipped bytes
+  on disk, or received so from a master) is passed over where its neighbours are
+  intact, by the rule crash recovery uses (``records.isolated_damage``); where the
+  record after it has not all come yet, dispatching waits for it. A record passed over
+  keeps its queue offset: when its header still names its queue at that queue's next
+  offset, it gets its entry there (pulls skip it); else it is held in ``unplaced``
+  until a record of some queue comes with a queue offset past that queue's end, and
+  fills the gap. So queue offsets are never handed out twice, and never leave a gap.
+  Each one is counted in ``damaged`` and logged (rate-limited). Any other failure (two
+  damaged records in a row, an entry that conflicts with its queue) stops dispatching
+  until a truncation removes the record (``truncated``).
 """
 
 from __future__ import annotations
@@ -52,7 +65,14 @@ from hamq.store.commitlog import CommitLog
 from hamq.store.consume_queue import ConsumeQueue
 from hamq.store.files import open_files_limit
 from hamq.store.index import IndexService
-from hamq.store.segment import MappedFiles, StoreCorruptionError
+from hamq.store.records import (
+    MIN_RECORD_BYTES,
+    DamageLog,
+    complete_by_its_lengths,
+    identity,
+    isolated_damage,
+)
+from hamq.store.segment import MappedFiles, Segment, StoreCorruptionError
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +103,15 @@ class DispatchRequest:
     queue_offset: int
     sys_flag: int
     properties: dict[str, str]
+
+
+@attrs.define
+class Unplaced:
+    """A damaged record passed over whose consume queue could not be told (yet)."""
+
+    offset: int
+    size: int
+    queue_id: int
 
 
 def mapped_queue_files_limit() -> int:
@@ -150,8 +179,12 @@ class ReputService:
         delay_levels_ms: tuple[int, ...],
         *,
         offset: int = 0,
+        check_crc: bool = False,
     ) -> None:
         self.commitlog = commitlog
+        #: the store checks CRCs on reads: an entry is ``checked`` only if its record's
+        #: CRC is known good too (appended by this process); pulls check the others
+        self.check_crc = check_crc
         self.queues = queues
         self.index = index
         self.delay_levels_ms = delay_levels_ms
@@ -167,6 +200,12 @@ class ReputService:
         self._failed_at: float | None = None  # (time.monotonic: recovery runs in a thread)
         self._retries_before = 0
         self._last_failure: str | None = None
+        #: damaged records passed over (counted; logged rate-limited unless ``on_damaged``
+        #: is set: recovery copies each to torn/ and logs it there)
+        self.damaged = DamageLog("dispatching")
+        self.on_damaged: Callable[[int, int, str], None] | None = None
+        #: damaged records passed over whose queue is not known yet (``_fill_gap``)
+        self.unplaced: list[Unplaced] = []
         self._wakeup = trio.Event()
         self._progress = trio.Event()
         #: a replica taking a backlog from its master defers dispatching (``defer_for``)
@@ -230,8 +269,19 @@ class ReputService:
         while self.offset < offset:
             await self._progress.wait()
 
-    def dispatch_available(self, limit: int | None = None) -> int:
-        """Dispatch the records that are complete in the CommitLog; returns how many."""
+    async def wait_settled(self, offset: int) -> bool:
+        """Wait until every record before ``offset`` is dispatched (True), or dispatching
+        fails first (False; ``failure`` says why: it may be retrying)."""
+        while self.offset < offset:
+            if self.failure is not None:
+                return False
+            await self._progress.wait()
+        return True
+
+    def dispatch_available(self, limit: int | None = None, *, final: bool = False) -> int:
+        """Dispatch the records that are complete in the CommitLog; returns how many
+        (damaged ones passed over included). ``final``: the log ends where it ends now
+        for good (recovery: a damaged last record is judged by that end, not waited on)."""
         budget = -1 if limit is None else limit
         done = 0
         segments = self.commitlog.segments
@@ -248,16 +298,19 @@ class ReputService:
                 size, magic = _SIZE_MAGIC.unpack_from(buffer, pos)
                 if magic == BLANK_MAGIC:
                     break
-                if size > wrote - pos:
-                    break  # not complete yet (replicated bytes can stop mid-record)
+                if size > wrote - pos and self._incomplete(segment, pos, size, final):
+                    break
                 request = self._request(buffer, pos, start + pos)
-                if request is None:
-                    break
-                try:
-                    self._dispatch(request)
-                except Exception as exc:
-                    self._fail(start + pos, exc)
-                    break
+                if isinstance(request, str):  # damaged
+                    size = self._pass_over(segment, pos, request, final)
+                    if not size:
+                        break  # (0: wait for the bytes after it; None: failed)
+                else:
+                    try:
+                        self._dispatch(request)
+                    except Exception as exc:
+                        self._fail(start + pos, exc)
+                        break
                 pos += size
                 done += 1
                 budget -= 1
@@ -270,15 +323,31 @@ class ReputService:
             progress.set()
         return done
 
-    def _request(self, buffer: mmap.mmap, pos: int, offset: int) -> DispatchRequest | None:
-        """The dispatch request for the record at ``pos`` of a segment (log ``offset``)."""
+    @staticmethod
+    def _incomplete(segment: Segment, pos: int, size: int, final: bool) -> bool:
+        """Whether the record at ``pos``, whose TOTALSIZE ``size`` runs past what was
+        written, is still to come (replicated bytes stop anywhere) — or, ``final``, the
+        log's incomplete last record — rather than damaged: a size that could never fit
+        in the segment, or the record's own lengths saying it is all there already."""
+        if final:
+            return True
+        if not MIN_RECORD_BYTES <= size <= segment.size - pos:
+            return False
+        return not complete_by_its_lengths(segment.view(0, segment.wrote), pos)
+
+    def _request(self, buffer: mmap.mmap, pos: int, offset: int) -> DispatchRequest | str:
+        """The dispatch request for the record at ``pos`` of a segment (log ``offset``),
+        or what is wrong with the record if no queue can take it."""
         try:
             size, queue_id, queue_offset, sys_flag, store_timestamp, topic, text = read_summary(
                 buffer, pos
             )
         except (MessageFormatError, struct.error, IndexError) as exc:
-            self._fail(offset, MessageFormatError(f"the record is damaged: {exc}"))
-            return None
+            return str(exc)
+        if (topic, queue_id) not in self.queues.queues:  # (a new queue: checked once)
+            problem = topic_error(topic)
+            if problem is not None or queue_id < 0:
+                return f"it names no queue: {problem or f'queue id {queue_id}'}"
         properties = decode_properties(text)
         if topic == SCHEDULE_TOPIC:
             code = store_timestamp + self._delay_ms(properties)
@@ -296,6 +365,83 @@ class ReputService:
             properties,
         )
 
+    def _pass_over(self, segment: Segment, pos: int, problem: str, final: bool) -> int | None:
+        """Pass over the damaged record at ``pos`` of ``segment``: its size once it is
+        placed (``_place``), counted and reported; 0 if the bytes after it must be waited
+        for; None if it cannot be passed over (``failure`` says why)."""
+        offset = segment.start + pos
+        log_end = self.commitlog.max_offset if final else None
+        try:
+            size = isolated_damage(segment, pos, log_end=log_end, final=final)
+            if size is None:
+                raise MessageFormatError(
+                    f"the record is damaged ({problem}) and so is what follows it"
+                )
+            if size:
+                self._place(segment, pos, size)
+        except Exception as exc:
+            self._fail(offset, exc)
+            return None
+        if not size:
+            log.debug("dispatching waits for the record after the damaged one at %d", offset)
+            return 0
+        if self.on_damaged is None:
+            self.damaged.note(offset, f"{problem} (bytes [{offset}, {offset + size}))")
+        else:
+            self.damaged.count += 1
+            self.on_damaged(offset, size, problem)
+        return size
+
+    def _place(self, segment: Segment, pos: int, size: int) -> None:
+        """Give a damaged record its consume-queue entry (not ``checked``: pulls read it
+        whole and skip it) if its header still says where: its queue's next offset.
+        Else hold it in ``unplaced``. OSError (a full disk) leaves nothing placed."""
+        offset = segment.start + pos
+        topic, queue_id, queue_offset, sys_flag = identity(segment.view(0, pos + size), pos)
+        transaction = sys_flag & SYSFLAG_TRANSACTION_MASK
+        if transaction in (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK):
+            return  # such records have no entry
+        queue = self.queues.get(topic, queue_id) if topic is not None else None
+        if queue is None and topic is not None and queue_offset == 0 and queue_id >= 0:
+            queue = self.queues.get_or_create(topic, queue_id)  # its queue's first message
+        if queue is not None and queue.max_offset == queue_offset:
+            queue.put(queue_offset, offset, size, 0)
+            return
+        if all(u.offset != offset for u in self.unplaced):
+            self.unplaced.append(Unplaced(offset, size, queue_id))
+
+    def _fill_gap(self, queue: ConsumeQueue, queue_offset: int) -> None:
+        """Entry ``queue_offset`` of ``queue`` comes past its end: the entries missing
+        are damaged records passed over (``unplaced``, of its queue id first), if there
+        are as many; else nothing is done (and the put refuses the gap)."""
+        missing = queue_offset - queue.max_offset
+        same = [u for u in self.unplaced if u.queue_id == queue.queue_id]
+        chosen = (same if len(same) >= missing else self.unplaced)[:missing]
+        if len(chosen) < missing:
+            return
+        for unplaced in chosen:
+            queue.put(queue.max_offset, unplaced.offset, unplaced.size, 0)
+            self.unplaced.remove(unplaced)
+        log.warning(
+            "consume queue %s/%d: entries [%d, %d) point at damaged records",
+            queue.topic,
+            queue.queue_id,
+            queue_offset - missing,
+            queue_offset,
+        )
+
+    def truncated(self, offset: int) -> None:
+        """The CommitLog was cut at ``offset``: dispatching goes on from there at most,
+        and a failure at a record that is gone is forgotten."""
+        if offset <= self.offset:
+            self.offset = offset
+            if self.failure is not None:
+                log.warning("dispatching resumes at %d, cut there: %s", offset, self.failure)
+                self.failure = self._last_failure = None
+                self._failed_at = None
+                self._retry_delay = RETRY_MIN_S
+        self.unplaced = [u for u in self.unplaced if u.offset < offset]
+
     def _fail(self, offset: int, exc: Exception) -> None:
         """Stop dispatching at ``offset``; an OSError (a full disk) is tried again later."""
         transient = isinstance(exc, OSError)
@@ -308,6 +454,8 @@ class ReputService:
         repeated = failure == self._last_failure
         self.failure = self._last_failure = failure
         self.failure_is_transient = transient
+        progress, self._progress = self._progress, trio.Event()
+        progress.set()  # (``wait_settled`` returns)
         if not transient:
             log.error("dispatching stopped: %s", failure)
             return
@@ -330,9 +478,15 @@ class ReputService:
         transaction = request.sys_flag & SYSFLAG_TRANSACTION_MASK
         if transaction not in (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK):
             queue = self.queues.get_or_create(request.topic, request.queue_id)
-            queue.put(
-                request.queue_offset, request.physical_offset, request.size, request.tags_code
-            )
+            queue_offset = request.queue_offset
+            if self.unplaced and queue_offset > queue.max_offset and not queue.segments.empty:
+                self._fill_gap(queue, queue_offset)
+            queue.put(queue_offset, request.physical_offset, request.size, request.tags_code)
+            # read whole by read_summary: what a pull checks, but for the CRC, which is
+            # known good if this process appended the record (CommitLog.appended_here)
+            local = self.commitlog.local_from
+            if not self.check_crc or (local is not None and request.physical_offset >= local):
+                queue.checked.add(queue_offset, queue_offset + 1)
         if transaction != SYSFLAG_TRANSACTION_ROLLBACK:
             keys = [k for k in request.properties.get(PROPERTY_KEYS, "").split(" ") if k]
             uniq_key = request.properties.get(PROPERTY_UNIQ_KEY)

@@ -6,7 +6,12 @@ thread), drops the abort marker, starts the dispatch, flush, schedule (master on
 retention tasks, then reports started. Cancelling ``run`` stops it cleanly: the rest
 is dispatched and flushed, the checkpoint written, the abort marker removed. A
 process killed instead leaves the marker, and the next start recovers as after a
-crash.
+crash; so does one stopped while dispatching is stuck (a record it cannot pass over).
+
+A full disk does not stop the store: while dispatching is paused by it (at start or
+later), what is dispatched is served, sends are refused with a remark saying so, and
+once the dispatcher's retries get through, sends continue each queue where its last
+message is (``_dispatch_unavailable``).
 
 Puts never await while appending (one writer, no lock). A SYNC_FLUSH put then waits
 for the fsync that covers it (group commit): FLUSH_DISK_TIMEOUT after
@@ -177,6 +182,9 @@ class StoreStatistics:
     delayed_delivered: int
     segments_deleted: int
     dispatch_failure: str | None
+    #: damaged records dispatching passed over (each once), and pulls skipped (each time)
+    damaged_records_dispatched: int = 0
+    damaged_records_read: int = 0
 
 
 class MessageStore:
@@ -199,7 +207,13 @@ class MessageStore:
         self.index = IndexService(
             config.index_dir, config.index_hash_slots, config.index_max_entries
         )
-        self.reput = ReputService(self.commitlog, self.queues, self.index, self._delay_levels_ms)
+        self.reput = ReputService(
+            self.commitlog,
+            self.queues,
+            self.index,
+            self._delay_levels_ms,
+            check_crc=config.check_crc_on_read,
+        )
         self._retention_floor = retention_floor or (lambda: self.commitlog.max_offset)
         #: called after every append (the HA master wakes its writers)
         self.append_listeners: list[Callable[[], None]] = []
@@ -218,6 +232,10 @@ class MessageStore:
         self._nursery: trio.Nursery | None = None
         self._schedule_scope = trio.CancelScope()
         self._valid_topics: set[str] = set()  # names already checked (a bounded cache)
+        #: where the log ended when records were left undispatched (a full disk at
+        #: start or at promotion): sends wait until they are, then take their queue
+        #: offsets afresh
+        self._undispatched_end: int | None = None
         self._until_yield = YIELD_EVERY
         self._puts = 0
         self._put_failures = 0
@@ -253,6 +271,8 @@ class MessageStore:
                     clean=clean,
                 )
             )
+            if self.recovery.paused is not None:
+                self._undispatched_end = self.recovery.commitlog_end
             await trio.to_thread.run_sync(self._mark_running)
             if self._on_recovered is not None:
                 await self._on_recovered()
@@ -297,8 +317,19 @@ class MessageStore:
         fsync_directory(self.config.store_dir)
 
     async def _stop(self, flush: bool) -> None:
+        stuck = self.reput.failure is not None and not self.reput.failure_is_transient
         try:
-            if flush and self.flush is not None and self.reput.failure is None:
+            if flush and self.flush is not None and stuck:
+                # the log at least is on disk; the next start recovers as after a crash,
+                # where what stopped dispatching (damage) is dealt with
+                await self.flush.flush_commitlog()
+                log.warning(
+                    "message store stopped with dispatching stopped; the next start recovers: %s",
+                    self.reput.failure,
+                )
+            elif flush and self.flush is not None:
+                # (dispatching paused by a disk error: the checkpoint says how far it got,
+                # and the next start goes on from there)
                 self.reput.dispatch_available()
                 await self.flush.flush_queues_and_checkpoint()
                 if self.schedule is not None:
@@ -326,8 +357,13 @@ class MessageStore:
         if master:
             assert nursery is not None, "the store is not running"
             # a replica's queues grew by dispatch: new sends continue where they end
-            await self.wait_dispatched()
-            self._recover_queue_offsets()
+            # (if dispatching is paused by a full disk, sends wait until it is done)
+            end = self.commitlog.max_offset
+            if await self.reput.wait_settled(end):
+                self._recover_queue_offsets()
+                self._undispatched_end = None
+            else:
+                self._undispatched_end = end
         self._master = master
         if master:
             assert nursery is not None
@@ -394,6 +430,24 @@ class MessageStore:
                 break
         return results
 
+    def _dispatch_unavailable(self) -> str | None:
+        """Why sends are refused for dispatching's sake, None if they are not: it failed
+        (a full disk: ``reput.failure``), or records were left undispatched (at start or
+        promotion) and the queues do not know their next offsets yet (they are taken
+        afresh once they do)."""
+        if self.reput.failure is not None:
+            return self.reput.failure
+        end = self._undispatched_end
+        if end is not None and self.reput.offset < end:
+            return (
+                f"dispatching the records left after a disk error: "
+                f"{end - self.reput.offset} bytes to go; retry shortly"
+            )
+        if end is not None:
+            self._recover_queue_offsets()
+            self._undispatched_end = None
+        return None
+
     def _count(self, result: PutMessageResult) -> None:
         if result.stored:
             self._puts += 1
@@ -440,8 +494,10 @@ class MessageStore:
                 PutMessageStatus.SERVICE_NOT_AVAILABLE,
                 "this broker is a slave; send to its master",
             )
-        if self.reput.failure is not None:
-            return self._refuse(PutMessageStatus.SERVICE_NOT_AVAILABLE, self.reput.failure)
+        if self.reput.failure is not None or self._undispatched_end is not None:
+            unavailable = self._dispatch_unavailable()
+            if unavailable is not None:
+                return self._refuse(PutMessageStatus.SERVICE_NOT_AVAILABLE, unavailable)
         if message.topic not in self._valid_topics:
             problem = topic_error(message.topic)
             if problem is not None:
@@ -569,7 +625,7 @@ class MessageStore:
             for queue in self.queues.queues.values():
                 queue.truncate_dirty(offset)
             self.index.truncate(offset)
-            self.reput.offset = min(self.reput.offset, offset)
+            self.reput.truncated(offset)
             self._recover_queue_offsets()
             self.flush.reset(offset)
             if self.schedule is not None:
@@ -580,8 +636,9 @@ class MessageStore:
     async def trim_partial_tail(self) -> int:
         """A replica's log may end inside a record (transfers are cut anywhere): drop
         that incomplete record, so that the log ends where a record does. Returns the
-        new end. StoreError if the log does not dispatch (it is not a valid log)."""
-        self.reput.dispatch_available()
+        new end. StoreError if the log does not dispatch (it is not a valid log). (A
+        damaged record that ends the log is passed over, not taken for a torn one.)"""
+        self.reput.dispatch_available(final=True)
         if self.reput.failure is not None:
             raise StoreError(f"the log does not read as records: {self.reput.failure}")
         end = self.reput.offset
@@ -606,7 +663,12 @@ class MessageStore:
         max_bytes: int | None = None,
     ) -> GetMessageResult:
         """Up to ``max_count`` messages of a queue from ``offset``; ``tag_codes`` keeps
-        only messages whose tags hash is in it (None: all)."""
+        only messages whose tags hash is in it (None: all).
+
+        A record a consumer could not decode (or, with ``check_crc_on_read``, whose body
+        CRC fails) is passed over and counted in ``skipped``. Each record is checked
+        once per run of the process: entries in the queue's ``checked`` (dispatched by
+        this process, or checked by an earlier pull) are read as they are."""
         self._gets += 1
         queue = self.queues.get(topic, queue_id)
         if queue is None:
@@ -626,12 +688,21 @@ class MessageStore:
             return result(GetMessageStatus.OFFSET_OVERFLOW_BADLY, low if low == 0 else high)
         max_count = max(1, min(max_count, self.config.max_transfer_count))
         byte_budget = max_bytes or self.config.max_transfer_bytes
-        commitlog_min = self.commitlog.min_offset
+        commitlog = self.commitlog
+        commitlog_min = commitlog.min_offset
+        check_crc = self.config.check_crc_on_read
+        checked = queue.checked
+        # entries before ``trusted`` were checked in this process (queue.checked): read
+        # as they are; the others are checked whole (``record_problem``), and the runs
+        # that pass are added to ``checked`` at the end
+        trusted = checked.end_of(offset)
+        run_start = run_end = offset
         found: list[memoryview] = []
         total = last_physical = 0
         next_offset = offset
         removed = filtered = skipped = 0
-        while next_offset < high and len(found) < max_count:
+        full = False
+        while next_offset < high and len(found) < max_count and not full:
             if next_offset - offset >= MAX_FILTERED_SCAN:
                 break
             batch = queue.entries(next_offset, max(max_count - len(found), 32))
@@ -644,10 +715,21 @@ class MessageStore:
                     filtered += 1
                 else:
                     if found and total + size > byte_budget:
-                        return self._found(found, next_offset, low, high, last_physical, skipped)
-                    record = self.commitlog.read_checked(
-                        physical_offset, size, check_crc=self.config.check_crc_on_read
-                    )
+                        full = True
+                        break
+                    record: memoryview | None
+                    if next_offset < trusted:
+                        record = commitlog.read(physical_offset, size)
+                    else:
+                        entry = (topic, queue_id, next_offset)
+                        record = commitlog.read_checked(
+                            physical_offset, size, entry, check_crc=check_crc
+                        )
+                        if record is not None:
+                            if next_offset != run_end:
+                                checked.add(run_start, run_end)
+                                run_start = next_offset
+                            run_end = next_offset + 1
                     if record is None:  # damaged: passed over (counted, logged), never sent
                         skipped += 1
                     else:
@@ -657,6 +739,7 @@ class MessageStore:
                 next_offset += 1
                 if len(found) >= max_count:
                     break
+        checked.add(run_start, run_end)
         if found:
             return self._found(found, next_offset, low, high, last_physical, skipped)
         if filtered:
@@ -813,6 +896,8 @@ class MessageStore:
             delayed_delivered=self.schedule.delivered if self.schedule else 0,
             segments_deleted=self.retention.segments_deleted if self.retention else 0,
             dispatch_failure=self.reput.failure,
+            damaged_records_dispatched=self.reput.damaged.count,
+            damaged_records_read=self.commitlog.damaged.count,
         )
 
 

@@ -20,14 +20,20 @@ by a clean stop):
 Then the consume queues and the index are brought in line: entries that point past the
 end are dropped, and the records from the checkpoint's dispatched offset (or from
 wherever the consume queues really end, if their files were deleted) are dispatched
-again. A damaged record met while dispatching is passed over the same way; its consume
-queue entry (RocketMQ's queue offsets have no gaps) points at it, for pulls to skip.
+again. A damaged record met while dispatching is passed over the same way (by the
+dispatcher, hamq/store/dispatcher.py; here it is copied to torn/); its consume queue
+entry (RocketMQ's queue offsets have no gaps) points at it, for pulls to skip. A disk
+error while dispatching (a full disk) does not stop the start: the store runs with
+dispatching paused there (``RecoveryReport.paused``), serves what is dispatched,
+refuses sends, and its dispatcher finishes the rest once there is room.
 
 Last, the consume queues are checked against the CommitLog (``check_consume_queues``):
-a queue whose files do not load, whose checked entries do not point at the records
-they should, or that ends before a record of it in the last TAIL_CHECK_BYTES of the
-log (zeroed or deleted files) is rebuilt from the whole log, as deleting consumequeue/
-does, and logged: otherwise new sends would reuse its queue offsets.
+a queue whose files do not load, whose files show empty entries at their ends or
+offsets going back, whose last entry does not point at the record it should, or that
+ends before a record of it in the last TAIL_CHECK_BYTES of the log (zeroed or deleted
+files) is rebuilt from the whole log, as deleting consumequeue/ does, and logged:
+otherwise new sends would reuse its queue offsets. The check reads the queue files
+(two entries each), one record header per queue, and the log's tail in order.
 
 Everything here blocks: MessageStore runs it in a worker thread before serving.
 """
@@ -38,7 +44,6 @@ import bisect
 import logging
 import re
 import shutil
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,8 +53,6 @@ from hamq.protocol.message import (
     BLANK_MAGIC,
     MAGIC_V1,
     MAGIC_V2,
-    SYSFLAG_BORNHOST_V6,
-    SYSFLAG_STOREHOST_V6,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
@@ -59,11 +62,12 @@ from hamq.protocol.message import (
     topic_error,
 )
 from hamq.store.checkpoint import Checkpoint
-from hamq.store.commitlog import MIN_RECORD_BYTES, CommitLog
+from hamq.store.commitlog import CommitLog
 from hamq.store.consume_queue import ENTRY_SIZE, ConsumeQueue
 from hamq.store.dispatcher import ConsumeQueueTable, ReputService
 from hamq.store.files import fsync_directory, write_atomically
 from hamq.store.index import IndexService
+from hamq.store.records import HEAD, MIN_RECORD_BYTES, fields, isolated_damage, scan_problem
 from hamq.store.segment import Segment, StoreCorruptionError, StoreError
 
 log = logging.getLogger(__name__)
@@ -73,10 +77,6 @@ log = logging.getLogger(__name__)
 #: consumequeue/ to rebuild them all)
 TAIL_CHECK_BYTES = 16 * 1024 * 1024
 _SEGMENT_NAME = re.compile(r"\d{20}")
-#: TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG
-_HEAD = struct.Struct(">iiiiiqqi")
-_I32 = struct.Struct(">i")
-_I16 = struct.Struct(">h")
 
 
 @attrs.frozen
@@ -94,6 +94,9 @@ class RecoveryReport:
     damaged: tuple[int, ...] = ()
     #: consume queues rebuilt because they did not match the log ("topic/queue id")
     rebuilt_queues: tuple[str, ...] = ()
+    #: why dispatching is paused (a full disk) short of the log's end, if it is: the
+    #: store runs, and its dispatcher retries
+    paused: str | None = None
 
 
 def _last_nonzero(segment: Segment, start: int) -> int:
@@ -117,89 +120,6 @@ class Scan:
     end: int
     reason: str | None = None
     damaged: tuple[tuple[int, int, str], ...] = ()
-
-
-def _record_ok(view: memoryview, pos: int, physical_offset: int) -> bool:
-    """A whole record (magic, sizes, CRC) that says it is at ``physical_offset``."""
-    try:
-        info = read_record(view, pos, check_crc=True)
-    except (MessageFormatError, struct.error):
-        return False
-    return info.physical_offset == physical_offset
-
-
-def _topic_at(view: memoryview, pos: int) -> tuple[int, int, int] | None:
-    """(where the topic starts, its length, where the properties length is) for the
-    record at ``pos``, by its own BODY and TOPIC lengths; None if they cannot be read."""
-    try:
-        _size, magic, _crc, _queue, _flag, _queue_offset, _phy, sys_flag = _HEAD.unpack_from(
-            view, pos
-        )
-        at = pos + _HEAD.size + 8 + (20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8)
-        at += 8 + (20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8) + 12
-        (body_len,) = _I32.unpack_from(view, at)
-        if body_len < 0:
-            return None
-        at += 4 + body_len
-        if magic == MAGIC_V2:
-            (topic_len,) = _I16.unpack_from(view, at)
-            at += 2
-        else:
-            topic_len = view[at]
-            at += 1
-    except (struct.error, IndexError):
-        return None
-    return (at, topic_len, at + topic_len) if topic_len > 0 else None
-
-
-def _implied_size(view: memoryview, pos: int) -> int | None:
-    """The size a record's own lengths (body, topic, properties) add up to, if they can
-    be read; None otherwise."""
-    topic = _topic_at(view, pos)
-    if topic is None:
-        return None
-    try:
-        (properties_len,) = _I16.unpack_from(view, topic[2])
-    except struct.error:
-        return None
-    return topic[2] + 2 + properties_len - pos if properties_len >= 0 else None
-
-
-def isolated_damage(segment: Segment, pos: int, log_end: int | None = None) -> int | None:
-    """The size of the damaged record at ``pos`` of ``segment`` if the damage is that one
-    record, None if it cannot be told from a torn tail.
-
-    Its TOTALSIZE is taken when the bytes after it are whole: a record that checks
-    (magic, sizes, CRC, PHYSICALOFFSET) or a blank marker ending the segment exactly —
-    or, given ``log_end`` (where the log is known to end: the bytes of ``segment`` are
-    read up to it), when it ends the log there. Refused when the record's own lengths
-    lead to a whole record elsewhere: then the TOTALSIZE is the damaged field, and
-    trusting it would swallow good records."""
-    stop = segment.size if log_end is None else min(segment.size, log_end - segment.start)
-    view = segment.view(0, stop)
-    if stop - pos < 8:
-        return None
-    total = int.from_bytes(view[pos : pos + 4], "big", signed=True)
-    after = pos + total
-    if total < MIN_RECORD_BYTES or after > stop:
-        return None
-    if after == stop and log_end is not None and segment.start + after == log_end:
-        return total  # the last record of a log whose end is known
-    if stop - after < 8:
-        return None
-    implied = _implied_size(view, pos)
-    if (
-        implied is not None
-        and implied != total
-        and implied >= MIN_RECORD_BYTES
-        and pos + implied + 8 <= stop
-        and _record_ok(view, pos + implied, segment.start + pos + implied)
-    ):
-        return None
-    if is_blank(view, after):
-        remaining = int.from_bytes(view[after : after + 4], "big", signed=True)
-        return total if remaining == segment.size - after else None
-    return total if _record_ok(view, after, segment.start + after) else None
 
 
 def scan_commitlog(commitlog: CommitLog, from_offset: int) -> Scan:
@@ -240,7 +160,7 @@ def scan_commitlog(commitlog: CommitLog, from_offset: int) -> Scan:
                     )
                 offset = segment.end
                 break
-            problem = _scan_problem(view, pos, segment.start + pos)
+            problem = scan_problem(view, pos, segment.start + pos)
             if problem is not None:
                 size = isolated_damage(segment, pos)
                 if size is None:
@@ -250,20 +170,6 @@ def scan_commitlog(commitlog: CommitLog, from_offset: int) -> Scan:
                 continue
             pos += total
     return ended(offset, None)
-
-
-def _scan_problem(
-    view: memoryview, pos: int, physical_offset: int, *, check_crc: bool = True
-) -> str | None:
-    """What is wrong with the record at ``pos`` (that should be at ``physical_offset``),
-    None if nothing."""
-    try:
-        info = read_record(view, pos, check_crc=check_crc)
-    except MessageFormatError as exc:
-        return str(exc)
-    if info.physical_offset != physical_offset:
-        return f"record says it is at {info.physical_offset}, it is at {physical_offset}"
-    return None
 
 
 def _after_end(commitlog: CommitLog, end: int) -> tuple[Segment | None, list[Segment]]:
@@ -338,43 +244,14 @@ def _copy_damaged(torn_dir: Path, offset: int, data: bytes) -> Path:
     return target
 
 
-def _identity(view: memoryview, pos: int) -> tuple[str | None, int, int, int]:
-    """(topic or None if unreadable, queue id, queue offset, sys flag) of a damaged
-    record, as far as it can be read."""
-    _size, _magic, _crc, queue_id, _flag, queue_offset, _phy, sys_flag = _HEAD.unpack_from(
-        view, pos
-    )
-    topic_at = _topic_at(view, pos)
-    topic: str | None = None
-    if topic_at is not None:
-        start, length, _ = topic_at
-        try:
-            topic = str(view[start : start + length], "utf-8")
-        except UnicodeDecodeError:
-            topic = None
-        if topic is not None and topic_error(topic) is not None:
-            topic = None
-    return topic, queue_id, queue_offset, sys_flag
-
-
-@attrs.define
-class _Unplaced:
-    """A damaged record whose consume queue could not be told (yet)."""
-
-    offset: int
-    size: int
-    queue_id: int
-
-
 @attrs.define
 class _Dispatcher:
     """Recovery's dispatch passes: every record of the log into the consume queues and
-    the index, passing over damaged records with intact neighbours.
-
-    A damaged record whose header still names its queue, at that queue's next offset,
-    gets its entry at once (pointing at it: pulls skip it). One whose queue cannot be
-    told is held in ``unplaced`` until a whole record of some queue comes with a queue
-    offset past that queue's end: the missing entries are the damaged records'."""
+    the index. Damaged records are passed over by the dispatcher itself (hamq/store/
+    dispatcher.py, with the log's end known); here each is copied to torn/ and logged.
+    A queue whose entry conflicts with the log is emptied and rebuilt (``_reset_queue``).
+    A disk error (a full disk) ends the pass: the store starts with dispatching paused
+    there, and the dispatcher's retries finish it (``paused``)."""
 
     commitlog: CommitLog
     queues: ConsumeQueueTable
@@ -382,67 +259,45 @@ class _Dispatcher:
     torn_dir: Path
     #: offsets of damaged records already reported (the crash scan reports its own)
     reported: set[int] = attrs.field(factory=set)
-    damaged: list[int] = attrs.field(factory=list)
-    unplaced: list[_Unplaced] = attrs.field(factory=list)
     #: queues emptied to be rebuilt because an entry conflicted with the log
     reset: dict[tuple[str, int], str] = attrs.field(factory=dict)
     records: int = 0
 
+    @property
+    def paused(self) -> bool:
+        """Dispatching stopped at a disk error, to be retried once the store runs."""
+        return self.reput.failure is not None and self.reput.failure_is_transient
+
     def run(self) -> None:
-        """Dispatch until the end of the log; StoreCorruptionError if a record that
-        fails cannot be passed over."""
-        while True:
-            self.records += self.reput.dispatch_available()
-            failure = self.reput.failure
-            if failure is None:
-                return
-            at = self.reput.offset
-            if self.reput.failure_is_transient or not (
-                self._pass_over(at, failure) or self._fill_gap(at) or self._reset_queue(at)
-            ):
-                raise StoreCorruptionError(f"rebuilding the consume queues failed: {failure}")
-            self.reput.failure = None
+        """Dispatch until the end of the log (or a disk error: ``paused``);
+        StoreCorruptionError if a record that fails cannot be passed over."""
+        self.reput.on_damaged = self._report
+        try:
+            while True:
+                self.records += self.reput.dispatch_available(final=True)
+                failure = self.reput.failure
+                if failure is None or self.paused:
+                    return
+                if not self._reset_queue(self.reput.offset):
+                    raise StoreCorruptionError(f"rebuilding the consume queues failed: {failure}")
+                self.reput.failure = None
+        finally:
+            self.reput.on_damaged = None
 
-    def _pass_over(self, at: int, failure: str) -> bool:
-        segment = self.commitlog.segments.find(at)
-        if segment is None:
-            return False
-        pos = at - segment.start
-        view = segment.view(0, segment.wrote)
-        if _scan_problem(view, pos, at, check_crc=False) is None:
-            return False  # it reads: the failure is elsewhere (a queue gap, say)
-        size = isolated_damage(segment, pos, self.commitlog.max_offset)
-        if size is None:
-            return False
-        if at not in self.reported:
-            copy = _copy_damaged(self.torn_dir, at, bytes(view[pos : pos + size]))
-            log.error(
-                "passed over the damaged record [%d, %d) (%s); copied to %s, the records "
-                "after it are kept",
-                at,
-                at + size,
-                failure,
-                copy,
-            )
-            self.reported.add(at)
-        self.damaged.append(at)
-        self._place(view, pos, at, size)
-        self.reput.offset = at + size
-        return True
-
-    def _place(self, view: memoryview, pos: int, at: int, size: int) -> None:
-        """Give the damaged record its consume queue entry if its header says where."""
-        topic, queue_id, queue_offset, sys_flag = _identity(view, pos)
-        transaction = sys_flag & SYSFLAG_TRANSACTION_MASK
-        if transaction in (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK):
-            return  # such records have no entry
-        queue = self.queues.get(topic, queue_id) if topic is not None else None
-        if queue is None and topic is not None and queue_offset == 0 and queue_id >= 0:
-            queue = self.queues.get_or_create(topic, queue_id)  # its queue's first message
-        if queue is not None and queue.max_offset == queue_offset:
-            queue.put(queue_offset, at, size, 0)
+    def _report(self, offset: int, size: int, problem: str) -> None:
+        """Copy a damaged record the dispatcher passed over to torn/ and log it (once)."""
+        if offset in self.reported:
             return
-        self.unplaced.append(_Unplaced(at, size, queue_id))
+        copy = _copy_damaged(self.torn_dir, offset, bytes(self.commitlog.read(offset, size)))
+        log.error(
+            "passed over the damaged record [%d, %d) (%s); copied to %s, the records "
+            "after it are kept",
+            offset,
+            offset + size,
+            problem,
+            copy,
+        )
+        self.reported.add(offset)
 
     def _whole_record(self, at: int) -> tuple[ConsumeQueue, int, int] | None:
         """(its queue, its queue offset, its size) for the record at ``at`` if it reads
@@ -476,34 +331,8 @@ class _Dispatcher:
             problem,
         )
         self.reset[key] = problem
-        queue.truncate_dirty(-1)
+        queue.clear()
         self.reput.offset = self.commitlog.min_offset
-        return True
-
-    def _fill_gap(self, at: int) -> bool:
-        """The whole record at ``at`` failed because its queue ends before its queue
-        offset: fill the gap with unplaced damaged records (of its queue id first)."""
-        found = self._whole_record(at) if self.unplaced else None
-        if found is None:
-            return False
-        queue, queue_offset, _size = found
-        if queue.segments.empty or queue_offset <= queue.max_offset:
-            return False
-        missing = queue_offset - queue.max_offset
-        same = [u for u in self.unplaced if u.queue_id == queue.queue_id]
-        chosen = (same if len(same) >= missing else self.unplaced)[:missing]
-        if len(chosen) < missing:
-            return False
-        for unplaced in chosen:
-            queue.put(queue.max_offset, unplaced.offset, unplaced.size, 0)
-            self.unplaced.remove(unplaced)
-        log.warning(
-            "consume queue %s/%d: entries [%d, %d) point at damaged records",
-            queue.topic,
-            queue.queue_id,
-            queue_offset - missing,
-            queue_offset,
-        )
         return True
 
 
@@ -563,10 +392,10 @@ def _entry_problem(commitlog: CommitLog, queue: ConsumeQueue, index: int, end: i
     if physical_offset + size > end:
         return f"entry {index} points past the end of the commitlog ({physical_offset}+{size})"
     try:
-        head = commitlog.read(physical_offset, _HEAD.size)
+        head = commitlog.read(physical_offset, HEAD.size)
     except StoreError:
         return f"entry {index} points at {physical_offset}, which the commitlog does not have"
-    total, magic, _crc, queue_id, _flag, queue_offset, physical, _sys = _HEAD.unpack_from(head)
+    total, magic, _crc, queue_id, _flag, queue_offset, physical, _sys = HEAD.unpack_from(head)
     if total != size:
         return f"entry {index} says {size} bytes, the record at {physical_offset} has {total}"
     if magic not in (MAGIC_V1, MAGIC_V2):
@@ -579,20 +408,47 @@ def _entry_problem(commitlog: CommitLog, queue: ConsumeQueue, index: int, end: i
     return None
 
 
-def _checked_entries(queue: ConsumeQueue) -> list[int]:
-    """The entries checked at start: the first and last of each file, and the last."""
-    per_file = queue.entries_per_file
+def _queue_files_problem(queue: ConsumeQueue) -> str | None:
+    """What a queue's own files show to be wrong, read from them alone (no CommitLog
+    read: this runs for every file of every queue at each start): its first file holds
+    none of its entries (it was zeroed), an entry at either end of a file's share is
+    empty, or CommitLog offsets go back from one of those entries to the next."""
     low, high = queue.min_offset, queue.max_offset
-    picks = {high - 1}
+    first = queue.segments.first
+    if low >= high or first is None:
+        return None
+    if low * ENTRY_SIZE >= first.end:
+        return f"its first file {first.path.name} holds no entry"
+    per_file = queue.entries_per_file
+    previous = -1
     for start in range(low - low % per_file, high, per_file):
-        picks.add(max(start, low))
-        picks.add(min(start + per_file, high) - 1)
-    return sorted(i for i in picks if low <= i < high)
+        for index in (max(start, low), min(start + per_file, high) - 1):
+            entry = queue.entry(index)
+            if entry is None or entry[1] <= 0:
+                return f"entry {index} is empty"
+            if entry[0] < previous:
+                return f"entry {index} points at {entry[0]}, before the entry ahead of it"
+            previous = entry[0]
+    return None
 
 
 def _first_at_or_after(queue: ConsumeQueue, physical_offset: int) -> int | None:
-    """The commitlog offset of the queue's first entry at or after ``physical_offset``."""
-    offsets = range(queue.min_offset, queue.max_offset)
+    """The commitlog offset of the queue's first entry at or after ``physical_offset``.
+    The search reads the last entry, then the first of each file back from the last
+    until one starts before ``physical_offset``, then bisects there: near the log's
+    end, a file or two of each queue, whatever the queue's length."""
+    low, high = queue.min_offset, queue.max_offset
+    last = queue.entry(high - 1)
+    if last is None or last[0] < physical_offset:
+        return None
+    per_file = queue.entries_per_file
+    begin = max(low, (high - 1) - (high - 1) % per_file)
+    while begin > low:
+        first = queue.entry(begin)
+        if first is None or first[0] < physical_offset:
+            break
+        begin = max(low, begin - per_file)
+    offsets = range(begin, high)
     found = bisect.bisect_left(
         offsets, physical_offset, key=lambda i: (queue.entry(i) or (0, 0, 0))[0]
     )
@@ -615,10 +471,10 @@ def _tail_start(commitlog: CommitLog, queues: ConsumeQueueTable, end: int) -> in
         if at is None or not target <= at < best:
             continue
         try:
-            head = commitlog.read(at, _HEAD.size)
+            head = commitlog.read(at, HEAD.size)
         except StoreError:
             continue
-        if _HEAD.unpack_from(head)[6] == at:
+        if HEAD.unpack_from(head)[6] == at:
             best = at
     return best
 
@@ -644,33 +500,39 @@ def _tail_records(
         view = segment.view(0, segment.wrote)
         stop = min(segment.wrote, end - segment.start)
         pos = offset - segment.start
-        while pos + _HEAD.size <= stop:
-            size, magic, _crc, queue_id, _flag, queue_offset, _phy, sys_flag = _HEAD.unpack_from(
+        while pos + HEAD.size <= stop:
+            size, magic, _crc, queue_id, _flag, queue_offset, _phy, sys_flag = HEAD.unpack_from(
                 view, pos
             )
             if magic == BLANK_MAGIC:
                 break
             if size < MIN_RECORD_BYTES or pos + size > stop:
                 return
-            place = _topic_at(view, pos) if magic in (MAGIC_V1, MAGIC_V2) else None
+            place = fields(view, pos) if magic in (MAGIC_V1, MAGIC_V2) else None
             if (
                 place is not None
-                and place[2] < pos + size
+                and place[2] + place[3] < pos + size
                 and sys_flag & SYSFLAG_TRANSACTION_MASK not in no_entry
             ):
-                raw = bytes(view[place[0] : place[2]])
+                raw = bytes(view[place[2] : place[2] + place[3]])
                 topic = topics.get(raw, "")
                 if topic == "":
-                    try:
-                        topic = topics[raw] = raw.decode()
-                    except UnicodeDecodeError:
-                        topic = topics[raw] = None
+                    topic = topics[raw] = _topic_name(raw)
                 if topic is not None:
                     yield (topic, queue_id), (segment.start + pos, size, queue_offset)
             pos += size
         if pos + 8 > stop:
             return
         offset = segment.end  # a blank marker: the segment's records end here
+
+
+def _topic_name(raw: bytes) -> str | None:
+    """``raw`` as a topic name, None if it is not one (not UTF-8, or not valid)."""
+    try:
+        topic = raw.decode()
+    except UnicodeDecodeError:
+        return None
+    return topic if topic_error(topic) is None else None
 
 
 def _tail_problems(
@@ -709,17 +571,20 @@ def _tail_problems(
 def check_consume_queues(
     commitlog: CommitLog, queues: ConsumeQueueTable, end: int
 ) -> dict[tuple[str, int], str]:
-    """Consume queues that do not match the CommitLog, with what is wrong: their
-    checked entries (``_checked_entries``) and the log's last TAIL_CHECK_BYTES."""
+    """Consume queues that do not match the CommitLog (dispatched up to ``end``), with
+    what is wrong: their files read alone (``_queue_files_problem``), their last entry
+    against the record it points at, and the log's last TAIL_CHECK_BYTES against them.
+    The CommitLog reads are one record header per queue plus the tail window, read in
+    order: the check stays cheap on a big store."""
     problems = _tail_problems(commitlog, queues, end)
     for key, queue in queues.queues.items():
         if key in problems:
             continue
-        for index in _checked_entries(queue):
-            problem = _entry_problem(commitlog, queue, index, end)
-            if problem is not None:
-                problems[key] = problem
-                break
+        problem = _queue_files_problem(queue)
+        if problem is None and queue.max_offset > queue.min_offset:
+            problem = _entry_problem(commitlog, queue, queue.max_offset - 1, end)
+        if problem is not None:
+            problems[key] = problem
     return problems
 
 
@@ -733,7 +598,7 @@ def _rebuild_queues(
         queue = queues.get(topic, queue_id)
         before = (queue.min_offset, queue.max_offset) if queue is not None else None
         if queue is not None:
-            queue.truncate_dirty(-1)  # every entry: the queue is empty, files removed
+            queue.clear()
         log.error(
             "consume queue %s/%d does not match the commitlog (%s): rebuilding it "
             "(it had entries %s)",
@@ -743,6 +608,7 @@ def _rebuild_queues(
             "none" if before is None else f"[{before[0]}, {before[1]})",
         )
     dispatcher.reput.offset = commitlog.min_offset
+    dispatcher.reput.failure = None  # (paused: tried again from the start, up to there)
     dispatcher.run()
     for topic, queue_id in sorted(problems):
         queue = queues.get(topic, queue_id)
@@ -841,7 +707,8 @@ def recover(
     index.truncate(end)
     reput.offset = start
     dispatcher.run()
-    problems = check_consume_queues(commitlog, queues, end)
+    # (paused by a full disk: what is dispatched so far is checked, the rest waits)
+    problems = check_consume_queues(commitlog, queues, reput.offset if dispatcher.paused else end)
     for name in unloadable:  # (records anywhere in the log: the tail check may miss them)
         topic, _, queue_id = name.rpartition("/")
         problems.setdefault((topic, int(queue_id)), "its files could not be loaded")
@@ -859,6 +726,14 @@ def recover(
         dispatcher.records,
         start,
     )
+    if dispatcher.paused:
+        log.error(
+            "the store starts with dispatching paused at commitlog offset %d of %d (%s): "
+            "what is dispatched is served, sends are refused until the rest is",
+            reput.offset,
+            end,
+            reput.failure,
+        )
     return RecoveryReport(
         clean=clean,
         commitlog_end=end,
@@ -869,6 +744,7 @@ def recover(
         bad_record=reason,
         damaged=tuple(sorted(dispatcher.reported)),
         rebuilt_queues=tuple(f"{t}/{q}" for t, q in sorted(problems)),
+        paused=reput.failure if dispatcher.paused else None,
     )
 
 

@@ -7,7 +7,9 @@ message's WAIT is not "false" — takes its place in flight before it is stored 
 answered from a task once its fsync is done and a slave has acked it:
 FLUSH_DISK_TIMEOUT or FLUSH_SLAVE_TIMEOUT if that takes too long, SLAVE_NOT_AVAILABLE
 at once when no slave is in sync; the message is stored in every case. A slave
-refuses sends (NO_PERMISSION).
+refuses sends with SERVICE_NOT_AVAILABLE, as RocketMQ's store does (NO_PERMISSION is
+left to refusals no failover will lift: the ACL, a topic or broker without write
+permission).
 
 What is checked, each refusal with RocketMQ's code and a remark that names it: the
 topic's name, sending to system topics, the topic's existence (auto-created from
@@ -150,7 +152,7 @@ class SendProcessor:
         name = ctx.config.broker_name
         if not ctx.is_master:
             raise RequestError(
-                ResponseCode.NO_PERMISSION,
+                ResponseCode.SERVICE_NOT_AVAILABLE,
                 f"the broker[{name} at {ctx.address}] is a slave "
                 f"(broker id {ctx.broker_id}): send to the master of {name}",
             )
