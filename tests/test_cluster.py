@@ -28,6 +28,7 @@ from cli.main import app
 from hamq.client import Message, Producer, PullConsumer, SendStatus
 from tests.broker_support import SMALL_STORE
 from tests.processes import HAMQ, free_ports, hamq_command, write_toml
+from tests.tls_support import server_files
 
 READY_S = 30
 STOP_S = 30
@@ -413,16 +414,10 @@ async def test_a_tls_profile_comes_up_registered_and_tells_clients_the_ca(tmp_pa
     """conf/1m-1s-sync with TLS on every port: ``up`` asks the brokers' embedded
     nameservers over TLS (with the brokers' own TLS settings) whether they know both
     brokers, so it says ready without a warning, and names the CA clients need."""
-    import trustme
-
     from tests.processes import copy_profile
 
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1")
-    ca_file, cert, key = tmp_path / "ca.pem", tmp_path / "server.pem", tmp_path / "server.key"
-    ca.cert_pem.write_to_path(str(ca_file))
-    cert.write_bytes(b"".join(blob.bytes() for blob in server.cert_chain_pems))
-    server.private_key_pem.write_to_path(str(key))
+    pki = server_files(tmp_path)
+    ca_file, cert, key = pki.ca, pki.cert, pki.key
     profile = tmp_path / "tls"
     moved = copy_profile("1m-1s-sync", profile, tmp_path / "data")
     tls = f"\n[remoting.tls]\ncert_file = '{cert}'\nkey_file = '{key}'\nca_file = '{ca_file}'\n"

@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 from hamq.broker import BrokerNode
+from hamq.broker.slave_sync import SlaveSync
 from hamq.client import (
     ConsumeResult,
     Message,
@@ -22,7 +23,10 @@ from hamq.client import (
     PushConsumer,
     SendStatus,
 )
-from hamq.protocol import ResponseCode
+from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
+from hamq.remoting import RemotingClient, RemotingServer
+from hamq.remoting.connection import Connection
+from hamq.remoting.dispatch import Dispatcher
 from hamq.store import MessageStore
 from tests.broker_support import running_broker, running_nameserver, wait_for
 
@@ -291,3 +295,37 @@ async def test_consumers_follow_the_master_to_the_slave_and_keep_going_without_i
                         )
                     )
         assert set(got) == {f"m{i}".encode() for i in range(100)}
+
+
+async def test_a_metadata_round_under_way_is_not_reported_as_failed(tmp_path: Path) -> None:
+    """``rounds`` counts finished rounds: a status read while the first round waits for
+    the master shows no round yet (it showed 1 round, not ok, no error)."""
+    held, release = trio.Event(), trio.Event()
+
+    async def slow_refusal(request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        held.set()
+        await release.wait()
+        return request.response_to(ResponseCode.SYSTEM_ERROR, remark="not now")
+
+    dispatcher = Dispatcher()
+    dispatcher.register_async(RequestCode.GET_ALL_TOPIC_CONFIG, slow_refusal)
+    master = RemotingServer(dispatcher)
+    async with (
+        running_broker(tmp_path) as node,
+        RemotingClient() as client,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(master.run)
+        sync = SlaveSync(node.ctx, client, lambda: master.address, lambda: None)
+        nursery.start_soon(sync.sync_once)
+        with trio.fail_after(10):
+            await held.wait()
+        during = sync.statistics()
+        assert (during.rounds, during.last_error) == (0, None)
+        release.set()
+        with trio.fail_after(10):
+            while sync.statistics().rounds == 0:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        after = sync.statistics()
+        assert not after.last_round_ok and "not now" in (after.last_error or "")
+        nursery.cancel_scope.cancel()

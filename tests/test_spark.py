@@ -26,6 +26,7 @@ from hamq.spark.options import parse_write_options
 from hamq.spark.writing import write_batches
 from tests.ha_support import broker_group
 from tests.processes import broker_process, stop
+from tests.tls_support import server_files
 
 pytestmark = pytest.mark.slow
 
@@ -402,14 +403,8 @@ accounts:
 def test_the_source_signs_and_speaks_tls_to_a_secured_broker(spark: Any, tmp_path: Path) -> None:
     """A broker with ACL and TLS on every port: the sink and a read reach it with
     accessKey / secretKey / tlsCaFile; the same read without the account is refused."""
-    import trustme
-
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1")
-    ca_file, cert, key = tmp_path / "ca.pem", tmp_path / "server.pem", tmp_path / "server.key"
-    ca.cert_pem.write_to_path(str(ca_file))
-    cert.write_bytes(b"".join(blob.bytes() for blob in server.cert_chain_pems))
-    server.private_key_pem.write_to_path(str(key))
+    pki = server_files(tmp_path)
+    ca_file, cert, key = pki.ca, pki.cert, pki.key
     (tmp_path / "plain_acl.yml").write_text(SPARK_ACL)
     config = (
         f"acl_enable = true\nacl_file = '{tmp_path / 'plain_acl.yml'}'\n"

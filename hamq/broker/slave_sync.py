@@ -72,8 +72,8 @@ class SlaveSync:
     async def sync_once(self) -> bool:
         """One round; True if every table came."""
         addr = self._master_address()
-        self.rounds += 1
         if addr is None:
+            self.rounds += 1
             self.last_round_ok, self.last_error = False, "the master's address is not known yet"
             return False
         errors = []
@@ -93,6 +93,8 @@ class SlaveSync:
                 await apply(body)
             except (RemotingError, RequestError, ValueError, OSError, StoreError) as exc:
                 errors.append(f"{code.name}: {exc}")
+        # counted when done: a status read mid-round shows the last finished round
+        self.rounds += 1
         self.last_round_ok = not errors
         self.last_error = "; ".join(errors) or None
         if errors:
