@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 SOURCES := hamq nameserver cli
 PIP_QUIET := --quiet --disable-pip-version-check
 
-.PHONY: run test lint typecheck pytest bench venv clean
+.PHONY: run test test-fast lint typecheck pytest bench venv clean
 
 venv: $(STAMP)
 
@@ -32,6 +32,10 @@ run: $(STAMP)
 	@$(BIN)/hamq cluster up --profile 1m-1s-sync
 
 test: lint typecheck pytest
+
+# the edit loop: the tests not marked slow (no processes, no multi-second runs)
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(SOURCES) tests benchmarks examples

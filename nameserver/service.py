@@ -8,7 +8,9 @@ registered over closes.
 
 With a ``controller`` (``enableControllerInNamesrv``), the nameserver's server also
 answers the controller's requests; BROKER_HEARTBEAT feeds both (a controller heartbeat
-names its brokerId).
+names its brokerId). The nameserver knows the controller only as an ``Embedded``
+service (the protocol below): whoever composes them (the CLI) passes a
+``hamq.controller.Controller``; this package never imports it.
 
 With an ``acl_file`` (RocketMQ's plain_acl.yml format), what changes the route table or
 the controller — REGISTER_BROKER, UNREGISTER_BROKER, BROKER_HEARTBEAT,
@@ -23,14 +25,14 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import attrs
 import trio
 from attrs import validators as v
+from prometheus_client.registry import Collector
 
 from hamq.acl import NAMESERVER_POLICY, AclGuard
-from hamq.controller import Controller
-from hamq.controller.metrics import ControllerCollector
 from hamq.metrics import MetricsServer, new_registry
 from hamq.protocol import RemotingCommand, RequestCode
 from hamq.protocol.headers import BrokerHeartbeatRequestHeader
@@ -63,6 +65,22 @@ class NameServerConfig:
     acl_file: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
 
 
+class Embedded(Protocol):
+    """A service that shares the nameserver's port and connections: the controller."""
+
+    def install(self, dispatcher: Dispatcher, *, heartbeat: bool = True) -> None: ...
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = ...) -> None: ...
+
+    def connection_closed(self, conn: Connection) -> None: ...
+
+    def heartbeat(self, request: RemotingCommand, conn: Connection) -> RemotingCommand: ...
+
+    def collector(self) -> Collector:
+        """Its metrics, served beside the nameserver's."""
+        ...
+
+
 @attrs.frozen
 class NameServerStatistics:
     address: str
@@ -78,7 +96,7 @@ class NameServer:
         config: NameServerConfig | None = None,
         *,
         clock: Callable[[], int] = wall_clock_ms,
-        controller: Controller | None = None,
+        controller: Embedded | None = None,
     ) -> None:
         self.config = config or NameServerConfig()
         self.table = RouteTable()
@@ -126,7 +144,7 @@ class NameServer:
         registry = new_registry()
         registry.register(NameServerCollector(self))
         if self.controller is not None:
-            registry.register(ControllerCollector(self.controller))
+            registry.register(self.controller.collector())
         assert self.config.metrics_port is not None
         return MetricsServer(registry, self.config.host, self.config.metrics_port)
 

@@ -29,7 +29,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -54,6 +54,9 @@ from hamq.protocol.headers import (
     ReplicaInfoResponseHeader,
 )
 from hamq.remoting import Connection, Dispatcher, RemotingError, check_address, check_addresses
+
+if TYPE_CHECKING:
+    from hamq.controller.metrics import ControllerCollector
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +151,12 @@ class Controller:
         dispatcher.register_async(RequestCode.CONTROLLER_ELECT_MASTER, self.elect)
         dispatcher.register(RequestCode.CONTROLLER_GET_METADATA_INFO, self.metadata)
         dispatcher.register(RequestCode.CONTROLLER_GET_SYNC_STATE_DATA, self.sync_state_data)
+
+    def collector(self) -> ControllerCollector:
+        """This controller's metrics (a prometheus-client collector)."""
+        from hamq.controller.metrics import ControllerCollector  # (it imports this module)
+
+        return ControllerCollector(self)
 
     def connection_closed(self, conn: Connection) -> None:
         """Server close listener: brokers whose heartbeats came over ``conn`` are gone."""
