@@ -107,8 +107,12 @@ async def test_sync_master_waits_for_its_slave_and_says_when_there_is_none(tmp_p
             await wait_for(master.ha_service.in_sync)
             results = [await producer.send(Message("Sync", f"m{i}")) for i in range(50)]
             assert {r.status for r in results} == {SendStatus.SEND_OK}
-            # SEND_OK means the slave had it: nothing is missing there at that moment
-            assert slave.store.commitlog_max_offset >= (int(results[-1].offset_msg_id[16:], 16))
+            # SEND_OK means the slave had it, to its last byte: the master's log ends with
+            # the last message (nothing else was sent), and the slave's is no shorter
+            last_start = int(results[-1].offset_msg_id[16:], 16)
+            last_end = master.store.commitlog_max_offset
+            assert last_end > last_start
+            assert slave.store.commitlog_max_offset >= last_end
         async with PullConsumer("check", ns) as puller:
             kept = await puller.pull(alone.queue, alone.queue_offset, max_nums=1)
             assert kept.messages[0].body == b"no slave yet"
