@@ -1,6 +1,6 @@
 """Automatic failover: from kill -9 of the master to the first SEND_OK on the new one.
 
-A real cluster on 127.0.0.1 (tests/autoswitch_support.py: 3 nameservers embedding the
+A real cluster on 127.0.0.1 (tests/support/autoswitch.py: 3 nameservers embedding the
 controllers, Raft between them; one group of 3 controller-mode brokers with
 allAckInSyncStateSet; free ports; stores in a temporary directory removed at the end;
 every process killed by PID). Four producers in this process send without pause (send
@@ -32,11 +32,11 @@ from pathlib import Path
 import trio
 from support import median
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.autoswitch_support
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support.autoswitch
 
 from hamq.client import Message, Producer, SendStatus
 from hamq.client.errors import ClientError
-from tests.autoswitch_support import AutoswitchCluster, Server, autoswitch_cluster
+from tests.support.autoswitch import AutoswitchCluster, Server, autoswitch_cluster
 
 PRODUCERS = 4
 

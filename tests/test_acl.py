@@ -84,14 +84,14 @@ from hamq.protocol.message import parse_offset_msg_id
 from hamq.protocol.serialization import decode_json_header
 from hamq.remoting import Connection, Dispatcher, RemotingClient, RemotingConfig
 from hamq.remoting.address import ip_of
-from tests.broker_support import (
+from tests.support.brokers import (
     broker_config,
     running_broker,
     running_nameserver,
     send_request,
     wait_for,
 )
-from tests.processes import HAMQ, ROOT, copy_profile, free_ports, user_env
+from tests.support.processes import HAMQ, ROOT, copy_profile, free_ports, user_env
 from tests.test_cluster import READY_S, cluster_up
 
 BROKER = Credentials("hamq-broker", "broker-secret")

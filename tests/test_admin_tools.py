@@ -5,7 +5,7 @@ status per queue, and the ``--json`` form of every command.
 
 The wire formats are tested with bytes (fastjson's inline object keys, the C++
 clients' reset body); the broker's side of the requests in this process
-(tests/broker_support.py); every command as a real ``hamq`` process at 127.0.0.1
+(tests/support/brokers.py); every command as a real ``hamq`` process at 127.0.0.1
 against a SYNC_MASTER and its SLAVE (the shape of ``make run``) on ports free at run
 time, started once for the module. Every wait is bounded; every process is killed by
 PID at the end.
@@ -56,9 +56,9 @@ from hamq.protocol.bodies import (
 )
 from hamq.protocol.headers import GetConsumerStatusRequestHeader, ResetOffsetRequestHeader
 from hamq.remoting import RemotingClient
-from tests.broker_support import SMALL_STORE, broker_config, namesrv, running_broker
-from tests.ha_support import broker_addr, ha_status
-from tests.processes import HAMQ, free_ports, hamq_command, hamq_server, write_toml
+from tests.support.brokers import SMALL_STORE, broker_config, namesrv, running_broker
+from tests.support.ha import broker_addr, ha_status
+from tests.support.processes import HAMQ, free_ports, hamq_command, hamq_server, write_toml
 
 # ---------------------------------------------------------------- wire formats
 

@@ -4,7 +4,7 @@ with nameservers that embed controllers and brokers in controller mode.
 
 Everything runs on 127.0.0.1 with ports found free at run time, stores and Raft logs
 under tmp_path; every wait is bounded and every process is killed by PID at the end
-(tests/processes.py, tests/test_cluster.py's ``cluster_up``).
+(tests/support/processes.py, tests/test_cluster.py's ``cluster_up``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from cli.cluster import Kind, load_profile
 from cli.main import app
 from hamq.client import Message, Producer, SendStatus
 from hamq.client.admin import epochs_from_ha_status as _from_ha_status
-from tests.broker_support import SMALL_STORE
-from tests.processes import free_ports, hamq_command, hamq_server, write_toml
+from tests.support.brokers import SMALL_STORE
+from tests.support.processes import free_ports, hamq_command, hamq_server, write_toml
 from tests.test_cluster import alive, cluster_up, wait_gone
 
 GROUP = "broker-t"

@@ -1,6 +1,6 @@
 """The broker over the wire: sends, pulls, long polling, offsets, registration, refusals.
 
-Brokers run in this process on loopback (tests/broker_support.py); requests are raw
+Brokers run in this process on loopback (tests/support/brokers.py); requests are raw
 RemotingCommands as RocketMQ clients send them.
 """
 
@@ -47,7 +47,7 @@ from hamq.protocol.message import (
     parse_offset_msg_id,
 )
 from hamq.remoting import Connection, Dispatcher, RemotingClient
-from tests.broker_support import (
+from tests.support.brokers import (
     running_broker,
     running_nameserver,
     send_request,

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from tests.broker_support import small_store_toml
-from tests.processes import hamq_command, hamq_server, stop
+from tests.support.brokers import small_store_toml
+from tests.support.processes import hamq_command, hamq_server, stop
 
 pytestmark = pytest.mark.slow
 

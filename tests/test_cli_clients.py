@@ -28,10 +28,10 @@ import trio
 
 from hamq.client import AdminClient, ClientError, Message, Producer
 from hamq.client.route_cache import TimedOutAddresses
-from tests.autoswitch_support import autoswitch_cluster
-from tests.broker_support import topic_messages
-from tests.ha_support import ha_status
-from tests.processes import (
+from tests.support.autoswitch import autoswitch_cluster
+from tests.support.brokers import topic_messages
+from tests.support.ha import ha_status
+from tests.support.processes import (
     HAMQ_AS_RUN,
     ROOT,
     broker_process,

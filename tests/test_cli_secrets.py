@@ -18,7 +18,7 @@ import pytest
 from cli.main import run_command
 from hamq.acl import Credentials
 from hamq.broker import ConfigError, load_config
-from tests.processes import write_toml
+from tests.support.processes import write_toml
 
 SECRET = "broker-secret-from-a-file"
 HA_SECRET = "ha-secret-of-the-group-0123456789"

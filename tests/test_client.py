@@ -34,7 +34,7 @@ from hamq.client.blocking import Producer as BlockingProducer
 from hamq.client.blocking import PushConsumer as BlockingPushConsumer
 from hamq.protocol import ResponseCode
 from hamq.protocol.message import SYSFLAG_COMPRESSED
-from tests.broker_support import (
+from tests.support.brokers import (
     namesrv,
     running_broker,
     running_nameserver,

@@ -26,9 +26,9 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from hamq.client import Message, Producer, PullConsumer, SendStatus
-from tests.broker_support import SMALL_STORE
-from tests.processes import HAMQ, free_ports, hamq_command, write_toml
-from tests.tls_support import server_files
+from tests.support.brokers import SMALL_STORE
+from tests.support.processes import HAMQ, free_ports, hamq_command, write_toml
+from tests.support.tls import server_files
 
 READY_S = 30
 STOP_S = 30
@@ -414,7 +414,7 @@ async def test_a_tls_profile_comes_up_registered_and_tells_clients_the_ca(tmp_pa
     """conf/1m-1s-sync with TLS on every port: ``up`` asks the brokers' embedded
     nameservers over TLS (with the brokers' own TLS settings) whether they know both
     brokers, so it says ready without a warning, and names the CA clients need."""
-    from tests.processes import copy_profile
+    from tests.support.processes import copy_profile
 
     pki = server_files(tmp_path)
     ca_file, cert, key = pki.ca, pki.cert, pki.key

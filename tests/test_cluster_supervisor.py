@@ -22,7 +22,7 @@ import trio
 
 from cli.cluster import RESTART_GIVE_UP, open_log, restart_delay, spawn
 from hamq.client import Message, Producer, SendStatus
-from tests.processes import free_ports
+from tests.support.processes import free_ports
 from tests.test_cluster import (
     READY_S,
     STOP_S,

@@ -27,7 +27,7 @@ from hamq.protocol.headers import (
     ReplicaInfoResponseHeader,
 )
 from hamq.remoting import RemotingClient
-from tests.processes import free_ports
+from tests.support.processes import free_ports
 
 
 def live(broker_id: int, heard: float, connection: object = None) -> LiveBroker:

@@ -14,7 +14,7 @@ import pytest
 
 from hamq.client import PullStatus
 from hamq.client.blocking import PullConsumer
-from tests.processes import HAMQ, broker_process
+from tests.support.processes import HAMQ, broker_process
 
 ROOT = Path(__file__).resolve().parent.parent
 

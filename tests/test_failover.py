@@ -21,9 +21,9 @@ import trio
 
 from hamq.client import Message, Producer, SendStatus
 from hamq.client.errors import ClientError
-from tests.autoswitch_support import AutoswitchCluster, autoswitch_cluster
-from tests.broker_support import topic_messages
-from tests.ha_support import ha_status, log_prefix
+from tests.support.autoswitch import AutoswitchCluster, autoswitch_cluster
+from tests.support.brokers import topic_messages
+from tests.support.ha import ha_status, log_prefix
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """Fuzzing every decoder that reads a peer's or a disk's bytes (issue 14's acceptance).
 
 A mutation fuzzer with a fixed seed (the same inputs on every run, in a few seconds):
-for each decoder, a corpus of valid encodings (drawn by ``tests.strategies.sample``)
+for each decoder, a corpus of valid encodings (drawn by ``tests.support.strategies.sample``)
 that must round-trip, and from each of them mutated copies — bits flipped, bytes set,
 ranges cut, doubled or spliced from another input, lengths and int32 fields set to
 edge values, inputs cut short — plus hand-made hostile ones (deep nesting, huge
@@ -80,8 +80,8 @@ from hamq.protocol.message import (
     read_summary,
 )
 from hamq.protocol.serialization import decode_command, encode_header_bytes
-from tests.broker_support import running_broker, send_request
-from tests.strategies import EDGE_INTS, as_rocketmq_delivers, sample, sample_int, sample_text
+from tests.support.brokers import running_broker, send_request
+from tests.support.strategies import EDGE_INTS, as_rocketmq_delivers, sample, sample_int, sample_text
 
 SEED = 14
 #: mutated inputs made from each valid one

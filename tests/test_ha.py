@@ -28,7 +28,7 @@ from hamq.remoting import RemotingClient, RemotingServer
 from hamq.remoting.connection import Connection
 from hamq.remoting.dispatch import Dispatcher
 from hamq.store import MessageStore
-from tests.broker_support import running_broker, running_nameserver, wait_for
+from tests.support.brokers import running_broker, running_nameserver, wait_for
 
 pytestmark = pytest.mark.slow
 

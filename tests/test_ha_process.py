@@ -17,8 +17,8 @@ import trio
 
 from hamq.client import Message, Producer, PullConsumer, SendError, SendResult, SendStatus
 from hamq.remoting import RemotingError
-from tests.ha_support import broker_group, ha_status, log_prefix
-from tests.processes import hamq_command
+from tests.support.ha import broker_group, ha_status, log_prefix
+from tests.support.processes import hamq_command
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
 """Replication that cannot be faked (issue 14, item 2).
 
-A fake slave (tests/ha_support.py's FakeSlave: plain sockets, struct and hmac) tries
+A fake slave (tests/support/ha.py's FakeSlave: plain sockets, struct and hmac) tries
 each trick on a master in this process: (a) over-reporting its offset so that a
 SYNC_MASTER answers SEND_OK for what no replica has, (b) streaming the CommitLog as a
 stranger, (c) a wrong secret or an unknown broker id, (d) a stranger's ack raising the
@@ -50,9 +50,9 @@ from hamq.protocol.headers import (
 )
 from hamq.remoting import RemotingClient
 from hamq.remoting.address import ip_of
-from tests.broker_support import namesrv, running_broker, running_nameserver, wait_for
-from tests.ha_support import FakeSlave
-from tests.processes import free_ports
+from tests.support.brokers import namesrv, running_broker, running_nameserver, wait_for
+from tests.support.ha import FakeSlave
+from tests.support.processes import free_ports
 
 SECRET = "a-long-random-secret-of-group-a"
 GROUP = "broker-a"

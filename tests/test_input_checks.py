@@ -43,7 +43,7 @@ from hamq.protocol.bodies import ConsumerData, HeartbeatData, SubscriptionData, 
 from hamq.protocol.headers import PULL_FLAG_SUBSCRIPTION, PullMessageRequestHeader
 from hamq.protocol.message import PROPERTY_RETRY_TOPIC, parse_tags
 from hamq.remoting import RemotingClient
-from tests.broker_support import (
+from tests.support.brokers import (
     SMALL_STORE,
     broker_config,
     running_broker,
@@ -51,7 +51,7 @@ from tests.broker_support import (
     small_store_toml,
     wait_for,
 )
-from tests.processes import hamq_command, hamq_server, write_toml
+from tests.support.processes import hamq_command, hamq_server, write_toml
 
 pytestmark = pytest.mark.slow
 

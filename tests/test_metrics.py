@@ -18,8 +18,8 @@ from hamq.controller import Controller, ControllerConfig, ControllerServer
 from hamq.metrics import MetricsServer, Snapshot, new_registry
 from hamq.metrics.server import MAX_CONNECTIONS, BadRequest, parse_request
 from nameserver import NameServer, NameServerConfig
-from tests.broker_support import namesrv, running_broker
-from tests.processes import ROOT, copy_profile, free_ports, hamq_command
+from tests.support.brokers import namesrv, running_broker
+from tests.support.processes import ROOT, copy_profile, free_ports, hamq_command
 from tests.test_cluster import READY_S, cluster_up
 
 

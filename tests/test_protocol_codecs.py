@@ -23,7 +23,7 @@ from hamq.protocol.serialization import (
     encode_msgpack_header,
     encode_rocketmq_header,
 )
-from tests.strategies import as_rocketmq_delivers, commands
+from tests.support.strategies import as_rocketmq_delivers, commands
 
 # A SEND_MESSAGE header as the C++ client 1.2.x sent it (shared/PROTOCOL.md §9): keys
 # sorted, ext values a mix of strings and numbers, a trailing newline in the header.

@@ -18,7 +18,7 @@ from hamq.protocol import (
     SerializeType,
     encode_frame,
 )
-from tests.strategies import as_rocketmq_delivers, commands
+from tests.support.strategies import as_rocketmq_delivers, commands
 
 
 def frame_of(serialize_type: int, header: bytes, body: bytes = b"") -> bytes:

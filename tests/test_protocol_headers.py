@@ -32,7 +32,7 @@ from hamq.protocol.headers import (
     send_v2_fields,
     to_v2_fields,
 )
-from tests.strategies import headers
+from tests.support.strategies import headers
 
 
 @pytest.mark.parametrize("cls", ALL_HEADERS, ids=lambda c: c.__name__)

@@ -33,7 +33,7 @@ from hamq.protocol.message import (
     read_record,
     tags_code,
 )
-from tests.strategies import TEXT
+from tests.support.strategies import TEXT
 
 UNIQ = "0100007F0000EC70000037513A6F0100"
 PROPERTIES = (

@@ -18,7 +18,7 @@ import trio
 
 from hamq.controller import ControllerConfig
 from hamq.controller.raft import RaftSecretMissing, RaftState
-from tests.processes import free_ports, hamq_command
+from tests.support.processes import free_ports, hamq_command
 
 
 class _Payload:

@@ -23,7 +23,7 @@ import pytest
 import trio
 
 from hamq.client import NoRouteError, PullConsumer
-from tests.processes import HAMQ, copy_profile
+from tests.support.processes import HAMQ, copy_profile
 from tests.test_autoswitch_cli import sync_state
 from tests.test_cluster import READY_S, STOP_S, cluster_up
 

@@ -7,7 +7,7 @@ shell, as a reader would type it:
 
 Two things differ from a reader's machine, neither in the lines themselves: ``hamq`` is
 this checkout's (a script on PATH), and the profile's ports are moved to free ones
-(tests/processes.py copy_profile, into tmp_path: ``--profile acl`` names that copy,
+(tests/support/processes.py copy_profile, into tmp_path: ``--profile acl`` names that copy,
 the one word replaced) with HAMQ_NAMESRV naming its nameservers, which the CLI's
 default names at the shipped ports.
 """
@@ -28,7 +28,7 @@ import attrs
 import pytest
 import trio
 
-from tests.processes import ROOT, copy_profile, kill_and_reap, user_env
+from tests.support.processes import ROOT, copy_profile, kill_and_reap, user_env
 from tests.test_cluster import child_pids
 
 README = ROOT / "README.md"

@@ -30,8 +30,8 @@ from hamq.remoting import (
     RemotingServer,
 )
 from hamq.remoting.ratelimit import MAX_LINE_CHARS, RateLimitedLog
-from tests.broker_support import running_broker, wait_for
-from tests.processes import running
+from tests.support.brokers import running_broker, wait_for
+from tests.support.processes import running
 from tests.test_acl import BROKER, acl_text, write_acl
 from tests.test_metrics import documented, scrape, value
 

@@ -10,7 +10,7 @@ import trio.testing
 
 from hamq.protocol import RemotingCommand
 from hamq.remoting import RemotingClient, RemotingConnectionClosed
-from tests.processes import running
+from tests.support.processes import running
 
 HOLD = 5
 

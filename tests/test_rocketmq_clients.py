@@ -2,7 +2,7 @@
 
 The client is the PyPI package ``rocketmq`` 0.4.4: Python bindings over RocketMQ's C++
 client 1.2.x (librocketmq.so ships in the wheel). It runs in its own processes
-(tests/rocketmq_driver.py), so its threads, its logs (under a temporary HOME) and any
+(tests/support/rocketmq_driver.py), so its threads, its logs (under a temporary HOME) and any
 crash stay out of pytest. The checks are what a RocketMQ user would check: results of
 sends, what consumers receive, offsets, retries — not bytes.
 """
@@ -26,16 +26,16 @@ import trio
 
 from hamq.client import ConsumeResult, Message, MessageExt, Producer, PullConsumer, PushConsumer
 from hamq.protocol.message import SYSFLAG_COMPRESSED
-from tests.broker_support import wait_for
-from tests.ha_support import broker_group
-from tests.processes import broker_process
+from tests.support.brokers import wait_for
+from tests.support.ha import broker_group
+from tests.support.processes import broker_process
 
 if platform.system() != "Linux" or platform.machine() != "x86_64":  # the wheel's only build
     pytest.skip("rocketmq 0.4.4 ships for Linux x86_64 only", allow_module_level=True)
 
 pytestmark = pytest.mark.slow
 
-DRIVER = Path(__file__).resolve().parent / "rocketmq_driver.py"
+DRIVER = Path(__file__).resolve().parent / "support" / "rocketmq_driver.py"
 #: retries come back after 1 s instead of 10 s
 FAST_RETRIES = 'message_delay_level = "' + " ".join(["1s"] * 18) + '"'
 
@@ -56,7 +56,7 @@ def namesrv(broker: tuple[str, str]) -> str:
 def rocketmq(
     tmp_path: Path, command: str, namesrv: str, *args: str, timeout_s: float = 90
 ) -> list[dict[str, Any]]:
-    """Run the official client (tests/rocketmq_driver.py); its JSON lines, checked done."""
+    """Run the official client (tests/support/rocketmq_driver.py); its JSON lines, checked done."""
     home = tmp_path / "rocketmq-home"  # the C++ client logs to $HOME/logs/rocketmq-cpp
     home.mkdir(exist_ok=True)
     result = subprocess.run(

@@ -24,9 +24,9 @@ from hamq.remoting import RemotingConfig
 from hamq.remoting.tls import TlsConfig
 from hamq.spark.options import parse_write_options
 from hamq.spark.writing import write_batches
-from tests.ha_support import broker_group
-from tests.processes import broker_process, stop
-from tests.tls_support import server_files
+from tests.support.ha import broker_group
+from tests.support.processes import broker_process, stop
+from tests.support.tls import server_files
 
 pytestmark = pytest.mark.slow
 

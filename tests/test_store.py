@@ -24,7 +24,7 @@ from hamq.store import (
 )
 from hamq.store.message_store import StoreLockedError
 from hamq.store.segment import Segment, StoreError
-from tests.store_support import SEGMENT, message, open_store, small_config, virtual_clock
+from tests.support.store import SEGMENT, message, open_store, small_config, virtual_clock
 
 
 async def put_many(store: MessageStore, count: int, **kwargs: object) -> list[int]:

@@ -13,7 +13,7 @@ import trio
 
 from hamq.protocol.message import decode_messages
 from hamq.store import FlushDiskType, GetMessageStatus
-from tests.store_support import open_store, small_config
+from tests.support.store import open_store, small_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,7 +21,7 @@ WRITER = """
 import sys, trio
 from hamq.store import FlushDiskType, MessageStore, MessageToStore
 sys.path.insert(0, sys.argv[3])
-from tests.store_support import small_config
+from tests.support.store import small_config
 
 async def main():
     config = small_config(sys.argv[1], flush_disk_type=FlushDiskType(sys.argv[2]))

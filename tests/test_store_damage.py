@@ -28,8 +28,8 @@ from hamq.store import BrokerRole, GetMessageStatus, MessageStore, PutMessageSta
 from hamq.store.checkpoint import MetadataFileError
 from hamq.store.consume_queue import ENTRY_SIZE
 from hamq.store.segment import StoreError
-from tests.broker_support import namesrv, running_broker
-from tests.store_support import SEGMENT, message, open_store, small_config
+from tests.support.brokers import namesrv, running_broker
+from tests.support.store import SEGMENT, message, open_store, small_config
 
 # ---------------------------------------------------------------- helpers
 

@@ -26,7 +26,7 @@ from hamq.store.commitlog import CommitLog
 from hamq.store.consume_queue import ENTRY_SIZE, MAX_CHECKED_RANGES, CheckedRanges
 from hamq.store.index import IndexService
 from hamq.store.segment import Segment, StoreError, fsync_directory
-from tests.store_support import SEGMENT, message, open_store, small_config, virtual_clock
+from tests.support.store import SEGMENT, message, open_store, small_config, virtual_clock
 
 
 async def put_n(store: MessageStore, count: int, **properties: str) -> None:

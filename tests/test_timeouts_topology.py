@@ -30,9 +30,9 @@ from hamq.protocol.send_timing import (
     send_wait_too_short,
 )
 from hamq.store import StoreConfig
-from tests.broker_support import running_broker, topic_messages
-from tests.ha_support import broker_group, ha_status
-from tests.processes import copy_profile
+from tests.support.brokers import running_broker, topic_messages
+from tests.support.ha import broker_group, ha_status
+from tests.support.processes import copy_profile
 from tests.test_cluster import READY_S, cluster_up
 
 # ---------------------------------------------------------------- timeouts

@@ -21,8 +21,8 @@ from hamq.client import Message, Producer, PullConsumer, PullStatus, SendStatus
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
 from hamq.remoting import RemotingClient, RemotingConfig, RemotingError
 from hamq.remoting.tls import TlsConfig, TlsConfigError
-from tests.broker_support import running_broker, running_nameserver, wait_for
-from tests.processes import hamq_command
+from tests.support.brokers import running_broker, running_nameserver, wait_for
+from tests.support.processes import hamq_command
 from tests.test_metrics import scrape, value
 
 

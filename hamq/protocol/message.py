@@ -320,6 +320,10 @@ class MessageIdGenerator:
 
 # ---------------------------------------------------------------- the record
 
+#: the fixed start of every CommitLog record (PROTOCOL.md §3.1), 40 bytes: TOTALSIZE
+#: MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG
+RECORD_HEAD = struct.Struct(">iiiiiqqi")
+
 # TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG BORNTIMESTAMP
 _HEAD = struct.Struct(">iiiiiqqiq")  # 48 bytes
 _I32 = struct.Struct(">i")

@@ -1,7 +1,7 @@
 """Drives RocketMQ's official client (PyPI ``rocketmq`` 0.4.4: the C++ core) for tests.
 
 Run as a separate process so that the C++ library's threads, logs and any crash stay
-out of pytest: ``python tests/rocketmq_driver.py <command> --namesrv host:port ...``.
+out of pytest: ``python tests/support/rocketmq_driver.py <command> --namesrv host:port ...``.
 Every result is one JSON object per line on stdout; the last line is
 ``{"done": ...}``. Bodies travel as latin-1 text so that any byte survives.
 ``--access-key`` / ``--secret-key``: the client signs with these session credentials

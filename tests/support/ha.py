@@ -17,8 +17,8 @@ import trio
 
 from hamq.protocol import RemotingCommand, RequestCode
 from hamq.remoting import RemotingClient
-from tests.broker_support import SMALL_STORE
-from tests.processes import hamq_server, write_toml
+from tests.support.brokers import SMALL_STORE
+from tests.support.processes import hamq_server, write_toml
 
 
 async def ha_status(addr: str) -> dict[str, Any]:

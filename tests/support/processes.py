@@ -99,7 +99,7 @@ def broker_process(
     keys, and ``store_toml``, [store] keys) and its embedded nameserver, both on free
     ports, for a whole test module.
     Yields (broker address, nameserver address); killed by PID at the end."""
-    from tests.broker_support import SMALL_STORE
+    from tests.support.brokers import SMALL_STORE
 
     config = store_dir / "broker.toml"
     store = "".join(f"{k} = {v}\n" for k, v in SMALL_STORE.items())
@@ -176,7 +176,7 @@ def free_ports(count: int) -> list[int]:
 
 #: ``hamq`` at its default log level, as a user runs it (HAMQ asks for warnings only)
 HAMQ_AS_RUN = [sys.executable, "-m", "cli.main"]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def user_env() -> dict[str, str]:

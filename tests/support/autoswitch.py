@@ -24,8 +24,8 @@ import trio
 
 from hamq.protocol import RemotingCommand, RequestCode
 from hamq.remoting import RemotingClient, RemotingError
-from tests.broker_support import SMALL_STORE
-from tests.processes import HAMQ, free_ports, write_toml
+from tests.support.brokers import SMALL_STORE
+from tests.support.processes import HAMQ, free_ports, write_toml
 
 READY_S = 30
 #: the logs say what happened (elections, role changes, truncations)
