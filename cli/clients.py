@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import attrs
@@ -116,6 +117,194 @@ class _Tally:
         )
 
 
+#: produce's message body when BODY is not given
+DEFAULT_BODY = "hello from hamq #{i}"
+
+
+@attrs.frozen
+class _Messages:
+    """What produce sends: COUNT messages numbered 0 to COUNT - 1 ('{i}' in the body and
+    the keys becomes the number), in requests of BATCH consecutive messages."""
+
+    topic: str
+    text: str
+    tags: str | None
+    keys: str | None
+    delay_level: int
+    count: int
+    batch: int
+
+    def message(self, i: int) -> Message:
+        return Message(
+            self.topic,
+            self.text.replace("{i}", str(i)),
+            tags=self.tags,
+            keys=self.keys.replace("{i}", str(i)) if self.keys else None,
+            delay_level=self.delay_level,
+        )
+
+    @property
+    def requests(self) -> range:
+        """Each request's first message."""
+        return range(0, self.count, self.batch)
+
+    def numbers(self, first: int) -> range:
+        """The messages of the request that starts at ``first``."""
+        return range(first, min(first + self.batch, self.count))
+
+    def of_request(self, first: int) -> list[Message]:
+        return [self.message(i) for i in self.numbers(first)]
+
+    def request_name(self, first: int) -> str:
+        """The request that starts at ``first``, as an error line names it."""
+        if self.batch > 1:
+            return f"the batch of messages #{first}-#{self.numbers(first)[-1]}"
+        return f"message #{first}"
+
+
+def _checked_producer(
+    messages: _Messages,
+    group: str,
+    namesrv: str,
+    send_timeout_s: float,
+    attempt_timeout_s: float,
+) -> Producer:
+    """The producer for ``messages``, once they are known to be valid: bad input ends the
+    command here (exit code 2), before anything is sent."""
+    if messages.batch > 1 and messages.delay_level > 0:
+        raise fail("--batch cannot be used with --delay-level (a batch has no delay level)", 2)
+    try:
+        check_topic(messages.topic)
+        # '{i}' grows with i: the last message is the longest, the last two requests
+        # hold the largest batch
+        for i in (0, messages.count - 1):
+            check_message(messages.message(i), DEFAULT_MAX_MESSAGE_SIZE)
+        producer = Producer(
+            group,
+            namesrv,
+            send_timeout_s=send_timeout_s,
+            send_attempt_timeout_s=min(attempt_timeout_s, send_timeout_s),
+            **client_options(),
+        )
+    except InvalidArgumentError as exc:
+        raise fail(str(exc), 2) from None
+    try:
+        for first in messages.requests[-2:] if messages.batch > 1 else ():
+            producer.check_batch(messages.of_request(first))
+    except InvalidArgumentError as exc:
+        raise fail(f"--batch {messages.batch}: {exc}", 2) from None
+    return producer
+
+
+@attrs.define
+class _Sending:
+    """produce's run: ``concurrency`` senders share one producer and take the requests
+    in turn, each request once. The first request given up on (``failure``) stops new
+    ones; those under way end. The summary line is printed however the run ends."""
+
+    producer: Producer
+    messages: _Messages
+    send_timeout_s: float
+    tally: _Tally
+    meter: LiveCount
+    failure: str | None = None
+
+    async def main(self, concurrency: int) -> None:
+        async with self.producer:
+            # the route first: a nameserver that is not there ends the command here
+            await self.producer.queues(self.messages.topic)
+            requests = self.messages.requests
+            next_request = iter(requests)  # shared by the senders: each request goes once
+            started = time.perf_counter()
+            try:
+                with self.meter:
+                    async with trio.open_nursery() as nursery:
+                        for _ in range(min(concurrency, len(requests))):
+                            nursery.start_soon(self._sender, next_request)
+            finally:
+                self.tally.elapsed_s = time.perf_counter() - started
+                typer.echo(self.tally.summary(self.messages.topic))
+            if self.failure is not None:
+                raise CommandError(self.failure)
+
+    async def _sender(self, next_request: Iterator[int]) -> None:
+        for first in next_request:
+            if self.failure is not None:
+                return
+            numbers = self.messages.numbers(first)
+            try:
+                result = await self._send(first)
+            except SendError as exc:
+                if self.failure is None:
+                    self.failure = self._gave_up(first, exc)
+                return
+            self.tally.add(result, len(numbers))
+            self.meter.add(len(numbers))
+            if self.messages.count <= ECHO_EACH_UP_TO:
+                _echo_sent(self.meter, result, numbers)
+
+    async def _send(self, first: int) -> SendResult:
+        if self.messages.batch == 1:
+            return await self.producer.send(self.messages.message(first))
+        return await self.producer.send_batch(self.messages.of_request(first))
+
+    def _gave_up(self, first: int, exc: SendError) -> str:
+        last = f"; the last: {exc.attempts[-1]}" if exc.attempts else ""
+        return (
+            f"gave up on {self.messages.request_name(first)}: not sent within "
+            f"{self.send_timeout_s:g}s ({len(exc.attempts)} attempt(s){last})"
+        )
+
+
+#: produce's longer options, named here to keep its signature short (typer reads them
+#: from it as if written there)
+DelayLevelOption = Annotated[
+    int,
+    typer.Option(
+        "--delay-level",
+        min=0,
+        max=MAX_DELAY_LEVEL,
+        help=f"Deliver later: 1=1s 2=5s 3=10s ... {MAX_DELAY_LEVEL}=2h (0: at once).",
+    ),
+]
+SendTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        "--send-timeout",
+        min=0.1,
+        help="Seconds one message (or batch) may take, retries and a master failover included.",
+    ),
+]
+AttemptTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        "--attempt-timeout",
+        min=0.1,
+        help="Seconds one try may wait for a broker before the next try (default "
+        f"{ATTEMPT_TIMEOUT_S:g}): keep it above the brokers' sync_flush_timeout_s and "
+        "[ha] sync_timeout_s.",
+    ),
+]
+ConcurrencyOption = Annotated[
+    int,
+    typer.Option(
+        "--concurrency",
+        min=1,
+        max=MAX_CONCURRENCY,
+        help="How many requests are under way at once (COUNT stays the total).",
+    ),
+]
+BatchOption = Annotated[
+    int,
+    typer.Option(
+        "--batch",
+        min=1,
+        max=MAX_BATCH,
+        help="Messages per request, sent as one batch to one queue (1: no batching).",
+    ),
+]
+
+
 def produce(
     topic: Annotated[str, typer.Option("--topic", "-t", help="Topic to send to.")],
     body: Annotated[
@@ -127,140 +316,31 @@ def produce(
     keys: Annotated[
         str | None, typer.Option("--keys", help="Space-separated keys ('{i}' numbered).")
     ] = None,
-    delay_level: Annotated[
-        int,
-        typer.Option(
-            "--delay-level",
-            min=0,
-            max=MAX_DELAY_LEVEL,
-            help=f"Deliver later: 1=1s 2=5s 3=10s ... {MAX_DELAY_LEVEL}=2h (0: at once).",
-        ),
-    ] = 0,
+    delay_level: DelayLevelOption = 0,
     group: Annotated[str, typer.Option("--group", "-g", help="Producer group.")] = "hamq-cli",
-    send_timeout_s: Annotated[
-        float,
-        typer.Option(
-            "--send-timeout",
-            min=0.1,
-            help="Seconds one message (or batch) may take, retries and a master failover included.",
-        ),
-    ] = SEND_TIMEOUT_S,
-    attempt_timeout_s: Annotated[
-        float,
-        typer.Option(
-            "--attempt-timeout",
-            min=0.1,
-            help="Seconds one try may wait for a broker before the next try (default "
-            f"{ATTEMPT_TIMEOUT_S:g}): keep it above the brokers' sync_flush_timeout_s and "
-            "[ha] sync_timeout_s.",
-        ),
-    ] = ATTEMPT_TIMEOUT_S,
-    concurrency: Annotated[
-        int,
-        typer.Option(
-            "--concurrency",
-            min=1,
-            max=MAX_CONCURRENCY,
-            help="How many requests are under way at once (COUNT stays the total).",
-        ),
-    ] = 1,
-    batch: Annotated[
-        int,
-        typer.Option(
-            "--batch",
-            min=1,
-            max=MAX_BATCH,
-            help="Messages per request, sent as one batch to one queue (1: no batching).",
-        ),
-    ] = 1,
+    send_timeout_s: SendTimeoutOption = SEND_TIMEOUT_S,
+    attempt_timeout_s: AttemptTimeoutOption = ATTEMPT_TIMEOUT_S,
+    concurrency: ConcurrencyOption = 1,
+    batch: BatchOption = 1,
     namesrv: NamesrvOption = DEFAULT_NAMESRV,
 ) -> None:
     """Send COUNT messages to TOPIC and report where they went (Ctrl-C stops; the
     summary says how many were sent)."""
-    text = body if body is not None else "hello from hamq #{i}"
-
-    def message(i: int) -> Message:
-        return Message(
-            topic,
-            text.replace("{i}", str(i)),
-            tags=tags,
-            keys=keys.replace("{i}", str(i)) if keys else None,
-            delay_level=delay_level,
-        )
-
-    requests = range(0, count, batch)  # the first message of each
-    if batch > 1 and delay_level > 0:
-        raise fail("--batch cannot be used with --delay-level (a batch has no delay level)", 2)
-    try:
-        check_topic(topic)
-        # '{i}' grows with i: the last message is the longest, the last two requests
-        # hold the largest batch
-        for i in (0, count - 1):
-            check_message(message(i), DEFAULT_MAX_MESSAGE_SIZE)
-        producer = Producer(
-            group,
-            namesrv,
-            send_timeout_s=send_timeout_s,
-            send_attempt_timeout_s=min(attempt_timeout_s, send_timeout_s),
-            **client_options(),
-        )
-    except InvalidArgumentError as exc:
-        raise fail(str(exc), 2) from None
-    try:
-        for first in requests[-2:] if batch > 1 else ():
-            producer.check_batch([message(i) for i in range(first, min(first + batch, count))])
-    except InvalidArgumentError as exc:
-        raise fail(f"--batch {batch}: {exc}", 2) from None
+    messages = _Messages(
+        topic,
+        body if body is not None else DEFAULT_BODY,
+        tags,
+        keys,
+        delay_level,
+        count,
+        batch,
+    )
+    producer = _checked_producer(messages, group, namesrv, send_timeout_s, attempt_timeout_s)
     tally = _Tally(count)
-    meter = LiveCount(f"produce {topic}", total=count)
-
-    async def main() -> None:
-        async with producer:
-            # the route first: a nameserver that is not there ends the command here
-            await producer.queues(topic)
-            failure: str | None = None
-            next_request = iter(requests)  # shared by the senders: each request goes once
-
-            async def sender() -> None:
-                nonlocal failure
-                for first in next_request:
-                    if failure is not None:
-                        return
-                    numbers = range(first, min(first + batch, count))
-                    try:
-                        if batch == 1:
-                            result = await producer.send(message(first))
-                        else:
-                            result = await producer.send_batch([message(i) for i in numbers])
-                    except SendError as exc:
-                        if failure is None:
-                            what = f"message #{first}"
-                            if batch > 1:
-                                what = f"the batch of messages #{first}-#{numbers[-1]}"
-                            last = f"; the last: {exc.attempts[-1]}" if exc.attempts else ""
-                            failure = (
-                                f"gave up on {what}: not sent within {send_timeout_s:g}s "
-                                f"({len(exc.attempts)} attempt(s){last})"
-                            )
-                        return
-                    tally.add(result, len(numbers))
-                    meter.add(len(numbers))
-                    if count <= ECHO_EACH_UP_TO:
-                        _echo_sent(meter, result, numbers)
-
-            started = time.perf_counter()
-            try:
-                with meter:
-                    async with trio.open_nursery() as nursery:
-                        for _ in range(min(concurrency, len(requests))):
-                            nursery.start_soon(sender)
-            finally:
-                tally.elapsed_s = time.perf_counter() - started
-                typer.echo(tally.summary(topic))
-            if failure is not None:
-                raise CommandError(failure)
-
-    run(main, interruptible=True)
+    sending = _Sending(
+        producer, messages, send_timeout_s, tally, LiveCount(f"produce {topic}", total=count)
+    )
+    run(sending.main, concurrency, interruptible=True)
     if tally.acknowledged < count:
         raise fail(
             f"{count - tally.acknowledged} of {count} message(s) stored short of "
@@ -293,6 +373,30 @@ def consume(
 ) -> None:
     """Consume TOPIC as a member of GROUP, printing each message (Ctrl-C stops;
     offsets of the printed messages are committed)."""
+    consumer = _subscribed_consumer(topic, group, expression, start, namesrv)
+    consuming = _Consuming(
+        consumer,
+        topic=topic,
+        expression=expression,
+        group=group,
+        namesrv=namesrv,
+        quiet=quiet,
+        count=count,
+        idle_exit_s=idle_exit_s,
+        meter=LiveCount(f"consume {topic}", total=count),
+    )
+    run(consuming.main, watch_stdout=True)
+    typer.echo(
+        f"consumed {consuming.printed} message(s) from {topic} as {group} in "
+        f"{consuming.meter.elapsed_s:.2f}s ({consuming.meter.rate():,.0f} msgs/s)",
+        err=True,
+    )
+
+
+def _subscribed_consumer(
+    topic: str, group: str, expression: str, start: str, namesrv: str
+) -> PushConsumer:
+    """consume's consumer, subscribed: bad input ends the command here (exit code 2)."""
     try:
         consume_from = ConsumeFrom[f"{start.upper()}_OFFSET"]
     except KeyError:
@@ -305,69 +409,84 @@ def consume(
         consumer.subscribe(topic, expression)
     except InvalidArgumentError as exc:
         raise fail(str(exc), 2) from None
+    return consumer
 
-    printed = 0
-    stdout_closed = False
-    meter = LiveCount(f"consume {topic}", total=count)
 
-    async def main() -> None:
-        nonlocal stdout_closed
-        if not await _topic_known(namesrv, topic, client_options()):
-            typer.echo(f"topic {topic} does not exist (yet); waiting for it", err=True)
-        done = trio.Event()
-        last_activity = trio.current_time()
+@attrs.define(kw_only=True)
+class _Consuming:
+    """consume's run: the consumer's handler prints each message and counts it, until
+    ``count`` were printed (``done``), stdout's reader left, or ``idle_exit_s`` passed
+    with nothing to handle."""
 
-        async def handle(messages: list[MessageExt]) -> None:
-            # A message is printed, then handled (its offset may be committed), or it
-            # waits here until the consumer stops: past --count, or with stdout gone,
-            # it is neither printed nor committed (the group's next run gets it).
-            nonlocal printed, last_activity, stdout_closed
-            for message in messages:
-                if done.is_set():
-                    await trio.sleep_forever()
-                if not quiet:
-                    body = message.body.decode(errors="replace")
-                    try:
-                        meter.echo(
-                            f"{message.topic} q{message.queue_id} #{message.queue_offset} "
-                            f"tags={message.tags or '-'} id={message.msg_id} {body}"
-                        )
-                    except BrokenPipeError:
-                        stdout_closed = True
-                        done.set()
-                        await trio.sleep_forever()
-                printed += 1
-                meter.add()
-                if count is not None and printed >= count:
-                    done.set()
-            last_activity = trio.current_time()
+    consumer: PushConsumer = attrs.field(kw_only=False)
+    topic: str
+    expression: str
+    group: str
+    namesrv: str
+    quiet: bool
+    count: int | None
+    idle_exit_s: float | None
+    meter: LiveCount
+    printed: int = 0
+    stdout_closed: bool = False
+    done: trio.Event = attrs.field(factory=trio.Event)
+    last_activity: float = 0.0
 
-        with meter:
-            async with consumer.consuming(handle):
+    async def main(self) -> None:
+        if not await _topic_known(self.namesrv, self.topic, client_options()):
+            typer.echo(f"topic {self.topic} does not exist (yet); waiting for it", err=True)
+        self.last_activity = trio.current_time()
+        with self.meter:
+            async with self.consumer.consuming(self.handle):
                 log.info(
                     "consuming %s (%s) as %s; queues: %s",
-                    topic,
-                    expression,
-                    group,
-                    ", ".join(str(q) for q in consumer.assigned),
+                    self.topic,
+                    self.expression,
+                    self.group,
+                    ", ".join(str(q) for q in self.consumer.assigned),
                 )
-                if idle_exit_s is None:
-                    await done.wait()
-                while idle_exit_s is not None and not done.is_set():
-                    remaining = last_activity + idle_exit_s - trio.current_time()
-                    if remaining <= 0:
-                        break
-                    with trio.move_on_after(remaining):
-                        await done.wait()
-        if stdout_closed:
+                await self._until_done()
+        if self.stdout_closed:
             raise BrokenPipeError("stdout was closed")
 
-    run(main, watch_stdout=True)
-    typer.echo(
-        f"consumed {printed} message(s) from {topic} as {group} in {meter.elapsed_s:.2f}s "
-        f"({meter.rate():,.0f} msgs/s)",
-        err=True,
-    )
+    async def _until_done(self) -> None:
+        if self.idle_exit_s is None:
+            await self.done.wait()
+            return
+        while not self.done.is_set():
+            remaining = self.last_activity + self.idle_exit_s - trio.current_time()
+            if remaining <= 0:
+                return
+            with trio.move_on_after(remaining):
+                await self.done.wait()
+
+    async def handle(self, messages: list[MessageExt]) -> None:
+        """A message is printed, then handled (its offset may be committed), or it
+        waits here until the consumer stops: past --count, or with stdout gone, it is
+        neither printed nor committed (the group's next run gets it)."""
+        for message in messages:
+            if self.done.is_set():
+                await trio.sleep_forever()
+            if not self.quiet:
+                await self._print(message)
+            self.printed += 1
+            self.meter.add()
+            if self.count is not None and self.printed >= self.count:
+                self.done.set()
+        self.last_activity = trio.current_time()
+
+    async def _print(self, message: MessageExt) -> None:
+        """One line for ``message``; with stdout closed, the run ends and this waits."""
+        body = message.body.decode(errors="replace")
+        try:
+            self.meter.echo(
+                f"{message.topic} q{message.queue_id} #{message.queue_offset} "
+                f"tags={message.tags or '-'} id={message.msg_id} {body}"
+            )
+        except BrokenPipeError:
+            self.stdout_closed = True
+            self.done.set()
+            await trio.sleep_forever()
 
 
 def _echo_sent(meter: LiveCount, result: SendResult, numbers: range) -> None:

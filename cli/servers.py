@@ -10,6 +10,7 @@ holder's PID (exit code 2).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -228,19 +229,37 @@ def broker(
         "store.store_dir": str(store_dir) if store_dir is not None else None,
         "store.flush_disk_type": flush,
         "metrics_port": metrics_port,
-        # over the config file's [remoting.tls]
-        "remoting.tls.cert_file": None if tls_cert is None else str(tls_cert),
-        "remoting.tls.key_file": None if tls_key is None else str(tls_key),
-        "remoting.tls.ca_file": None if tls_ca is None else str(tls_ca),
-        "remoting.tls.verify_client": True if tls_verify_client else None,
+        **_tls_overrides(tls_cert, tls_key, tls_ca, tls_verify_client),
     }
     if namesrv is not None:
         overrides["namesrv_addrs"] = [a.strip() for a in namesrv.split(";") if a.strip()]
+    _serve_broker(_broker_node(config, overrides))
+
+
+def _tls_overrides(
+    cert: Path | None, key: Path | None, ca: Path | None, verify_client: bool
+) -> dict[str, Any]:
+    """The broker's --tls-* options, over the config file's [remoting.tls]."""
+    return {
+        "remoting.tls.cert_file": None if cert is None else str(cert),
+        "remoting.tls.key_file": None if key is None else str(key),
+        "remoting.tls.ca_file": None if ca is None else str(ca),
+        "remoting.tls.verify_client": True if verify_client else None,
+    }
+
+
+def _broker_node(config: Path | None, overrides: dict[str, Any]) -> BrokerNode:
+    """The broker of the config file and the options: a bad one ends the command here
+    (exit code 2)."""
     try:
-        node = BrokerNode(load_config(config, overrides))
+        return BrokerNode(load_config(config, overrides))
     except (ConfigError, AclFileError) as exc:
         raise fail(str(exc), 2) from None
 
+
+def _serve_broker(node: BrokerNode) -> None:
+    """Run ``node`` in the foreground, with its ready line; a store directory another
+    broker holds is bad input (exit code 2), not a failure."""
     locked: BaseException | None = None
 
     async def main() -> None:
@@ -259,7 +278,7 @@ def broker(
             locked = _first_leaf(refused)
 
     run(main)
-    if locked is not None:  # the store directory given is another broker's: bad input
+    if locked is not None:
         raise fail(str(locked), 2)
 
 
@@ -325,14 +344,12 @@ def nameserver(
     except AclFileError as exc:
         raise fail(str(exc), 2) from None
 
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            bound = await nursery.start(server.run)
-            extra = f", controller raft {embedded.config.raft_address}" if embedded else ""
-            extra += _metrics_note(host, server.metrics_port)
-            typer.echo(f"hamq nameserver ready: {host}:{bound}{extra}")
+    def ready(bound: int) -> str:
+        extra = f", controller raft {embedded.config.raft_address}" if embedded else ""
+        extra += _metrics_note(host, server.metrics_port)
+        return f"hamq nameserver ready: {host}:{bound}{extra}"
 
-    run(main)
+    _serve(server, ready)
 
 
 def controller(
@@ -375,13 +392,23 @@ def controller(
     except AclFileError as exc:
         raise fail(str(exc), 2) from None
 
+    _serve(
+        server,
+        lambda bound: (
+            f"hamq controller ready: {host}:{bound}, raft "
+            f"{server.controller.config.raft_address}"
+            f"{_metrics_note(host, server.metrics_port)}"
+        ),
+    )
+
+
+def _serve(server: NameServer | ControllerServer, ready: Callable[[int], str]) -> None:
+    """Run ``server`` in the foreground until Ctrl-C or SIGTERM; once it serves, print
+    ``ready(the port it listens on)`` (the ready line)."""
+
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             bound = await nursery.start(server.run)
-            typer.echo(
-                f"hamq controller ready: {host}:{bound}, raft "
-                f"{server.controller.config.raft_address}"
-                f"{_metrics_note(host, server.metrics_port)}"
-            )
+            typer.echo(ready(bound))
 
     run(main)

@@ -9,7 +9,6 @@ Signature fields the client computed over its sorted ext fields and body.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import textwrap
 from collections.abc import AsyncIterator
@@ -39,7 +38,6 @@ from hamq.acl import (
     sign,
     signature,
     signature_matches,
-    signer,
 )
 from hamq.broker import BrokerNode, build_config
 from hamq.client import (
@@ -72,7 +70,6 @@ from hamq.protocol.headers import (
     CreateTopicRequestHeader,
     DeleteTopicRequestHeader,
     ElectMasterRequestHeader,
-    PullMessageRequestHeader,
     QueryConsumerOffsetRequestHeader,
     RegisterBrokerRequestHeader,
     ResetOffsetRequestHeader,
@@ -84,54 +81,18 @@ from hamq.protocol.message import parse_offset_msg_id
 from hamq.protocol.serialization import decode_json_header
 from hamq.remoting import Connection, Dispatcher, RemotingClient, RemotingConfig
 from hamq.remoting.address import ip_of
+from tests.support.acl import ADMIN, APP, BROKER, acl_text, write_acl
 from tests.support.brokers import (
     broker_config,
+    invoke,
+    pull_request,
     running_broker,
     running_nameserver,
     send_request,
-    wait_for,
 )
+from tests.support.cluster import READY_S, cluster_up
 from tests.support.processes import HAMQ, ROOT, copy_profile, free_ports, user_env
-from tests.test_cluster import READY_S, cluster_up
-
-BROKER = Credentials("hamq-broker", "broker-secret")
-ADMIN = Credentials("admin-key", "admin-secret")
-APP = Credentials("app-key1", "app-secret")
-#: the accounts every test starts from: the broker's own (admin), an operator, and an
-#: application that may send to and consume Demo as group G, nothing else
-ACCOUNTS = """\
-globalWhiteRemoteAddresses: {white}
-accounts:
-  - accessKey: hamq-broker
-    secretKey: broker-secret
-    admin: true
-  - accessKey: admin-key
-    secretKey: admin-secret
-    admin: true
-  - accessKey: app-key1
-    secretKey: app-secret
-    whiteRemoteAddress: {app_white}
-    defaultTopicPerm: DENY
-    defaultGroupPerm: DENY
-    topicPerms:
-      - Demo=PUB|SUB
-{extra_topics}    groupPerms:
-      - G=SUB
-"""
-
-
-def acl_text(white: str = "[]", app_white: str = "", extra_topics: tuple[str, ...] = ()) -> str:
-    extra = "".join(f"      - {item}\n" for item in extra_topics)
-    return ACCOUNTS.format(white=white, app_white=app_white, extra_topics=extra)
-
-
-def write_acl(path: Path, text: str) -> Path:
-    """Write ``text`` whole under a new inode (as editors save), so a reload sees it."""
-    temp = path.with_name(path.name + ".tmp")
-    temp.write_text(text)
-    os.replace(temp, path)
-    return path
-
+from tests.support.timing import wait_for
 
 # ====================================================================== signatures
 
@@ -332,18 +293,12 @@ async def test_a_changed_file_is_read_again_and_a_bad_one_keeps_the_last_good_ac
     async with trio.open_nursery() as nursery:
         await nursery.start(guard.run)
         write_acl(path, acl_text().replace("app-key1", "app-key2"))
-        with trio.fail_after(5):
-            while "app-key2" not in guard.table.accounts:  # noqa: ASYNC110
-                await trio.sleep(0.02)
+        await wait_for(lambda: "app-key2" in guard.table.accounts, 5)
         good = guard.table
         write_acl(path, "accounts:\n  - accessKey: x\n")  # a typo
-        with trio.fail_after(5):
-            while guard.reload_failures < 1:  # noqa: ASYNC110
-                await trio.sleep(0.02)
+        await wait_for(lambda: guard.reload_failures >= 1, 5)
         path.unlink()  # deleted: the same
-        with trio.fail_after(5):
-            while guard.reload_failures < 2:  # noqa: ASYNC110
-                await trio.sleep(0.02)
+        await wait_for(lambda: guard.reload_failures >= 2, 5)
         assert guard.table is good and guard.reloads == 1
         nursery.cancel_scope.cancel()
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
@@ -593,15 +548,6 @@ def test_name_services_check_only_what_changes_them(policy: AclPolicy) -> None:
 # ====================================================================== real servers
 
 
-async def invoke(
-    addr: str, request: RemotingCommand, credentials: Credentials | None = None
-) -> RemotingCommand:
-    """One request to ``addr``, signed with ``credentials`` when given."""
-    hook = signer(credentials) if credentials is not None else None
-    async with RemotingClient(rpc_hook=hook) as client:
-        return await client.invoke(addr, request, 10)
-
-
 def assert_refused(response: RemotingCommand, remark: str) -> None:
     assert response.code == ResponseCode.NO_PERMISSION, (response.code, response.remark)
     assert remark in (response.remark or ""), response.remark
@@ -623,11 +569,6 @@ async def acl_broker(tmp_path: Path, text: str | None = None) -> AsyncIterator[B
 
 def ns_of(node: BrokerNode) -> str:
     return node.namesrv_addrs[0]
-
-
-def pull_request(topic: str, group: str) -> RemotingCommand:
-    header = PullMessageRequestHeader(group, topic, 0, 0, 32, 0, 0, 0, 0, "*")
-    return RemotingCommand.request(RequestCode.PULL_MESSAGE, header)
 
 
 @pytest.mark.slow
@@ -660,10 +601,10 @@ async def test_sends_pulls_and_offsets_need_their_rights(tmp_path: Path) -> None
             queue = next(q for q in await c.queues("Demo") if q.queue_id == result.queue.queue_id)
             found = await c.pull(queue, 0)
         assert found.status is PullStatus.FOUND and found.messages[0].body == b"hello"
-        assert_refused(await invoke(addr, pull_request("Demo", "H"), APP), "for group H")
-        assert_refused(await invoke(addr, pull_request("Demo", "G")), "not signed")
+        assert_refused(await invoke(addr, pull_request("Demo", group="H"), APP), "for group H")
+        assert_refused(await invoke(addr, pull_request("Demo", group="G")), "not signed")
         assert (
-            await invoke(addr, pull_request("Demo", "G"), APP)
+            await invoke(addr, pull_request("Demo", group="G"), APP)
         ).code != ResponseCode.NO_PERMISSION
         # offsets
         update = RemotingCommand.request(
@@ -907,9 +848,7 @@ async def test_a_running_broker_follows_changes_of_its_acl_file(tmp_path: Path) 
                     break
                 await trio.sleep(0.05)
         write_acl(path, "accounts: [")  # broken: the accounts before stay
-        with trio.fail_after(5):
-            while node.acl.reload_failures < 1:  # noqa: ASYNC110
-                await trio.sleep(0.02)
+        await wait_for(lambda: node.acl.reload_failures >= 1, 5)
         assert (await invoke(addr, send_request("Other"), APP)).code == ResponseCode.SUCCESS
 
 

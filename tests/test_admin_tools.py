@@ -55,10 +55,11 @@ from hamq.protocol.bodies import (
     encode_body,
 )
 from hamq.protocol.headers import GetConsumerStatusRequestHeader, ResetOffsetRequestHeader
-from hamq.remoting import RemotingClient
-from tests.support.brokers import SMALL_STORE, broker_config, namesrv, running_broker
-from tests.support.ha import broker_addr, ha_status
+from tests.support.autoswitch import sync_state_when
+from tests.support.brokers import SMALL_STORE, broker_config, invoke, namesrv, running_broker
+from tests.support.ha import broker_addr, first_slave_in_sync
 from tests.support.processes import HAMQ, free_ports, hamq_command, hamq_server, write_toml
+from tests.support.timing import wait_for
 
 # ---------------------------------------------------------------- wire formats
 
@@ -208,19 +209,6 @@ def test_epochs_from_the_ha_status() -> None:
 # ---------------------------------------------------------------- the broker's side
 
 
-async def invoke(addr: str, code: int, header: Any = None, body: bytes = b"") -> RemotingCommand:
-    async with RemotingClient() as client:
-        return await client.invoke(addr, RemotingCommand.request(code, header, body=body), 5)
-
-
-async def wait_until(what: str, check: Any, timeout_s: float = 20) -> None:
-    with trio.move_on_after(timeout_s):
-        while not check():  # noqa: ASYNC110 - polling what other tasks change
-            await trio.sleep(0.02)
-        return
-    raise AssertionError(f"not within {timeout_s} s: {what}")
-
-
 async def send_all(ns: str, topic: str, bodies: list[str]) -> None:
     async with Producer("admin-tools", ns) as producer:
         for body in bodies:
@@ -247,11 +235,11 @@ async def test_a_running_push_consumer_goes_back_after_a_reset(tmp_path: Path) -
             got.extend(m.body.decode() for m in messages)
 
         async with consumer.consuming(handle):
-            await wait_until("all 12 consumed", lambda: len(got) >= 12)
+            await wait_for(lambda: len(got) >= 12, 20, what="all 12 consumed")
             result = await admin.reset_offset("rewinders", "Rewind", cut_ms)
             assert result.notified == 1
             assert sum(result.offsets.values()) == 6  # each queue: after its a-messages
-            await wait_until("the b-messages again", lambda: len(got) >= 18)
+            await wait_for(lambda: len(got) >= 18, 20, what="the b-messages again")
             assert Counter(got) - Counter(f"a{i}" for i in range(6)) - Counter(later) == Counter(
                 later
             )
@@ -259,9 +247,10 @@ async def test_a_running_push_consumer_goes_back_after_a_reset(tmp_path: Path) -
             assert sum(held.values()) == 12
             # and the broker asks it for them (INVOKE_BROKER_TO_GET_CONSUMER_STATUS)
             header = GetConsumerStatusRequestHeader("Rewind", "rewinders")
-            status = await invoke(
-                node.address, RequestCode.INVOKE_BROKER_TO_GET_CONSUMER_STATUS, header
+            asked = RemotingCommand.request(
+                RequestCode.INVOKE_BROKER_TO_GET_CONSUMER_STATUS, header
             )
+            status = await invoke(node.address, asked)
             assert status.code == ResponseCode.SUCCESS, status.remark
             table = decode_body(GetConsumerStatusBody, status.body).consumer_table
             assert table == {consumer.client_id: held}
@@ -288,14 +277,15 @@ async def test_reset_without_force_only_moves_back_and_a_slave_refuses(tmp_path:
             back = await admin.reset_offset("fwd", "Fwd", 0, force=False)
             assert back.offsets == {queue: 0}
         header = ResetOffsetRequestHeader("Fwd", "fwd", 0, is_force=True, queue_id=0, offset=2)
-        one = await invoke(node.address, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, header)
+        reset = RemotingCommand.request(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, header)
+        one = await invoke(node.address, reset)
         assert one.code == ResponseCode.SUCCESS, one.remark
         assert decode_body(ResetOffsetBody, one.body).offset_table == {queue: 2}
     config = broker_config(tmp_path / "s", broker_id=1, store={"role": "SLAVE"})
     slave = BrokerNode(config)
     async with trio.open_nursery() as nursery:
         await nursery.start(slave.run)
-        refused = await invoke(slave.address, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, header)
+        refused = await invoke(slave.address, reset)
         nursery.cancel_scope.cancel()
     assert (refused.code, refused.remark) == (
         ResponseCode.SYSTEM_ERROR,
@@ -365,12 +355,9 @@ def server(*args: str) -> Iterator[str]:
 
 
 async def _prepare(pair: Pair) -> None:
+    # the slave is in sync: a SYNC_MASTER's sends wait for it
+    await wait_for(lambda: first_slave_in_sync(pair.master), 60, every_s=0.05)
     with trio.fail_after(60):
-        while True:  # the slave is in sync: a SYNC_MASTER's sends wait for it
-            slaves = (await ha_status(pair.master))["master"]["slaves"]
-            if slaves and slaves[0]["in_sync"]:
-                break
-            await trio.sleep(0.05)
         async with AdminClient(pair.namesrv) as admin:
             await admin.create_topic(ADMIN_TOPIC, 4)
         async with Producer("admin-tools", pair.namesrv) as producer:
@@ -566,7 +553,7 @@ async def test_groups_consumer_connection_and_progress_json_with_a_member(pair: 
     consumer.subscribe(ADMIN_TOPIC, "t")
     got: list[str] = []
     async with consumer.consuming(lambda ms: got.extend(m.body.decode() for m in ms)):
-        await wait_until("the tagged messages", lambda: len(got) >= KEYED)
+        await wait_for(lambda: len(got) >= KEYED, 20, what="the tagged messages")
         answer = await hamq_json(pair, "admin", "consumer-connection", "--group", "admin-online")
         assert answer["group"] == "admin-online"
         assert (answer["consumeType"], answer["messageModel"]) == (
@@ -616,7 +603,7 @@ async def test_reset_offset_json_sends_a_running_consumer_back(pair: Pair) -> No
     consumer.subscribe("AdminRewind")
     got: list[str] = []
     async with consumer.consuming(lambda ms: got.extend(m.body.decode() for m in ms)):
-        await wait_until("all 8", lambda: len(got) >= 8)
+        await wait_for(lambda: len(got) >= 8, 20, what="all 8")
         local = datetime.fromtimestamp(cut_ms / 1000).isoformat(timespec="milliseconds")
         answer = await hamq_json(
             pair,
@@ -637,7 +624,7 @@ async def test_reset_offset_json_sends_a_running_consumer_back(pair: Pair) -> No
         assert answer["notifiedClients"] == 1  # the master told it (the slave resets nothing)
         assert [q["queueId"] for q in answer["queues"]] == [0, 1]
         assert sum(q["offset"] for q in answer["queues"]) == 4
-        await wait_until("the b-messages again", lambda: len(got) >= 12)
+        await wait_for(lambda: len(got) >= 12, 20, what="the b-messages again")
         assert Counter(got) == Counter([f"a{i}" for i in range(4)] + later * 2)
     # a timestamp that is none is bad input
     code, line = await hamq_fails(
@@ -722,15 +709,9 @@ async def test_controller_commands_json(tmp_path: Path) -> None:
             hamq_server("broker", "-c", str(configs[0])),
             hamq_server("broker", "-c", str(configs[1])),
         ):
-            group: dict[str, Any] = {}
-            with trio.fail_after(60):
-                while len(group.get("inSyncReplicas") or []) < 2:
-                    await trio.sleep(0.3)
-                    done = await hamq_command(
-                        "admin", "sync-state-set", "--controller", controller, "--json"
-                    )
-                    assert done.returncode == 0, done.stderr
-                    group = json.loads(done.stdout)["replicasInfoTable"].get("broker-j", {})
+            group = await sync_state_when(
+                controller, "broker-j", lambda g: len(g.get("inSyncReplicas") or []) >= 2, 60
+            )
             master, epoch = group["masterBrokerId"], group["masterEpoch"]
             (other,) = {r["brokerId"] for r in group["inSyncReplicas"]} - {master}
             done = await hamq_command(

@@ -10,7 +10,6 @@ under tmp_path; every wait is bounded and every process is killed by PID at the 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import re
 import signal
@@ -25,9 +24,11 @@ from cli.cluster import Kind, load_profile
 from cli.main import app
 from hamq.client import Message, Producer, SendStatus
 from hamq.client.admin import epochs_from_ha_status as _from_ha_status
+from tests.support.autoswitch import hamq_admin, sync_state, sync_state_when
 from tests.support.brokers import SMALL_STORE
-from tests.support.processes import free_ports, hamq_command, hamq_server, write_toml
-from tests.test_cluster import alive, cluster_up, wait_gone
+from tests.support.cluster import alive, cluster_up, wait_gone
+from tests.support.processes import free_ports, hamq_server, write_toml
+from tests.support.timing import wait_for
 
 GROUP = "broker-t"
 #: how long the controller may take to see both brokers in the SyncStateSet
@@ -52,28 +53,11 @@ def broker_toml(path: Path, store_dir: Path, namesrvs: list[str], **extra: Any) 
     )
 
 
-async def admin(*args: str) -> tuple[int, str, str]:
-    done = await hamq_command("admin", *args, timeout_s=30)
-    return done.returncode, done.stdout.decode(), done.stderr.decode()
-
-
-async def sync_state(controller: str) -> dict[str, Any]:
-    code, out, err = await admin("sync-state-set", "--controller", controller, "--json")
-    assert code == 0, err
-    table: dict[str, Any] = json.loads(out)["replicasInfoTable"]
-    return table
-
-
 async def until_in_sync(controller: str, members: int) -> dict[str, Any]:
     """GROUP's entry once ``members`` brokers are in its SyncStateSet (bounded)."""
-    group: dict[str, Any] = {}
-    with trio.move_on_after(SYNC_S):
-        while True:
-            group = (await sync_state(controller)).get(GROUP, {})
-            if len(group.get("inSyncReplicas") or []) == members:
-                return group
-            await trio.sleep(0.3)
-    raise AssertionError(f"not {members} in sync after {SYNC_S} s: {group}")
+    return await sync_state_when(
+        controller, GROUP, lambda g: len(g.get("inSyncReplicas") or []) == members, SYNC_S
+    )
 
 
 def search(pattern: str, text: str) -> re.Match[str]:
@@ -122,14 +106,14 @@ async def test_sync_state_set_designated_election_and_epochs(tmp_path: Path) -> 
                 sent = [await producer.send(Message("Demo", b"m%d" % i)) for i in range(5)]
             assert [r.status for r in sent] == [SendStatus.SEND_OK] * 5
 
-            code, out, err = await admin("sync-state-set", "--controller", controller)
+            code, out, err = await hamq_admin("sync-state-set", "--controller", controller)
             assert code == 0, err
             summary = search(rf"^{GROUP}: master {master} \((\S+)\), master epoch (\d+); ", out)
             assert summary.groups() == (by_id[master]["brokerAddress"], str(epoch)), out
             assert f"SyncStateSet {sorted(by_id)} epoch" in out, out
 
             # the controller refuses a broker that is not in the group, by code name
-            code, out, err = await admin(
+            code, out, err = await hamq_admin(
                 "elect-master", "--controller", controller, "--broker", GROUP, "--broker-id", "99"
             )
             assert code == 1, out
@@ -138,7 +122,7 @@ async def test_sync_state_set_designated_election_and_epochs(tmp_path: Path) -> 
             ), err
             assert err.count("\n") == 1, err
 
-            code, out, err = await admin(
+            code, out, err = await hamq_admin(
                 "elect-master",
                 "--controller",
                 controller,
@@ -157,16 +141,14 @@ async def test_sync_state_set_designated_election_and_epochs(tmp_path: Path) -> 
             assert after["masterAddress"] == new_addr
 
             # the new master writes the new epoch into its epoch table (bounded)
-            rows: list[tuple[int, int, int]] = []
-            with trio.move_on_after(15):
-                while True:
-                    code, out, err = await admin("broker-epoch", "--broker", new_addr)
-                    assert code == 0, err
-                    rows = epoch_rows(out)
-                    if rows and rows[-1][0] == epoch + 1:
-                        break
-                    await trio.sleep(0.3)
-            assert rows and rows[-1][0] == epoch + 1, out
+            async def new_epoch_shown() -> str | None:
+                code, out, err = await hamq_admin("broker-epoch", "--broker", new_addr)
+                assert code == 0, err
+                rows = epoch_rows(out)
+                return out if rows and rows[-1][0] == epoch + 1 else None
+
+            out = await wait_for(new_epoch_shown, 15, every_s=0.3, what=f"epoch {epoch + 1}")
+            rows = epoch_rows(out)
             # the messages were written in the old epoch, which the new master also has
             max_offset = int(search(r"^max offset (\d+)$", out).group(1))
             assert max_offset > 0, out
@@ -181,7 +163,7 @@ async def test_sync_state_set_designated_election_and_epochs(tmp_path: Path) -> 
             group = await until_in_sync(controller, 2)
             assert (group["masterBrokerId"], group["masterEpoch"]) == (other, epoch + 1), group
 
-            code, out, err = await admin(
+            code, out, err = await hamq_admin(
                 "sync-state-set", "--controller", controller, "--broker", "no-such-group"
             )
             assert code == 1
@@ -192,7 +174,7 @@ async def test_sync_state_set_designated_election_and_epochs(tmp_path: Path) -> 
 async def test_a_nameserver_without_a_controller_is_named_as_such() -> None:
     async with hamq_server("nameserver", "--port", "0") as (_, ready):
         namesrv = search(r"ready: (\S+)", ready).group(1)
-        code, out, err = await admin("sync-state-set", "--controller", namesrv)
+        code, out, err = await hamq_admin("sync-state-set", "--controller", namesrv)
     assert code == 1, out
     assert err.startswith(
         f"error: no controller answered: controller {namesrv} answered "
@@ -387,13 +369,12 @@ async def test_cluster_up_restarts_a_killed_master_which_comes_back_as_a_slave(
             + search(r"again in ([\d.]+ s)$", errors[0]).group(1)
         ], errors
 
-        after: dict[str, Any] = {}
-        with trio.move_on_after(SYNC_S):
-            while True:
-                after = (await sync_state(controller)).get(GROUP, {})
-                if after.get("masterEpoch", 0) > old_epoch and len(after["inSyncReplicas"]) == 2:
-                    break
-                await trio.sleep(0.3)
+        after = await sync_state_when(
+            controller,
+            GROUP,
+            lambda g: g.get("masterEpoch", 0) > old_epoch and len(g["inSyncReplicas"]) == 2,
+            SYNC_S,
+        )
         assert addresses.get(after.get("masterAddress", "")) == other, after
         assert after["masterEpoch"] > old_epoch and after["masterBrokerId"] != old_id, after
         assert {r["brokerId"] for r in after["inSyncReplicas"]} >= {old_id}, after

@@ -28,9 +28,7 @@ from hamq.protocol.bodies import (
 )
 from hamq.protocol.headers import (
     ConsumerSendMsgBackRequestHeader,
-    CreateTopicRequestHeader,
     GetConsumerListByGroupRequestHeader,
-    PullMessageRequestHeader,
     PullMessageResponseHeader,
     QueryConsumerOffsetRequestHeader,
     QueryMessageRequestHeader,
@@ -48,52 +46,15 @@ from hamq.protocol.message import (
 )
 from hamq.remoting import Connection, Dispatcher, RemotingClient
 from tests.support.brokers import (
+    create_topic_request,
+    pull_request,
     running_broker,
     running_nameserver,
     send_request,
-    wait_for,
 )
+from tests.support.timing import wait_for
 
 TIMEOUT_S = 5.0
-
-
-def pull_request(
-    topic: str,
-    queue_id: int = 0,
-    offset: int = 0,
-    *,
-    group: str = "G",
-    suspend_ms: int = 0,
-    subscription: str = "*",
-    commit_offset: int = 0,
-    sys_flag: int = 0x4,
-) -> RemotingCommand:
-    header = PullMessageRequestHeader(
-        consumer_group=group,
-        topic=topic,
-        queue_id=queue_id,
-        queue_offset=offset,
-        max_msg_nums=32,
-        sys_flag=sys_flag | (0x2 if suspend_ms else 0),
-        commit_offset=commit_offset,
-        suspend_timeout_millis=suspend_ms,
-        sub_version=0,
-        subscription=subscription,
-    )
-    return RemotingCommand.request(RequestCode.PULL_MESSAGE, header)
-
-
-def create_topic_request(topic: str, queues: int = 4, perm: int = 6) -> RemotingCommand:
-    return RemotingCommand.request(
-        RequestCode.UPDATE_AND_CREATE_TOPIC,
-        CreateTopicRequestHeader(
-            topic=topic,
-            default_topic="TBW102",
-            read_queue_nums=queues,
-            write_queue_nums=queues,
-            perm=perm,
-        ),
-    )
 
 
 async def test_send_pull_query_and_view_over_the_wire(tmp_path: Path) -> None:
@@ -458,9 +419,13 @@ async def test_a_held_pull_wakes_only_for_a_message_it_takes(tmp_path: Path) -> 
             await client.invoke(
                 node.address, send_request("T", b"not for it", queue_id=1, TAGS="b"), 5
             )
-            await node.store.wait_dispatched()
-            await trio.sleep(0.05)
-            assert not answer and node.statistics().held_pulls == 1  # still waiting
+            await node.store.wait_dispatched()  # (its listeners noted the arrival)
+            holds = node.ctx.pull_holds
+            assert holds is not None
+            await wait_for(lambda: not holds._arrived)  # the hold service looked at it
+            stats = node.statistics()
+            assert (stats.held_pulls, stats.pulls_answered_on_arrival) == (1, 0)  # still waiting
+            assert not answer
             await client.invoke(node.address, send_request("T", b"for it", queue_id=1, TAGS="a"), 5)
             await wait_for(lambda: bool(answer))
         assert [m.body for m in decode_messages(answer[0].body)] == [b"for it"]

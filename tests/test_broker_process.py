@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import signal
 from pathlib import Path
 
@@ -11,17 +10,9 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from tests.support.brokers import small_store_toml
-from tests.support.processes import hamq_command, hamq_server, stop
+from tests.support.processes import hamq_command, hamq_server, ready_addresses, stop
 
 pytestmark = pytest.mark.slow
-
-READY = re.compile(r"at (\S+), nameserver (\S+)")
-
-
-def addresses(line: str) -> tuple[str, str]:
-    match = READY.search(line)
-    assert match, line
-    return match.group(1).rstrip(","), match.group(2).rstrip(",")
 
 
 async def test_produce_and_consume_from_the_command_line_across_restarts(tmp_path: Path) -> None:
@@ -29,7 +20,7 @@ async def test_produce_and_consume_from_the_command_line_across_restarts(tmp_pat
     config = str(small_store_toml(tmp_path))
     broker = ("broker", "-c", config, "--port", "0", "--namesrv-port", "0", "--store-dir", store)
     async with hamq_server(*broker) as (proc, line):
-        _, ns = addresses(line)
+        _, ns = ready_addresses(line)
         sent = await hamq_command("produce", "--topic", "demo", "--count", "1000", "-n", ns)
         assert sent.returncode == 0, sent.stderr
         assert b"sent 1000 message(s) to demo" in sent.stdout
@@ -42,7 +33,7 @@ async def test_produce_and_consume_from_the_command_line_across_restarts(tmp_pat
     assert (tmp_path / "store" / "config" / "consumerOffset.json").exists()
 
     async with hamq_server(*broker) as (proc, line):
-        _, ns = addresses(line)
+        _, ns = ready_addresses(line)
         # the group's offsets survived: nothing is delivered twice
         again = await hamq_command(
             "consume", "--topic", "demo", "--group", "g", "-n", ns, "--idle-exit", "2", "-q"
@@ -54,7 +45,7 @@ async def test_produce_and_consume_from_the_command_line_across_restarts(tmp_pat
         assert os_exit == -signal.SIGKILL
 
     async with hamq_server(*broker) as (proc, line):
-        _, ns = addresses(line)
+        _, ns = ready_addresses(line)
         # every message survived the kill: a new group reads all 1010
         everything = await hamq_command(
             "consume", "--topic", "demo", "--group", "g2", "-n", ns, "--count", "1010", "-q"
@@ -72,7 +63,7 @@ async def test_a_standalone_nameserver_and_a_broker_that_registers_with_it(tmp_p
             *("-c", str(small_store_toml(tmp_path)), "--port", "0", "-n", ns),
             *("--store-dir", str(tmp_path / "store"), "--name", "b1"),
         ) as (_, line):
-            broker_addr, _ = addresses(line)
+            broker_addr, _ = ready_addresses(line)
             made = await hamq_command("topic", "create", "Made", "--queues", "2", "-n", ns)
             assert made.returncode == 0, made.stderr
             assert f"topic Made: 2 queue(s) on {broker_addr}".encode() in made.stdout

@@ -26,10 +26,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from hamq.client import AdminClient, ClientError, Message, Producer
+from hamq.client import Message, Producer
 from hamq.client.route_cache import TimedOutAddresses
 from tests.support.autoswitch import autoswitch_cluster
-from tests.support.brokers import topic_messages
+from tests.support.brokers import stored, topic_messages
 from tests.support.ha import ha_status
 from tests.support.processes import (
     HAMQ_AS_RUN,
@@ -42,6 +42,7 @@ from tests.support.processes import (
     kill_and_reap,
     user_env,
 )
+from tests.support.timing import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -56,25 +57,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
 @pytest.fixture
 def namesrv(broker: tuple[str, str]) -> str:
     return broker[1]
-
-
-async def until(what: str, check: Callable[[], Awaitable[object]], timeout_s: float = 30) -> None:
-    """Poll ``check`` until it is truthy (bounded)."""
-    with trio.move_on_after(timeout_s):
-        while True:
-            if await check():
-                return
-            await trio.sleep(0.05)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
-
-
-async def stored(namesrv: str, topic: str) -> int:
-    """How many messages ``topic``'s queues hold."""
-    async with AdminClient(namesrv) as admin:
-        try:
-            return sum(s.max_offset - s.min_offset for s in await admin.queue_status(topic))
-        except ClientError:
-            return 0
 
 
 def one_error_line(done: subprocess.CompletedProcess[bytes]) -> str:
@@ -114,7 +96,7 @@ async def test_produce_rides_out_a_master_that_hangs(
 
         args = ["produce", "-t", FAILOVER_TOPIC, "-c", str(FAILOVER_COUNT), "m{i}"]
         async with hamq_process(*args, "-n", cluster.namesrv, stdout=out, stderr=err) as proc:
-            await until("sends go through", master_stores)
+            await wait_for(master_stores, 30, every_s=0.05, what="sends go through")
             master.send_signal(signal.SIGSTOP)
             assert proc.returncode is None, "sent everything before the master hung"
 
@@ -122,7 +104,7 @@ async def test_produce_rides_out_a_master_that_hangs(
                 address = (await cluster.group_state()).get("masterAddress")
                 return address not in (None, master.address)
 
-            await until("a new master", new_master)
+            await wait_for(new_master, 30, every_s=0.05, what="a new master")
             with trio.fail_after(60):
                 code = await proc.wait()
         output = out.read_text() + err.read_text()
@@ -139,7 +121,9 @@ async def test_produce_interrupted_says_what_was_sent(namesrv: str, tmp_path: Pa
     out, err = tmp_path / "produce.out", tmp_path / "produce.err"
     args = ["produce", "-t", "Interrupted", "-c", "1000000", "-n", namesrv]
     async with hamq_process(*args, stdout=out, stderr=err) as proc:
-        await until("sends go through", lambda: stored(namesrv, "Interrupted"))
+        await wait_for(
+            lambda: stored(namesrv, "Interrupted"), 30, every_s=0.05, what="sends go through"
+        )
         os.kill(proc.pid, signal.SIGINT)
         with trio.fail_after(30):
             code = await proc.wait()
@@ -429,7 +413,7 @@ async def test_produce_at_a_terminal_interrupted(namesrv: str) -> None:
         async def drawn() -> bool:
             return ran.shows(rb"\b[1-9]\d*/1000000\b")
 
-        await until("the progress is drawn", drawn)
+        await wait_for(drawn, 30, every_s=0.05, what="the progress is drawn")
         os.kill(proc.pid, signal.SIGINT)
 
     args = ["produce", "-t", "Drawn3", "-c", "1000000", "-n", namesrv]
@@ -466,7 +450,7 @@ async def test_consume_says_once_that_the_topic_does_not_exist_yet(
         async def said() -> bool:
             return "NotYet does not exist" in err.read_text()
 
-        await until("the consumer says the topic does not exist", said)
+        await wait_for(said, 30, every_s=0.05, what="the consumer says the topic does not exist")
         produced = await hamq_as_run("produce", "-t", "NotYet", "-n", namesrv, "at last")
         assert produced.returncode == 0, produced.stderr
         line = b""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -20,7 +21,6 @@ from hamq.client import (
     MessageExt,
     MessageQueue,
     NameServerUnavailableError,
-    NoRouteError,
     Producer,
     PullConsumer,
     PullStatus,
@@ -35,27 +35,14 @@ from hamq.client.blocking import PushConsumer as BlockingPushConsumer
 from hamq.protocol import ResponseCode
 from hamq.protocol.message import SYSFLAG_COMPRESSED
 from tests.support.brokers import (
+    create_topic,
     namesrv,
     running_broker,
     running_nameserver,
-    wait_for,
 )
+from tests.support.timing import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-async def create_topic(node_namesrv: str, topic: str, queues: int = 4) -> None:
-    async with AdminClient(node_namesrv) as admin:
-        await admin.create_topic(topic, queues)
-        with trio.fail_after(5):
-            while True:
-                try:
-                    route = await admin.topic_route(topic)
-                except NoRouteError:
-                    route = None
-                if route is not None:
-                    return
-                await trio.sleep(0.01)
 
 
 class Collector:
@@ -108,7 +95,8 @@ async def test_ten_thousand_messages_reach_each_group_once_and_in_queue_order(
             consumers[1].consuming(groups["G2"]),
         ):
             await wait_for(lambda: all(len(c.messages) >= total for c in groups.values()), 60)
-            await trio.sleep(0.2)  # nothing more comes
+            # not a wait for something: time for a message delivered twice to come too
+            await trio.sleep(0.2)
         for collector in groups.values():
             assert len(collector.messages) == total  # each exactly once
             per_queue: dict[int, list[int]] = collections.defaultdict(list)
@@ -309,6 +297,8 @@ async def test_a_broker_restart_keeps_messages_and_committed_offsets(tmp_path: P
         consumer.subscribe("Kept")
         async with consumer.consuming(again):
             await wait_for(lambda: len(again.messages) == 20)
+            # not a wait for something: time for an old message delivered again (its
+            # committed offset lost in the restart) to come too
             await trio.sleep(0.2)
         assert sorted(again.bodies()) == sorted(f"new {i}".encode() for i in range(20))
         async with PullConsumer("fresh", ns) as puller:
@@ -484,14 +474,18 @@ async def test_the_blocking_facade_sends_and_consumes(tmp_path: Path) -> None:
                 for i in range(10):
                     assert producer.send(Message("Plain", f"m{i}")).status is SendStatus.SEND_OK
             got: list[bytes] = []
+            all_in = threading.Event()
+
+            def handle(messages: list[MessageExt]) -> None:
+                got.extend(m.body for m in messages)
+                if len(got) >= 10:
+                    all_in.set()
+
             consumer = BlockingPushConsumer("BG", ns, consume_from="FIRST_OFFSET")
             consumer.subscribe("Plain")
-            consumer.start(lambda messages: got.extend(m.body for m in messages))
+            consumer.start(handle)
             try:
-                for _ in range(500):  # no Trio in this thread: plain sleeps
-                    if len(got) >= 10:
-                        break
-                    time.sleep(0.01)
+                assert all_in.wait(10), got  # (no Trio in this thread)
                 assert {q.topic for q in consumer.assigned} == {"Plain", "%RETRY%BG"}
             finally:
                 consumer.shutdown()
@@ -540,9 +534,11 @@ async def test_where_a_new_group_starts(tmp_path: Path) -> None:
         async with Producer("PG", ns) as producer:
             for i in range(3):
                 await producer.send(Message("From", f"old {i}"))
-            await trio.sleep(0.05)
+            # the boundary: a time (the broker's clock, ms) after every old message's
+            # store time; "recent" is stored at or after it
+            stored_by_ms = node.ctx.clock()
+            await wait_for(lambda: node.ctx.clock() > stored_by_ms)
             boundary_ms = node.ctx.clock()
-            await trio.sleep(0.05)
             await producer.send(Message("From", b"recent"))
             results: dict[str, Collector] = {}
             for name, options in {

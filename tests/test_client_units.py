@@ -1,19 +1,27 @@
-"""The client's pure parts: queue allocation, routes to queues, fault avoidance, messages."""
+"""The client's parts that need no broker: queue allocation, routes to queues, fault
+avoidance, messages, what a send puts on the wire, and the timeouts it accepts."""
 
 from __future__ import annotations
 
+import math
 import zlib
 
+import attrs
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hamq.client import InvalidArgumentError, Message
+from hamq.client import InvalidArgumentError, Message, Producer, PullConsumer
+from hamq.client.admin import ask_controllers, broker_epochs
+from hamq.client.instance import ClientInstance, client_config
 from hamq.client.message import COMPRESSION_ZLIB, inflate
 from hamq.client.rebalance import allocate_average
 from hamq.client.route_cache import LatencyFaultTolerance, publish_info, subscribe_queues
+from hamq.protocol import RemotingCommand, RequestCode
 from hamq.protocol.bodies import BrokerData, MessageQueue, QueueData, TopicRouteData
 from hamq.protocol.message import SYSFLAG_COMPRESSED, MessageFormatError, StoredMessage
+from hamq.remoting import RemotingTimeoutError
 
 
 @given(st.integers(0, 40), st.integers(1, 12), st.data())
@@ -114,3 +122,65 @@ def test_compressed_bodies_are_inflated_and_unknown_compression_is_named() -> No
         inflate(stored(b"?", SYSFLAG_COMPRESSED | 0x100))
     with pytest.raises(MessageFormatError, match="does not inflate"):
         inflate(stored(b"not zlib", SYSFLAG_COMPRESSED))
+
+
+def test_a_batch_is_said_by_the_request_not_guessed_from_its_properties() -> None:
+    """The trap: ``batch`` was ``not properties``, so a single message without
+    properties would go as SEND_BATCH_MESSAGE, and a batch given properties as one
+    message."""
+    producer = Producer("PG", "127.0.0.1:1")
+    queue = MessageQueue("T", "broker-a", 0)
+    single = producer._request(Message("T", b"x", flag=7))
+    batch = producer._batch_request([Message("T", b"a"), Message("T", b"b")])
+    assert not single.batch and batch.batch
+    bare = attrs.evolve(single, properties={})
+    assert not bare.batch
+    command = producer._command(queue, bare)
+    assert command.code == RequestCode.SEND_MESSAGE_V2 and command.body == b"x"
+    with_properties = attrs.evolve(batch, properties={"WAIT": "false"})
+    assert with_properties.batch
+    assert producer._command(queue, with_properties).code == RequestCode.SEND_BATCH_MESSAGE
+    assert producer._command(queue, single).code == RequestCode.SEND_MESSAGE_V2
+
+
+@pytest.mark.parametrize("timeout_s", [0, 0.0, -1.0, math.nan])
+async def test_a_timeout_that_is_not_positive_is_refused_not_read_as_the_default(
+    timeout_s: float,
+) -> None:
+    """None asks for the default; 0 (or less) is a mistake named before anything is
+    sent, never a send that gives up at once nor a pull that waits the default 3 s."""
+    message = Message("T", b"x")
+    named = r"timeout_s .* is not a positive number of seconds"
+    async with Producer("PG", "127.0.0.1:1") as producer:
+        with pytest.raises(InvalidArgumentError, match=named):
+            await producer.send(message, timeout_s=timeout_s)
+        with pytest.raises(InvalidArgumentError, match=named):
+            await producer.send_batch([message], timeout_s=timeout_s)
+        with pytest.raises(InvalidArgumentError, match=named):
+            await producer.send_async(message, lambda result, error: None, timeout_s=timeout_s)
+    async with PullConsumer("G", "127.0.0.1:1") as consumer:
+        with pytest.raises(InvalidArgumentError, match=named):
+            await consumer.pull(MessageQueue("T", "broker-a", 0), 0, timeout_s=timeout_s)
+    with pytest.raises(InvalidArgumentError, match=named):
+        await ask_controllers(["127.0.0.1:1"], RequestCode.HEART_BEAT, timeout_s=timeout_s)
+    with pytest.raises(InvalidArgumentError, match=named):
+        await broker_epochs("127.0.0.1:1", timeout_s=timeout_s)
+
+
+async def test_a_request_given_no_time_left_times_out_at_once() -> None:
+    """``ClientInstance.invoke(..., 0)`` is a deadline already passed (the producer's
+    last try may come to it), not the config's request_timeout_s: a peer that never
+    answers must not hold it for 30 s."""
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    async with listener:  # accepts (the kernel's backlog) and never answers
+        addr = f"127.0.0.1:{listener.socket.getsockname()[1]}"
+        config = client_config("127.0.0.1:1", request_timeout_s=30.0)
+        async with ClientInstance(config) as instance:
+            request = RemotingCommand.request(RequestCode.HEART_BEAT)
+            with trio.fail_after(5):
+                with pytest.raises(RemotingTimeoutError):
+                    await instance.invoke(addr, request, 0)
+                with pytest.raises(RemotingTimeoutError):
+                    await instance.invoke(
+                        addr, RemotingCommand.request(RequestCode.HEART_BEAT), 0.2
+                    )

@@ -22,8 +22,7 @@ import trio
 
 from cli.cluster import RESTART_GIVE_UP, open_log, restart_delay, spawn
 from hamq.client import Message, Producer, SendStatus
-from tests.support.processes import free_ports
-from tests.test_cluster import (
+from tests.support.cluster import (
     READY_S,
     STOP_S,
     Ports,
@@ -32,6 +31,7 @@ from tests.test_cluster import (
     wait_gone,
     write_profile,
 )
+from tests.support.processes import free_ports
 
 #: how long ``up`` may take to notice a death and say so
 NOTICE_S = 15

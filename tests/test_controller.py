@@ -11,7 +11,6 @@ import trio
 
 from hamq.controller import ControllerConfig, ControllerServer, ControllerUnavailable
 from hamq.controller.heartbeats import LiveBroker, LiveBrokers
-from hamq.controller.raft import RaftState
 from hamq.controller.state import Candidate, ControllerError
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.bodies import SyncStateSet, decode_body, encode_body
@@ -28,6 +27,8 @@ from hamq.protocol.headers import (
 )
 from hamq.remoting import RemotingClient
 from tests.support.processes import free_ports
+from tests.support.raft import raft_group
+from tests.support.timing import wait_for
 
 
 def live(broker_id: int, heard: float, connection: object = None) -> LiveBroker:
@@ -59,11 +60,7 @@ def test_controller_config_names_what_is_wrong(tmp_path: Path) -> None:
 async def test_three_raft_nodes_lose_one_and_keep_everything(tmp_path: Path) -> None:
     """Every node applies every change; with one of three stopped the other two still
     commit, and keep what was committed before."""
-    peers = [f"127.0.0.1:{p}" for p in free_ports(3)]
-    nodes = [RaftState(p, peers, tmp_path / f"n{i}", secret="s") for i, p in enumerate(peers)]
-    for node in nodes:
-        await trio.to_thread.run_sync(node.start)
-    try:
+    async with raft_group(tmp_path) as (_, nodes):
         with trio.fail_after(30):
             await nodes[0].call(
                 "apply_broker_id", cluster="c", broker_name="b", broker_id=1, check_code="one"
@@ -102,13 +99,9 @@ async def test_three_raft_nodes_lose_one_and_keep_everything(tmp_path: Path) -> 
                 except ControllerUnavailable:
                     await trio.sleep(0.1)
             # (another thread applies it: polled)
-            while rest[1].state.groups["b"].members.keys() != {1, 2}:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await wait_for(lambda: rest[1].state.groups["b"].members.keys() == {1, 2}, 30)
         for node in rest:
             assert node.state.replica_info("b").master_id == 1
-    finally:
-        for node in nodes:
-            await trio.to_thread.run_sync(node.stop)
 
 
 async def ask(

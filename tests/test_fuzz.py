@@ -81,7 +81,13 @@ from hamq.protocol.message import (
 )
 from hamq.protocol.serialization import decode_command, encode_header_bytes
 from tests.support.brokers import running_broker, send_request
-from tests.support.strategies import EDGE_INTS, as_rocketmq_delivers, sample, sample_int, sample_text
+from tests.support.strategies import (
+    EDGE_INTS,
+    as_rocketmq_delivers,
+    sample,
+    sample_int,
+    sample_text,
+)
 
 SEED = 14
 #: mutated inputs made from each valid one

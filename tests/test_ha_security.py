@@ -15,6 +15,7 @@ slave registered from there, or claim an id nobody registered.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import struct
@@ -27,6 +28,7 @@ from typing import Any
 import pytest
 import trio
 
+from hamq.acl import Secret
 from hamq.broker import BrokerNode, build_config
 from hamq.broker.live_config import flatten
 from hamq.client import Message, Producer, SendStatus
@@ -50,9 +52,10 @@ from hamq.protocol.headers import (
 )
 from hamq.remoting import RemotingClient
 from hamq.remoting.address import ip_of
-from tests.support.brokers import namesrv, running_broker, running_nameserver, wait_for
+from tests.support.brokers import namesrv, running_broker, running_nameserver
 from tests.support.ha import FakeSlave
 from tests.support.processes import free_ports
+from tests.support.timing import wait_for
 
 SECRET = "a-long-random-secret-of-group-a"
 GROUP = "broker-a"
@@ -368,7 +371,7 @@ async def controller_mode_master(tmp_path: Path) -> AsyncIterator[tuple[str, Bro
             store={"role": "SYNC_MASTER"},
             ha=ha_options(),
         ) as master:
-            await wait_for(lambda: master.ctx.is_master, 20)
+            await wait_for(lambda: master.roles.is_master, 20)
             yield server.address, master
         nursery.cancel_scope.cancel()
 
@@ -560,10 +563,24 @@ def test_the_secret_never_shows() -> None:
     config = build_config({"store": {"store_dir": "unused"}, "ha": {"secret": SECRET}})
     assert config.ha.secret == SECRET
     shown = flatten(config)  # what GET_BROKER_CONFIG answers
-    assert shown["ha.secret"] == "<hidden>"
+    assert shown["ha.secret"] == "******"
     assert SECRET not in repr(config) and SECRET not in f"{config.ha.secret}"
     with pytest.raises(ValueError, match="at least 16 characters"):
         build_config({"store": {"store_dir": "unused"}, "ha": {"secret": "short"}})
+
+
+def test_the_ha_secret_is_the_one_secret_type_and_shows_itself_only_when_asked() -> None:
+    """The HA secret and the ACL secret key are one type (hamq.protocol.secret): unlike
+    a str, it gives its text to neither concatenation nor json.dumps."""
+    secret = build_config({"store": {"store_dir": "unused"}, "ha": {"secret": SECRET}}).ha.secret
+    assert isinstance(secret, Secret)
+    with pytest.raises(TypeError):
+        json.dumps({"secret": secret})
+    with pytest.raises(TypeError):
+        _ = "the secret: " + secret  # type: ignore[operator]
+    assert (str(secret), f"{secret:>8}", repr(secret)) == ("******", "  ******", "Secret('******')")
+    assert secret.reveal() == SECRET and secret.encode() == SECRET.encode()
+    assert secret == Secret(secret) and bool(secret) and not Secret("") and str(Secret("")) == ""
 
 
 LOCAL = ip_of("127.0.0.1")

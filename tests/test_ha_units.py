@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -70,19 +71,22 @@ async def test_ack_waiters_wake_in_order_and_time_out(
     acks = AckWaiters()
     results: dict[int, bool] = {}
 
-    async def wait(offset: int) -> None:
-        results[offset] = await acks.wait(offset, 3.0)
+    def waiter(offset: int) -> Callable[[bool], None]:
+        return lambda acked: results.setdefault(offset, acked)
 
     async with trio.open_nursery() as nursery:
+        await nursery.start(acks.run)
         for offset in (100, 200, 300):
-            nursery.start_soon(wait, offset)
+            acks.notify(offset, waiter(offset), 3.0)
         await trio.sleep(1)
         acks.acked(250)  # wakes 100 and 200 at once
-        await trio.sleep(0.5)
         assert results == {100: True, 200: True}
-    assert results[300] is False  # nobody acked it within 3 s
-    assert acks.waiting == 0
-    assert await acks.wait(250, 1.0) is True  # already acked: no wait
+        await trio.sleep(2.5)
+        assert results[300] is False  # nobody acked it within 3 s
+        assert acks.waiting == 0
+        acks.notify(250, waiter(250), 1.0)  # already acked: answered at once
+        assert results[250] is True
+        nursery.cancel_scope.cancel()
 
 
 def test_the_slave_state_machine_allows_only_its_table() -> None:

@@ -49,22 +49,14 @@ from tests.support.brokers import (
     running_broker,
     running_nameserver,
     small_store_toml,
-    wait_for,
 )
-from tests.support.processes import hamq_command, hamq_server, write_toml
+from tests.support.processes import hamq_command, hamq_server, ready_addresses, write_toml
+from tests.support.timing import wait_for
 
 pytestmark = pytest.mark.slow
 
-READY = re.compile(r"at (\S+), nameserver (\S+)")
 #: delay levels of a second each: a sent-back message comes back quickly
 FAST_RETRY = {"message_delay_level": "1s 1s 1s 1s 1s 1s", **SMALL_STORE}
-
-
-def addresses(line: str) -> tuple[str, str]:
-    """(broker, nameserver) from a ``hamq broker ready:`` line."""
-    match = READY.search(line)
-    assert match, line
-    return match.group(1).rstrip(","), match.group(2).rstrip(",")
 
 
 @asynccontextmanager
@@ -75,7 +67,7 @@ async def broker_process(tmp_path: Path, store: str = "store") -> AsyncIterator[
         proc,
         line,
     ):
-        yield proc, addresses(line)[1]
+        yield proc, ready_addresses(line)[1]
 
 
 # ---------------------------------------------------------------- the CLI

@@ -11,7 +11,6 @@ import pytest
 import trio
 from prometheus_client import Counter
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
-from prometheus_client.parser import text_string_to_metric_families
 
 from hamq.client import AdminClient, Message, Producer, PullConsumer, SendStatus
 from hamq.controller import Controller, ControllerConfig, ControllerServer
@@ -19,8 +18,10 @@ from hamq.metrics import MetricsServer, Snapshot, new_registry
 from hamq.metrics.server import MAX_CONNECTIONS, BadRequest, parse_request
 from nameserver import NameServer, NameServerConfig
 from tests.support.brokers import namesrv, running_broker
-from tests.support.processes import ROOT, copy_profile, free_ports, hamq_command
-from tests.test_cluster import READY_S, cluster_up
+from tests.support.cluster import READY_S, cluster_up
+from tests.support.metrics import documented, families, http, scrape, shows, value
+from tests.support.processes import copy_profile, free_ports, hamq_command
+from tests.support.timing import wait_for
 
 
 @asynccontextmanager
@@ -29,24 +30,6 @@ async def serving(server: MetricsServer) -> AsyncIterator[int]:
         port = await nursery.start(server.run)
         yield port
         nursery.cancel_scope.cancel()
-
-
-async def http(port: int, request: bytes, host: str = "127.0.0.1") -> bytes:
-    """Send ``request`` raw; the whole answer (the server closes after one)."""
-    with trio.fail_after(10):
-        stream = await trio.open_tcp_stream(host, port)
-        async with stream:
-            await stream.send_all(request)
-            answer = b""
-            while chunk := await stream.receive_some(65536):
-                answer += chunk
-    return answer
-
-
-def families(answer: bytes) -> dict[str, Metric]:
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200 OK"), head
-    return {f.name: f for f in text_string_to_metric_families(body.decode())}
 
 
 async def test_a_scrape_shows_what_was_registered_at_scrape_time() -> None:
@@ -174,20 +157,6 @@ def test_request_heads_are_parsed_strictly() -> None:
 # ---------------------------------------------------------------- what servers show
 
 
-async def scrape(port: int) -> dict[str, Metric]:
-    return families(await http(port, b"GET /metrics HTTP/1.1\r\n\r\n"))
-
-
-def value(metrics: dict[str, Metric], name: str, sample: str = "", **labels: str) -> float:
-    """The value of ``name``'s sample (``name`` + ``sample`` suffix) with ``labels``."""
-    family = metrics[name]
-    wanted = family.name + sample
-    for s in family.samples:
-        if s.name == wanted and all(s.labels.get(k) == v for k, v in labels.items()):
-            return s.value
-    raise AssertionError(f"no sample {wanted} {labels} in {family.samples}")
-
-
 async def test_a_broker_shows_messages_in_and_out_sends_pulls_lag_and_its_store(
     tmp_path: Path,
 ) -> None:
@@ -208,9 +177,9 @@ async def test_a_broker_shows_messages_in_and_out_sends_pulls_lag_and_its_store(
         assert value(before, "hamq_broker_info", role="ASYNC_MASTER", broker_name="broker-a") == 1
         assert value(before, "hamq_broker_commitlog_offset", which="max") > 0
         disk = "hamq_broker_store_disk_bytes"
-        with trio.fail_after(10):  # measured in a worker thread, from the start on
-            while value(await scrape(node.metrics_port), disk, kind="reserved") == 0:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+        # measured in a worker thread, from the start on
+        reserved = shows(node.metrics_port, disk, lambda v: v > 0, kind="reserved")
+        await wait_for(reserved, 10, every_s=0.05)
         assert value(before, "hamq_nameserver_brokers") == 1  # the embedded nameserver
         async with PullConsumer("G", ns) as puller:
             pulled = 0
@@ -250,9 +219,7 @@ async def test_a_nameserver_with_a_controller_shows_the_group_it_elected(tmp_pat
             controller_addrs=[ns],
             metrics_port=0,
         ) as node:
-            with trio.fail_after(30):
-                while not node.ctx.is_master:  # noqa: ASYNC110 - the controller elects it
-                    await trio.sleep(0.05)
+            await wait_for(lambda: node.roles.is_master, 30, what="the controller elects it")
             shown = await scrape(server.metrics_port)
             labels = {"cluster": "DefaultCluster", "broker_name": "broker-a"}
             assert value(shown, "hamq_controller_leader") == 1
@@ -270,19 +237,6 @@ async def test_a_nameserver_with_a_controller_shows_the_group_it_elected(tmp_pat
         nursery.cancel_scope.cancel()
 
 
-def documented(metrics: dict[str, Metric]) -> list[str]:
-    """The hamq_* families in ``metrics`` that README.md's metrics table does not name."""
-    readme = (ROOT / "README.md").read_text()
-    missing = []
-    for family in metrics.values():
-        if not family.name.startswith("hamq_"):
-            continue
-        shown = family.name + ("_total" if family.type == "counter" else "")
-        if f"`{shown}`" not in readme and f"`{shown}{{" not in readme:
-            missing.append(shown)
-    return missing
-
-
 async def test_a_standalone_controller_serves_its_metrics(tmp_path: Path) -> None:
     (raft_port,) = free_ports(1)
     config = ControllerConfig(raft_address=f"127.0.0.1:{raft_port}", data_dir=tmp_path)
@@ -290,10 +244,9 @@ async def test_a_standalone_controller_serves_its_metrics(tmp_path: Path) -> Non
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run)
         assert server.metrics_port is not None
-        with trio.fail_after(30):
-            # a single Raft node elects itself
-            while value(await scrape(server.metrics_port), "hamq_controller_leader") != 1:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+        # a single Raft node elects itself
+        leader = shows(server.metrics_port, "hamq_controller_leader", lambda v: v == 1)
+        await wait_for(leader, 30, every_s=0.05)
         shown = await scrape(server.metrics_port)
         assert value(shown, "hamq_controller_live_brokers") == 0
         assert "hamq_nameserver_brokers" not in shown
@@ -315,9 +268,9 @@ async def test_the_make_run_profile_shows_messages_moving_under_hamq_produce(
         before = await scrape(master_metrics)
         assert value(before, "hamq_broker_info", role="SYNC_MASTER") == 1
         assert value(await scrape(slave_metrics), "hamq_broker_info", role="SLAVE") == 1
-        with trio.fail_after(30):  # SEND_OK once the slave is in sync
-            while value(await scrape(master_metrics), "hamq_broker_in_sync_replicas") < 2:  # noqa: ASYNC110
-                await trio.sleep(0.1)
+        # SEND_OK once the slave is in sync
+        in_sync = shows(master_metrics, "hamq_broker_in_sync_replicas", lambda v: v >= 2)
+        await wait_for(in_sync, 30, every_s=0.1)
         produced = await hamq_command(
             "produce", "-n", ns, "--topic", "demo", "--count", "200", timeout_s=60
         )

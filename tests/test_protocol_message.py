@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -18,6 +20,7 @@ from hamq.protocol.message import (
     BatchEntry,
     MessageFormatError,
     MessageIdGenerator,
+    PropertiesTooLong,
     decode_batch,
     decode_message,
     decode_messages,
@@ -180,6 +183,72 @@ def test_damaged_records_are_named() -> None:
     bad_size[0:4] = struct.pack(">i", 190)
     with pytest.raises(MessageFormatError):
         read_record(bytes(bad_size))
+
+
+IPV4_HOST = pack_host("10.0.0.1", 10911)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"queue_id": 2**31}, f"queue id {2**31} does not fit in a signed 32-bit field"),
+        ({"flag": -(2**31) - 1}, f"flag {-(2**31) - 1} does not fit in a signed 32-bit"),
+        ({"sys_flag": 2**32}, "sysFlag 4294967296 does not fit in a signed 32-bit"),
+        ({"reconsume_times": 2**31}, "reconsumeTimes 2147483648 does not fit"),
+        ({"born_timestamp": 2**63}, f"bornTimestamp {2**63} does not fit in a signed 64-bit"),
+        ({"prepared_transaction_offset": -(2**63) - 1}, "preparedTransactionOffset -"),
+        # the first culprit is named
+        ({"flag": 2**40, "born_timestamp": 2**64}, "flag 1099511627776 does not fit"),
+        ({"topic": ""}, "topic is empty"),
+        ({"topic": "t" * 32768}, "topic of 32768 bytes is over 32767"),
+        ({"born_host": b"\x01" * 9}, "born host of 9 bytes; expected 8 or 20"),
+        ({"store_host": b"\x01" * 4}, "store host of 4 bytes; expected 8 or 20"),
+        ({"born_host": b"", "store_host": b""}, "born host of 0 bytes"),
+        # (checked in this order: numbers, topic, properties, hosts)
+        ({"topic": "", "born_host": b""}, "topic is empty"),
+        ({"properties": "p" * 32768, "born_host": b""}, "properties of 32768 bytes"),
+    ],
+)
+def test_a_template_that_cannot_be_stored_names_the_field(
+    fields: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(MessageFormatError, match=re.escape(error)) as raised:
+        make_record_template(**{"topic": "T", "queue_id": 0, "body": b"b", **fields})
+    assert isinstance(raised.value, PropertiesTooLong) == ("properties" in fields)
+
+
+def test_properties_too_long_have_their_own_error_type() -> None:
+    """The store answers PROPERTIES_SIZE_EXCEEDED by this type (not by the text)."""
+    with pytest.raises(PropertiesTooLong, match="properties of 32768 bytes are over 32767"):
+        make_record_template(topic="T", queue_id=0, body=b"", properties="p" * 32768)
+    with pytest.raises(PropertiesTooLong):
+        encode_batch([BatchEntry(body=b"", properties="p" * 32768)])
+    # at the limit it is stored; an illegal key is a format error of another type
+    make_record_template(topic="T", queue_id=0, body=b"", properties="p" * 32767)
+    with pytest.raises(MessageFormatError, match="may not contain") as raised:
+        encode_properties({"properties of\x01": "v"})
+    assert not isinstance(raised.value, PropertiesTooLong)
+
+
+def test_host_sizes_set_the_host_bits_of_sys_flag() -> None:
+    ipv6 = pack_host("::1", 10911)
+    cases = [(IPV4_HOST, IPV4_HOST, 0), (ipv6, IPV4_HOST, SYSFLAG_BORNHOST_V6)]
+    cases += [(IPV4_HOST, ipv6, SYSFLAG_STOREHOST_V6)]
+    cases += [(ipv6, ipv6, SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)]
+    for born, store, bits in cases:
+        for given_bits in (0, SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6):
+            template = make_record_template(
+                topic="T",
+                queue_id=0,
+                body=b"",
+                sys_flag=0x8 | given_bits,
+                born_host=born,
+                store_host=store,
+            )
+            assert template.sys_flag == 0x8 | bits
+            record = template.encode(queue_offset=0, physical_offset=0, store_timestamp=0)
+            info = read_record(record)
+            assert (info.born_host, info.store_host, info.sys_flag) == (born, store, 0x8 | bits)
 
 
 @given(st.binary(max_size=300))

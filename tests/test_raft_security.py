@@ -19,6 +19,8 @@ import trio
 from hamq.controller import ControllerConfig
 from hamq.controller.raft import RaftSecretMissing, RaftState
 from tests.support.processes import free_ports, hamq_command
+from tests.support.raft import raft_group
+from tests.support.timing import wait_for
 
 
 class _Payload:
@@ -87,27 +89,17 @@ def test_a_pickle_from_a_peer_without_the_secret_is_never_unpickled(
 
 
 async def test_a_group_commits_and_ignores_a_peer_with_the_wrong_secret(tmp_path: Path) -> None:
-    peers = [f"127.0.0.1:{p}" for p in free_ports(3)]
-    secrets = ["right", "right", "wrong"]
-    nodes = [
-        RaftState(p, peers, tmp_path / f"n{i}", secret=secrets[i]) for i, p in enumerate(peers)
-    ]
-    for node in nodes:
-        await trio.to_thread.run_sync(node.start)
-    try:
+    async with raft_group(tmp_path, ["right", "right", "wrong"]) as (peers, nodes):
         with trio.fail_after(30):
             await nodes[0].call(
                 "apply_broker_id", cluster="c", broker_name="b", broker_id=1, check_code="one"
             )
-            while "b" not in nodes[1].state.groups:  # noqa: ASYNC110 (another thread applies it)
-                await trio.sleep(0.05)
+        # (another thread applies it: polled)
+        await wait_for(lambda: "b" in nodes[1].state.groups, 30)
         assert nodes[0].leader() in peers[:2] and nodes[1].leader() == nodes[0].leader()
         await trio.sleep(2)  # many heartbeats: the outsider would have caught up by now
         assert "b" not in nodes[2].state.groups
         assert not nodes[2].is_leader()
-    finally:
-        for node in nodes:
-            await trio.to_thread.run_sync(node.stop)
 
 
 def test_a_group_without_a_secret_is_refused_unless_insecure(tmp_path: Path) -> None:

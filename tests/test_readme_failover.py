@@ -17,15 +17,15 @@ import re
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
-from hamq.client import NoRouteError, PullConsumer
+from tests.support.autoswitch import sync_state_when
+from tests.support.brokers import stored
+from tests.support.cluster import READY_S, STOP_S, cluster_up
 from tests.support.processes import HAMQ, copy_profile
-from tests.test_autoswitch_cli import sync_state
-from tests.test_cluster import READY_S, STOP_S, cluster_up
+from tests.support.timing import wait_for
 
 GROUP = "broker-a"
 COUNT = 5000
@@ -34,37 +34,21 @@ BEFORE_KILL = 1000
 BROKERS = {10911: "broker-a-n0", 10921: "broker-a-n1", 10931: "broker-a-n2"}
 
 
-async def group_state(controller: str, until: Any, timeout_s: float = 60) -> dict[str, Any]:
-    """GROUP's entry of ``hamq admin sync-state-set --json`` once ``until(entry)`` holds."""
-    entry: dict[str, Any] = {}
-    with trio.move_on_after(timeout_s):
-        while True:
-            entry = (await sync_state(controller)).get(GROUP, {})
-            if entry and until(entry):
-                return entry
-            await trio.sleep(0.3)
-    raise AssertionError(f"not reached within {timeout_s} s: {entry}")
-
-
-async def stored(namesrv: str, topic: str) -> int:
-    """Messages in the topic's queues on its master (sum of max offsets)."""
-    async with PullConsumer("walkthrough-probe", namesrv) as probe:
-        try:
-            queues = await probe.queues(topic)
-        except NoRouteError:  # (not created yet)
-            return 0
-        return sum([await probe.max_offset(q) for q in queues])
-
-
 @pytest.mark.slow
 async def test_the_readme_failover_walkthrough(tmp_path: Path) -> None:
     moved = copy_profile("autoswitch", tmp_path / "autoswitch", tmp_path / "data")
     namesrv = f"127.0.0.1:{moved[9876]}"  # produce's default: the first nameserver
     names = {f"127.0.0.1:{moved[port]}": name for port, name in BROKERS.items()}
+
+    async def enough_stored() -> bool:  # acknowledged enough to kill the master mid-run
+        return await stored(namesrv, "demo") >= BEFORE_KILL
+
     async with cluster_up(tmp_path / "autoswitch", tmp_path / "logs") as up:
         await up.read_until(r"^hamq cluster ready: autoswitch, 6 process\(es\)", READY_S)
         pids = up.table_pids()
-        before = await group_state(namesrv, lambda g: len(g.get("inSyncReplicas") or []) == 3)
+        before = await sync_state_when(
+            namesrv, GROUP, lambda g: len(g.get("inSyncReplicas") or []) == 3
+        )
 
         errors = tmp_path / "produce.err"
         with errors.open("wb") as stderr:
@@ -74,9 +58,7 @@ async def test_the_readme_failover_walkthrough(tmp_path: Path) -> None:
                 stderr=stderr,
             )
         try:
-            with trio.fail_after(60):
-                while await stored(namesrv, "demo") < BEFORE_KILL:  # noqa: ASYNC110
-                    await trio.sleep(0.1)
+            await wait_for(enough_stored, 60, every_s=0.1)
             master = names[before["masterAddress"]]
             os.kill(pids[master], signal.SIGKILL)
             assert producing.returncode is None, "produce ended before the kill"
@@ -100,8 +82,9 @@ async def test_the_readme_failover_walkthrough(tmp_path: Path) -> None:
 
         # the killed broker is started again and rejoins the new master's SyncStateSet
         await up.read_until(rf"^  {master}: broker ready again at ", 60)
-        after = await group_state(
+        after = await sync_state_when(
             namesrv,
+            GROUP,
             lambda g: (
                 g["masterEpoch"] > before["masterEpoch"] and len(g.get("inSyncReplicas") or []) == 3
             ),

@@ -28,8 +28,8 @@ import attrs
 import pytest
 import trio
 
+from tests.support.cluster import child_pids
 from tests.support.processes import ROOT, copy_profile, kill_and_reap, user_env
-from tests.test_cluster import child_pids
 
 README = ROOT / "README.md"
 #: the comment that starts the second terminal's lines (as in the failover walkthrough)

@@ -30,10 +30,11 @@ from hamq.remoting import (
     RemotingServer,
 )
 from hamq.remoting.ratelimit import MAX_LINE_CHARS, RateLimitedLog
-from tests.support.brokers import running_broker, wait_for
+from tests.support.acl import BROKER, acl_text, write_acl
+from tests.support.brokers import running_broker
+from tests.support.metrics import documented, scrape, value
 from tests.support.processes import running
-from tests.test_acl import BROKER, acl_text, write_acl
-from tests.test_metrics import documented, scrape, value
+from tests.support.timing import wait_for
 
 ECHO = 1
 

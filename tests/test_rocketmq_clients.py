@@ -26,9 +26,9 @@ import trio
 
 from hamq.client import ConsumeResult, Message, MessageExt, Producer, PullConsumer, PushConsumer
 from hamq.protocol.message import SYSFLAG_COMPRESSED
-from tests.support.brokers import wait_for
 from tests.support.ha import broker_group
 from tests.support.processes import broker_process
+from tests.support.timing import wait_for
 
 if platform.system() != "Linux" or platform.machine() != "x86_64":  # the wheel's only build
     pytest.skip("rocketmq 0.4.4 ships for Linux x86_64 only", allow_module_level=True)

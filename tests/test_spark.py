@@ -18,14 +18,22 @@ from typing import Any
 import pytest
 import trio
 
-from hamq.client import AdminClient, Message, MessageQueue, PullStatus, SendStatus
+from hamq.client import (
+    AdminClient,
+    Message,
+    MessageQueue,
+    PullStatus,
+    RemotingConfig,
+    SendStatus,
+    TlsConfig,
+)
 from hamq.client.blocking import Producer, PullConsumer
-from hamq.remoting import RemotingConfig
-from hamq.remoting.tls import TlsConfig
 from hamq.spark.options import parse_write_options
 from hamq.spark.writing import write_batches
+from tests.support.brokers import create_topic
 from tests.support.ha import broker_group
 from tests.support.processes import broker_process, stop
+from tests.support.timing import wait_for
 from tests.support.tls import server_files
 
 pytestmark = pytest.mark.slow
@@ -65,14 +73,6 @@ def namesrv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield ns
 
 
-def create_topic(namesrv: str, topic: str, queues: int) -> None:
-    async def create() -> None:
-        async with AdminClient(namesrv) as admin:
-            await admin.create_topic(topic, queues)
-
-    trio.run(create)
-
-
 def fill(namesrv: str, topic: str, queues: range, per_queue: int, first: int = 0) -> None:
     """``per_queue`` messages into each queue, bodies ``q{queue}-{n}``, keys ``k{n}``."""
     with Producer("spark-test-fill", namesrv) as producer:
@@ -84,6 +84,20 @@ def fill(namesrv: str, topic: str, queues: range, per_queue: int, first: int = 0
                     for n in range(start, min(start + 250, first + per_queue))
                 ]
                 assert producer.send_batch(batch, queue=target).status is SendStatus.SEND_OK
+    trio.run(visible, namesrv, topic, queues, first + per_queue)
+
+
+async def visible(namesrv: str, topic: str, queues: range, count: int) -> None:
+    """Until the queues' max offsets reach ``count``: a send is answered when the
+    CommitLog holds it, its queue shows it once the reput service has dispatched it, and
+    a read planned in between (an availableNow run) would miss the tail of a batch."""
+
+    async def shown() -> bool:
+        status = {s.queue.queue_id: s.max_offset for s in await admin.queue_status(topic)}
+        return all(status.get(q, 0) >= count for q in queues)
+
+    async with AdminClient(namesrv) as admin:
+        await wait_for(shown, what=f"{topic}'s queues {queues} to show {count} messages each")
 
 
 def read(spark: Any, namesrv: str, topic: str, **options: str) -> Any:
@@ -103,7 +117,7 @@ def body_offsets(df: Any) -> list[tuple[int, int, str]]:
 
 
 def test_batch_read_returns_every_message_once(spark: Any, namesrv: str) -> None:
-    create_topic(namesrv, "spark-batch", 4)
+    trio.run(create_topic, namesrv, "spark-batch", 4)
     fill(namesrv, "spark-batch", range(4), 2500)
     df = read(spark, namesrv, "spark-batch")
     assert df.rdd.getNumPartitions() == 4  # one per queue
@@ -122,7 +136,7 @@ def test_batch_read_returns_every_message_once(spark: Any, namesrv: str) -> None
 
 
 def test_json_starting_and_ending_offsets(spark: Any, namesrv: str) -> None:
-    create_topic(namesrv, "spark-range", 2)
+    trio.run(create_topic, namesrv, "spark-range", 2)
     fill(namesrv, "spark-range", range(2), 100)
     df = read(
         spark,
@@ -139,7 +153,7 @@ def test_json_starting_and_ending_offsets(spark: Any, namesrv: str) -> None:
 
 def test_several_topics_with_topic_first_offsets(spark: Any, namesrv: str) -> None:
     for topic in ("spark-multi-a", "spark-multi-b"):
-        create_topic(namesrv, topic, 1)
+        trio.run(create_topic, namesrv, topic, 1)
         fill(namesrv, topic, range(1), 20)
     df = read(
         spark,
@@ -152,7 +166,7 @@ def test_several_topics_with_topic_first_offsets(spark: Any, namesrv: str) -> No
 
 
 def test_starting_timestamp(spark: Any, namesrv: str) -> None:
-    create_topic(namesrv, "spark-time", 1)
+    trio.run(create_topic, namesrv, "spark-time", 1)
     fill(namesrv, "spark-time", range(1), 30)
     time.sleep(0.05)
     since = int(time.time() * 1000)
@@ -163,7 +177,7 @@ def test_starting_timestamp(spark: Any, namesrv: str) -> None:
 
 
 def test_compressed_bodies_arrive_inflated(spark: Any, namesrv: str) -> None:
-    create_topic(namesrv, "spark-zip", 1)
+    trio.run(create_topic, namesrv, "spark-zip", 1)
     big = b"abc" * 10_000  # over the producer's 4 KiB: sent zlib-compressed
     with Producer("spark-test-zip", namesrv) as producer:
         producer.send(Message("spark-zip", big))
@@ -217,14 +231,14 @@ def run_available_now(spark: Any, namesrv: str, topic: str, base: Path, **option
 def test_stream_resumes_from_its_checkpoint_and_finds_new_queues(
     spark: Any, namesrv: str, tmp_path: Path
 ) -> None:
-    create_topic(namesrv, "spark-stream", 2)
+    trio.run(create_topic, namesrv, "spark-stream", 2)
     fill(namesrv, "spark-stream", range(2), 100)
     run_available_now(spark, namesrv, "spark-stream", tmp_path)
     first = body_offsets(spark.read.parquet(str(tmp_path / "out")))
     assert first == [(q, n, f"q{q}-{n}") for q in range(2) for n in range(100)]
 
     fill(namesrv, "spark-stream", range(2), 30, first=100)
-    create_topic(namesrv, "spark-stream", 3)  # a queue the stream has not seen
+    trio.run(create_topic, namesrv, "spark-stream", 3)  # a queue the stream has not seen
     fill(namesrv, "spark-stream", range(2, 3), 7)
     query = run_available_now(spark, namesrv, "spark-stream", tmp_path)
     new_rows = sum(p["numInputRows"] for p in query.recentProgress)
@@ -239,7 +253,7 @@ def test_stream_resumes_from_its_checkpoint_and_finds_new_queues(
 def test_max_offsets_per_trigger_bounds_each_micro_batch(
     spark: Any, namesrv: str, tmp_path: Path
 ) -> None:
-    create_topic(namesrv, "spark-limit", 3)
+    trio.run(create_topic, namesrv, "spark-limit", 3)
     fill(namesrv, "spark-limit", range(3), 30)
     query = run_available_now(
         spark, namesrv, "spark-limit", tmp_path, maxOffsetsPerTrigger="20", group="spark-limit-g"
@@ -273,7 +287,7 @@ def drain(namesrv: str, topic: str) -> list[Any]:
 
 
 def test_sink_writes_a_dataframe_a_consumer_reads_back(spark: Any, namesrv: str) -> None:
-    create_topic(namesrv, "spark-sink", 4)
+    trio.run(create_topic, namesrv, "spark-sink", 4)
     rows = [(f"order {i}", f"k{i} x", f"t{i % 2}", {"n": str(i)}) for i in range(500)]
     df = spark.createDataFrame(
         rows, "body string, keys string, tags string, properties map<string,string>"
@@ -288,7 +302,7 @@ def test_sink_writes_a_dataframe_a_consumer_reads_back(spark: Any, namesrv: str)
 
 
 def test_sink_topic_and_queue_columns(spark: Any, namesrv: str) -> None:
-    create_topic(namesrv, "spark-sink-q", 4)
+    trio.run(create_topic, namesrv, "spark-sink-q", 4)
     df = spark.createDataFrame(
         [("spark-sink-q", 2, bytearray(b"\x00\x01 binary")) for _ in range(10)],
         "topic string, queue_id int, body binary",
@@ -320,8 +334,8 @@ def test_sink_refuses_what_it_cannot_send(spark: Any, namesrv: str) -> None:
 
 
 def test_streaming_sink_copies_a_topic(spark: Any, namesrv: str, tmp_path: Path) -> None:
-    create_topic(namesrv, "spark-copy-in", 2)
-    create_topic(namesrv, "spark-copy-out", 2)
+    trio.run(create_topic, namesrv, "spark-copy-in", 2)
+    trio.run(create_topic, namesrv, "spark-copy-out", 2)
     fill(namesrv, "spark-copy-in", range(2), 40)
     source = (
         spark.readStream.format("hamq")
@@ -350,7 +364,7 @@ def test_streaming_sink_copies_a_topic(spark: Any, namesrv: str, tmp_path: Path)
 def test_write_batches_reports_counts_per_send_status(namesrv: str) -> None:
     import pyarrow as pa
 
-    create_topic(namesrv, "spark-sink-direct", 2)
+    trio.run(create_topic, namesrv, "spark-sink-direct", 2)
     options = parse_write_options({"namesrv": namesrv, "topic": "spark-sink-direct"})
     batch = pa.RecordBatch.from_pydict({"body": [b"x%d" % i for i in range(300)]})
     report = write_batches(options, iter([batch, batch]))

@@ -11,13 +11,8 @@ import pytest
 import trustme
 
 from hamq.client import InvalidArgumentError
-from hamq.protocol.message import (
-    SYSFLAG_COMPRESSED,
-    MessageFormatError,
-    encode_properties,
-    make_record_template,
-    pack_host,
-)
+from hamq.client.records import SYSFLAG_COMPRESSED, MessageFormatError
+from hamq.protocol.message import encode_properties, make_record_template, pack_host
 from hamq.spark import DataLossError
 from hamq.spark.columns import ARROW_SCHEMA, Columns
 from hamq.spark.options import (
@@ -342,6 +337,7 @@ def test_records_become_arrow_rows() -> None:
     ("damage", "match"),
     [
         (lambda raw: raw[:20], "only 20 bytes left for a record"),
+        (lambda raw: raw[:39], "only 39 bytes left for a record"),  # a head is 40
         (lambda raw: raw[:-1], "total size 116 at byte 0 of a 115-byte answer"),
         (lambda raw: raw[:4] + b"\x00\x00\x00\x01" + raw[8:], "magic"),
         (lambda raw: raw[:84] + b"\x00\x00\x00\x09" + raw[88:], "runs past total size"),

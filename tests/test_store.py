@@ -6,7 +6,6 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,32 +23,8 @@ from hamq.store import (
 )
 from hamq.store.message_store import StoreLockedError
 from hamq.store.segment import Segment, StoreError
-from tests.support.store import SEGMENT, message, open_store, small_config, virtual_clock
-
-
-async def put_many(store: MessageStore, count: int, **kwargs: object) -> list[int]:
-    offsets = []
-    for i in range(count):
-        result = await store.put_message(
-            message(
-                queue_id=i % 4,
-                body=f"message-{i}".encode() + b"." * 2000,
-                KEYS=f"key-{i}",
-                TAGS="odd" if i % 2 else "even",
-                UNIQ_KEY=f"UNIQ{i:06d}",
-            )
-        )
-        assert result.status is PutMessageStatus.PUT_OK, result
-        assert result.append is not None
-        offsets.append(result.append.physical_offset)
-    return offsets
-
-
-async def eventually(condition: Callable[[], bool], within_s: float = 600) -> None:
-    """Wait (in virtual time, under MockClock) until ``condition()`` holds."""
-    with trio.fail_after(within_s):
-        while not condition():  # noqa: ASYNC110 - polling a store's state in virtual time
-            await trio.sleep(1)
+from tests.support.store import SEGMENT, message, open_store, put_many, small_config
+from tests.support.timing import virtual_clock, wait_for
 
 
 async def settle(store: MessageStore) -> None:
@@ -73,9 +48,9 @@ async def test_put_and_get_with_every_status(tmp_path: Path) -> None:
         records = decode_messages(found.body)
         assert [m.queue_offset for m in records] == [0, 1, 2]
         assert [m.body.split(b".")[0] for m in records] == [
-            b"message-1",
-            b"message-5",
-            b"message-9",
+            b"m1",
+            b"m5",
+            b"m9",
         ]
         assert store.get_message("g", "T", 1, 10, 3).status is GetMessageStatus.OFFSET_OVERFLOW_ONE
         badly = store.get_message("g", "T", 1, 99, 3)
@@ -106,11 +81,11 @@ async def test_messages_and_offsets_survive_a_restart(tmp_path: Path) -> None:
     async with open_store(config) as store:
         assert store.recovery is not None and store.recovery.clean
         assert store.commitlog_max_offset == end
-        assert bodies(store, 2, 45, 2) == [b"message-182", b"message-186"]
+        assert bodies(store, 2, 45, 2) == [b"m182", b"m186"]
         result = await store.put_message(message(queue_id=2, body=b"after-restart"))
         assert result.append is not None and result.append.queue_offset == 50
-        [by_key] = store.query_message("T", "key-123", 5)
-        assert by_key.body.startswith(b"message-123")
+        [by_key] = store.query_message("T", "k123", 5)
+        assert by_key.body.startswith(b"m123.")
         [by_id] = store.query_message("T", "UNIQ000077", 5)
         assert by_id.queue_offset == 19
 
@@ -124,7 +99,7 @@ async def test_consume_queues_are_rebuilt_after_their_files_are_deleted(tmp_path
         assert store.recovery is not None
         assert store.recovery.records_dispatched == 300
         assert store.max_offset_in_queue("T", 3) == 75
-        assert bodies(store, 3, 70, 2) == [b"message-283", b"message-287"]
+        assert bodies(store, 3, 70, 2) == [b"m283", b"m287"]
 
 
 async def test_two_corrupted_records_in_the_last_segment_are_found_by_crc_and_cut_there(
@@ -158,7 +133,7 @@ async def test_two_corrupted_records_in_the_last_segment_are_found_by_crc_and_cu
             queue = victim_index % 4
             kept = store.max_offset_in_queue("T", queue)
             assert kept == victim_index // 4
-            assert bodies(store, queue, kept - 1, 5) == [f"message-{victim_index - 4}".encode()]
+            assert bodies(store, queue, kept - 1, 5) == [f"m{victim_index - 4}".encode()]
     assert f"commitlog cut at {victim}" in caplog.text
     [copy] = report.torn_copy
     assert copy.parent == tmp_path / "torn"
@@ -280,7 +255,7 @@ async def test_retention_deletes_old_segments_once_nobody_needs_them(
         await trio.sleep(2 * 3600)  # old enough now, but a consumer still needs everything
         assert store.commitlog_min_offset == 0
         needed[0] = 2 * SEGMENT  # consumers are past the first two segments
-        await eventually(lambda: store.commitlog_min_offset == 2 * SEGMENT)
+        await wait_for(lambda: store.commitlog_min_offset == 2 * SEGMENT, 600, every_s=1)
         await trio.sleep(60)
         assert store.commitlog_min_offset == 2 * SEGMENT  # and no further
         low = store.min_offset_in_queue("T", 1)
@@ -296,7 +271,7 @@ async def test_retention_deletes_old_segments_once_nobody_needs_them(
             high,
         )
         needed[0] = 10**12
-        await eventually(lambda: len(store.commitlog.segments.segments) == 1)
+        await wait_for(lambda: len(store.commitlog.segments.segments) == 1, 600, every_s=1)
         await trio.sleep(60)
         assert len(store.commitlog.segments.segments) == 1  # never the one being written
 
@@ -308,9 +283,14 @@ async def test_bad_puts_are_refused_with_a_named_status(tmp_path: Path) -> None:
         assert "over max_message_bytes 65536" in too_big.remark
         huge_properties = await store.put_message(message(big="p" * 40_000))
         assert huge_properties.status is PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
+        # the status follows the error's type, not its text: this one names the key
+        illegal_key = await store.put_message(message(**{"properties of\x01": "v"}))
+        assert illegal_key.status is PutMessageStatus.MESSAGE_ILLEGAL
+        assert "may not contain" in illegal_key.remark
         bad_delay = await store.put_message(message(DELAY="soon"))
         assert bad_delay.status is PutMessageStatus.MESSAGE_ILLEGAL
         assert not (too_big.stored or huge_properties.stored or bad_delay.stored)
+        assert not illegal_key.stored
         assert store.commitlog_max_offset == 0
     async with open_store(small_config(tmp_path, role=BrokerRole.SLAVE)) as slave:
         refused = await slave.put_message(message())
@@ -338,8 +318,8 @@ async def test_a_slave_rebuilds_queues_from_replicated_bytes(tmp_path: Path) -> 
             offset += len(chunk)
         await settle(slave)
         assert [slave.max_offset_in_queue("T", q) for q in range(4)] == [30] * 4
-        assert bodies(slave, 1, 29, 1) == [b"message-117"]
-        assert [m.queue_offset for m in slave.query_message("T", "key-5", 3)] == [1]
+        assert bodies(slave, 1, 29, 1) == [b"m117"]
+        assert [m.queue_offset for m in slave.query_message("T", "k5", 3)] == [1]
 
 
 async def test_truncate_drops_records_everywhere_and_appends_continue(tmp_path: Path) -> None:
@@ -358,12 +338,12 @@ async def test_truncate_drops_records_everywhere_and_appends_continue(tmp_path: 
         assert (empty.status, empty.next_begin_offset) == (GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0)
         await store.truncate(offsets[60])
         assert [store.max_offset_in_queue("T", q) for q in range(4)] == [15, 15, 15, 15]
-        assert store.query_message("T", "key-70", 3) == []
-        result = await store.put_message(message(queue_id=0, body=b"new", KEYS="key-70"))
+        assert store.query_message("T", "k70", 3) == []
+        result = await store.put_message(message(queue_id=0, body=b"new", KEYS="k70"))
         assert result.append is not None
         assert (result.append.physical_offset, result.append.queue_offset) == (offsets[60], 15)
         await settle(store)
-        [found] = store.query_message("T", "key-70", 3)
+        [found] = store.query_message("T", "k70", 3)
         assert found.body == b"new"
 
 

@@ -29,21 +29,9 @@ from hamq.store.checkpoint import MetadataFileError
 from hamq.store.consume_queue import ENTRY_SIZE
 from hamq.store.segment import StoreError
 from tests.support.brokers import namesrv, running_broker
-from tests.support.store import SEGMENT, message, open_store, small_config
+from tests.support.store import SEGMENT, message, open_store, put_many, small_config
 
 # ---------------------------------------------------------------- helpers
-
-
-async def put_bodies(store: MessageStore, count: int, queues: int = 1) -> list[int]:
-    """``count`` messages ``m<i>`` (queue i % queues); their CommitLog offsets."""
-    offsets = []
-    for i in range(count):
-        result = await store.put_message(
-            message(queue_id=i % queues, body=f"m{i}.".encode() + b"x" * 500, KEYS=f"k{i}")
-        )
-        assert result.append is not None, result
-        offsets.append(result.append.physical_offset)
-    return offsets
 
 
 def segment_of(store_dir: Path, offset: int, segment_bytes: int = SEGMENT) -> tuple[Path, int]:
@@ -163,7 +151,7 @@ async def test_check_crc_on_read_passes_over_a_flipped_body_byte(
 ) -> None:
     config = small_config(tmp_path)  # (check_crc_on_read is on by default)
     async with open_store(config) as store:
-        offsets = await put_bodies(store, 30)
+        offsets = await put_many(store, 30, queues=1, padding=500)
     flip(tmp_path, offsets[12], "body")
     with caplog.at_level(logging.ERROR):
         async with open_store(config) as store:
@@ -207,7 +195,7 @@ async def test_a_damaged_consume_queue_is_rebuilt_at_start(
 ) -> None:
     config = small_config(tmp_path)
     async with open_store(config) as store:
-        await put_bodies(store, 500, queues=2)  # 250 per queue, 100 entries per file
+        await put_many(store, 500, queues=2, padding=500)  # 250 per queue, 100 entries per file
         await store.wait_dispatched()
         assert store.max_offset_in_queue("T", 0) == 250
     DAMAGE[damage](tmp_path / "consumequeue" / "T")
@@ -312,7 +300,7 @@ async def test_crash_recovery_passes_over_one_damaged_record_and_keeps_the_rest(
 ) -> None:
     config = small_config(tmp_path)
     async with open_store(config) as store:
-        offsets = await put_bodies(store, 900, queues=3)
+        offsets = await put_many(store, 900, queues=3, padding=500)
         end = store.commitlog_max_offset
     victim = 400  # queue 1, offset 133; several segments before the end
     original = record_bytes(tmp_path, offsets[victim])
@@ -342,7 +330,7 @@ async def test_crash_recovery_passes_over_one_damaged_record_and_keeps_the_rest(
 async def test_two_damaged_records_in_a_row_are_a_torn_tail_and_cut(tmp_path: Path) -> None:
     config = small_config(tmp_path)
     async with open_store(config) as store:
-        offsets = await put_bodies(store, 900, queues=3)
+        offsets = await put_many(store, 900, queues=3, padding=500)
         end = store.commitlog_max_offset
     flip(tmp_path, offsets[400], "body")
     flip(tmp_path, offsets[401], "body")
@@ -361,7 +349,7 @@ async def test_put_status_is_unchanged_for_damage_elsewhere(tmp_path: Path) -> N
     of the path every test above relies on)."""
     config = small_config(tmp_path)
     async with open_store(config) as store:
-        offsets = await put_bodies(store, 10)
+        offsets = await put_many(store, 10, queues=1, padding=500)
     flip(tmp_path, offsets[3], "topic")
     async with open_store(config) as store:
         result = await store.put_message(message(body=b"after"))
@@ -387,7 +375,7 @@ def damage(store_dir: Path, offset: int, how: str) -> None:
 async def master_log(store_dir: Path, count: int) -> tuple[list[int], bytes]:
     """A master's log of ``count`` messages over 3 queues: their offsets and its bytes."""
     async with open_store(small_config(store_dir)) as master:
-        offsets = await put_bodies(master, count, queues=3)
+        offsets = await put_many(master, count, queues=3, padding=500)
         end = master.commitlog_max_offset
     assert end < SEGMENT  # (one segment: replicated as it is)
     return offsets, (store_dir / "commitlog" / f"{0:020d}").read_bytes()[:end]

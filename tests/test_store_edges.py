@@ -17,7 +17,6 @@ from hamq.store import (
     SCHEDULE_TOPIC,
     BrokerRole,
     GetMessageStatus,
-    MessageStore,
     PutMessageStatus,
     StoreConfig,
 )
@@ -26,15 +25,8 @@ from hamq.store.commitlog import CommitLog
 from hamq.store.consume_queue import ENTRY_SIZE, MAX_CHECKED_RANGES, CheckedRanges
 from hamq.store.index import IndexService
 from hamq.store.segment import Segment, StoreError, fsync_directory
-from tests.support.store import SEGMENT, message, open_store, small_config, virtual_clock
-
-
-async def put_n(store: MessageStore, count: int, **properties: str) -> None:
-    for i in range(count):
-        result = await store.put_message(
-            message(queue_id=i % 2, body=b"m%d" % i + b"." * 1000, **properties)
-        )
-        assert result.status is PutMessageStatus.PUT_OK, result
+from tests.support.store import SEGMENT, message, open_store, put_many, small_config
+from tests.support.timing import virtual_clock
 
 
 async def test_a_truncation_during_a_slow_fsync_does_not_overstate_what_is_flushed(
@@ -53,9 +45,9 @@ async def test_a_truncation_during_a_slow_fsync_does_not_overstate_what_is_flush
 
     async with open_store(config) as store:
         assert store.flush is not None
-        await put_n(store, 20)
+        await put_many(store, 20, queues=2, padding=1000)
         half = store.commitlog_max_offset
-        await put_n(store, 20)
+        await put_many(store, 20, queues=2, padding=1000)
         monkeypatch.setattr(Segment, "sync_data", slow)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(store.flush.flush_commitlog)
@@ -85,7 +77,7 @@ async def test_truncation_puts_the_zeroed_tail_on_disk(
         original(self)
 
     async with open_store(small_config(tmp_path)) as store:
-        await put_n(store, 30)
+        await put_many(store, 30, queues=2, padding=1000)
         assert store.flush is not None
         await store.flush.flush_queues_and_checkpoint()
         cut = store.get_message("g", "T", 0, 5, 1).messages[0]
@@ -98,7 +90,7 @@ async def test_truncation_puts_the_zeroed_tail_on_disk(
 
 async def test_a_slave_whose_log_starts_mid_way_builds_its_queues(tmp_path: Path) -> None:
     async with open_store(small_config(tmp_path / "master")) as master:
-        await put_n(master, 700)
+        await put_many(master, 700, queues=2, padding=1000)
         last = master.commitlog.segments.last
         assert last is not None and last.start > 0
         async with open_store(small_config(tmp_path / "slave", role=BrokerRole.SLAVE)) as slave:
@@ -118,7 +110,7 @@ async def test_a_slave_whose_log_starts_mid_way_builds_its_queues(tmp_path: Path
 async def test_consume_queue_holes_left_by_a_crash_are_rebuilt(tmp_path: Path) -> None:
     config = small_config(tmp_path)
     async with open_store(config) as store:
-        await put_n(store, 300)
+        await put_many(store, 300, queues=2, padding=1000)
     queue_file = tmp_path / "consumequeue" / "T" / "0" / f"{100 * ENTRY_SIZE:020d}"
     data = bytearray(queue_file.read_bytes())
     data[10 * ENTRY_SIZE : 20 * ENTRY_SIZE] = bytes(10 * ENTRY_SIZE)  # pages lost out of order
@@ -150,7 +142,7 @@ async def test_delay_offsets_past_their_queue_move_back_to_its_end(
 async def test_torn_copies_from_two_crashes_are_both_kept(tmp_path: Path) -> None:
     config = small_config(tmp_path)
     async with open_store(config) as store:
-        await put_n(store, 5)
+        await put_many(store, 5, queues=2, padding=1000)
         end = store.commitlog_max_offset
     segment = tmp_path / "commitlog" / f"{0:020d}"
     for garbage in (b"first torn tail", b"second torn tail"):

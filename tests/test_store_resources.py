@@ -25,10 +25,16 @@ from hamq.protocol.message import decode_messages
 from hamq.remoting import RemotingClient
 from hamq.store import GetMessageStatus, MessageStore, PutMessageStatus
 from hamq.store import segment as segment_module
-from tests.support.brokers import SMALL_STORE, running_broker, send_request, wait_for
+from tests.support.brokers import (
+    SMALL_STORE,
+    create_topic_request,
+    pull_request,
+    running_broker,
+    send_request,
+)
 from tests.support.processes import ROOT, free_ports, kill_and_reap, stop, write_toml
 from tests.support.store import message, open_store, small_config
-from tests.test_broker import create_topic_request, pull_request
+from tests.support.timing import wait_for
 
 TIMEOUT_S = 10.0
 

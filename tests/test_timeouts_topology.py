@@ -31,9 +31,10 @@ from hamq.protocol.send_timing import (
 )
 from hamq.store import StoreConfig
 from tests.support.brokers import running_broker, topic_messages
-from tests.support.ha import broker_group, ha_status
+from tests.support.cluster import READY_S, cluster_up
+from tests.support.ha import broker_group, first_slave_in_sync
 from tests.support.processes import copy_profile
-from tests.test_cluster import READY_S, cluster_up
+from tests.support.timing import wait_for
 
 # ---------------------------------------------------------------- timeouts
 
@@ -168,12 +169,8 @@ async def test_with_make_runs_master_killed_a_default_client_consumes_from_the_s
         await up.read_until(r"^hamq cluster ready: 1m-1s-sync", READY_S)
         shown = await up.read_until(r"^clients: --namesrv (.*)$", 5)
         assert shown.group(1).strip("'") == default, shown.group(0)
-        with trio.fail_after(30):
-            while True:  # SEND_OK once the slave is in sync
-                slaves = (await ha_status(master_addr))["master"]["slaves"]
-                if slaves and slaves[0]["in_sync"]:
-                    break
-                await trio.sleep(0.1)
+        # SEND_OK once the slave is in sync
+        await wait_for(lambda: first_slave_in_sync(master_addr), 30, every_s=0.1)
         bodies = [f"before the kill {i}".encode() for i in range(20)]
         async with Producer("PG", default) as producer:
             for body in bodies:

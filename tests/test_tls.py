@@ -21,9 +21,10 @@ from hamq.client import Message, Producer, PullConsumer, PullStatus, SendStatus
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
 from hamq.remoting import RemotingClient, RemotingConfig, RemotingError
 from hamq.remoting.tls import TlsConfig, TlsConfigError
-from tests.support.brokers import running_broker, running_nameserver, wait_for
+from tests.support.brokers import running_broker, running_nameserver
+from tests.support.metrics import scrape, value
 from tests.support.processes import hamq_command
-from tests.test_metrics import scrape, value
+from tests.support.timing import wait_for
 
 
 @attrs.frozen

@@ -2,7 +2,8 @@
 plain_acl.yml, permissions per topic and group, address whitelists.
 
 - signing.py     the signature (HmacSHA1 over the sorted ext fields + body), Credentials,
-                 the client's signing hook
+                 the client's signing hook (Secret, the masked text of a secret key, is
+                 hamq.protocol.secret's, re-exported here)
 - permission.py  PUB / SUB / DENY
 - addresses.py   whitelist patterns
 - accounts.py    the plain_acl.yml file -> AclTable
@@ -30,13 +31,13 @@ from hamq.acl.signing import (
     SECURITY_TOKEN,
     SIGNATURE,
     Credentials,
-    Secret,
     credentials_from,
     sign,
     signature,
     signature_matches,
     signer,
 )
+from hamq.protocol.secret import Secret
 from hamq.remoting.client import RpcHook
 
 __all__ = [

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 import attrs
 
 from hamq.protocol import RemotingCommand
+from hamq.protocol.secret import Secret
 from hamq.remoting.client import RpcHook
 
 ACCESS_KEY = "AccessKey"
@@ -38,39 +39,6 @@ SIGNATURE = "Signature"
 SECURITY_TOKEN = "SecurityToken"
 #: RocketMQ's MixAll.UNIQUE_MSG_QUERY_FLAG: left out of the content by the checking side
 UNIQUE_MSG_QUERY_FLAG = "_UNIQUE_KEY_QUERY"
-
-
-class Secret:
-    """A secret text that never shows itself: ``str()`` and ``repr()`` are masked, so a
-    configuration holding one can be printed or served (GET_BROKER_CONFIG) safely.
-    ``reveal()`` is the text. Deliberately not an attrs class: code that walks attrs
-    fields (the broker's live configuration) must see a leaf, not a field to print."""
-
-    __slots__ = ("_text",)
-
-    MASK = "******"
-
-    def __init__(self, text: str) -> None:
-        if not isinstance(text, str):
-            raise TypeError(f"a secret is a string, not {type(text).__name__}")
-        self._text = text
-
-    def reveal(self) -> str:
-        return self._text
-
-    def __str__(self) -> str:
-        return self.MASK
-
-    def __repr__(self) -> str:
-        return f"Secret({self.MASK!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and hmac.compare_digest(
-            self._text.encode(), other._text.encode()
-        )
-
-    def __hash__(self) -> int:
-        return hash(self._text)
 
 
 def _nonempty(_instance: object, attribute: attrs.Attribute[str], value: str) -> None:

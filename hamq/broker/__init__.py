@@ -3,7 +3,9 @@
 - config.py         BrokerConfig from TOML plus overrides, validated field by field
 - node.py           BrokerNode: store, server, embedded nameserver, background services
 - context.py        what processors share
-- topics.py, offsets.py, subscriptions.py   the managers and their JSON files (state.py)
+- roles.py          the role (starting, master, slave): one value, its table of moves
+- replicas.py       controller mode: identity, heartbeats, the controllers' role changes
+- topics.py, offsets.py, subscriptions.py   the managers and their JSON files (state_file.py)
 - clients.py        producer and consumer groups, orderly consumers' queue locks
 - long_polling.py   pulls that wait for messages
 - registration.py   registering with nameservers, telling groups of member changes

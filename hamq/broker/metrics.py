@@ -97,20 +97,21 @@ class BrokerCollector:
             "This broker: cluster, broker group, id and role now (value 1)",
             labels=["cluster", "broker_name", "broker_id", "role", "address"],
         )
-        role = ctx.role.value if ctx.is_master else "SLAVE"
         info.add_metric(
             [
                 node.config.cluster_name,
                 node.config.broker_name,
-                str(ctx.broker_id),
-                role,
+                str(ctx.roles.broker_id),
+                ctx.roles.broker_role.value,
                 ctx.address,
             ],
             1,
         )
         yield info
         yield GaugeMetricFamily(
-            "hamq_broker_master", "1 while this broker is its group's master", value=ctx.is_master
+            "hamq_broker_master",
+            "1 while this broker is its group's master",
+            value=ctx.roles.is_master,
         )
         yield GaugeMetricFamily(
             "hamq_broker_epoch",
@@ -203,8 +204,8 @@ class BrokerCollector:
             " -1: the classic HA protocol does not say it)",
             labels=["slave", "broker_id"],
         )
-        in_sync = 1 if node.ctx.is_master else 0
-        if node.ha_service is not None and node.ctx.is_master:
+        in_sync = 1 if node.ctx.roles.is_master else 0
+        if node.ha_service is not None and node.ctx.roles.is_master:
             for slave in node.ha_service.statistics().slaves:
                 slaves.add_metric([slave.address, str(slave.broker_id)], slave.lag_bytes)
                 in_sync += slave.in_sync

@@ -5,9 +5,10 @@ managers' JSON state, an embedded nameserver when no nameserver address is
 configured or ``embed_namesrv`` asks for one, replication (a master's HA service on the
 HA port), the remoting server (reporting its port), the background services (long
 polling, notifications, client housekeeping, persisting state), registration with
-every nameserver (a warning if sends wait longer than producers do); then a master
-starts a new epoch at the end of its log and its store takes sends, and a slave starts
-its HA client and the metadata sync, which follow the master the registration names.
+every nameserver (a warning if sends wait longer than producers do); then the broker
+takes its configured role (roles.py: a master starts a new epoch at the end of its log
+and takes sends), and a slave starts its HA client and the metadata sync, which follow
+the master the registration names.
 ``await nursery.start(node.run)`` returns once all of them serve. A start that fails
 (a port in use) or is stopped half-way leaves no new epoch behind.
 
@@ -18,8 +19,8 @@ nameservers, controllers and its master with ``access_key`` / ``secret_key``.
 
 In controller mode (``enable_controller_mode``) the roles are the controllers' to
 decide: the node starts as a slave without a master, with both HA sides ready (the HA
-service listens but serves no one), and the replicas manager (replicas.py) switches it
-to master or slave as the controllers say.
+service listens but serves no one), and the replicas manager (replicas.py) moves its
+role (roles.py) to master or slave as the controllers say.
 
 Shutdown (``run`` cancelled): everything but the store stops first; then the state is
 written, the broker unregisters from its nameservers, and only then the store stops
@@ -50,6 +51,7 @@ from hamq.broker.processors.pull import PullProcessor
 from hamq.broker.processors.send import SendProcessor
 from hamq.broker.registration import Notifier, Registrar
 from hamq.broker.replicas import ReplicasManager
+from hamq.broker.roles import Roles
 from hamq.broker.slave_sync import SlaveSync
 from hamq.broker.subscriptions import SubscriptionGroupManager
 from hamq.broker.topics import TopicConfigManager
@@ -98,82 +100,25 @@ class BrokerNode:
     def __init__(self, config: BrokerConfig, *, clock: Callable[[], int] = wall_clock_ms) -> None:
         self.config = config
         self._clock = clock
-        store_dir = Path(config.store.store_dir)
-        controlled = config.enable_controller_mode
-        ha_config = config.ha
-        store_config = config.store
-        if controlled:
-            ha_config = attrs.evolve(config.ha, protocol=HAProtocol.AUTOSWITCH)
-        if config.is_master or controlled:
-            # the store takes no sends (and delivers no delayed messages) until this
-            # broker becomes master: at the end of start-up, or when the controllers say
-            store_config = attrs.evolve(config.store, role=BrokerRole.SLAVE)
+        # the store takes no sends (and delivers no delayed messages) until the broker's
+        # role makes it master: at the end of start-up, or when the controllers say
         self.store = MessageStore(
-            store_config,
+            attrs.evolve(config.store, role=BrokerRole.SLAVE),
             clock=self._clock,
             retention_floor=self._retention_floor,
             confirm_offset=self._confirm_offset,
             on_recovered=self._recovered,
         )
-        self.epochs = EpochFile(store_dir / EPOCH_FILE_NAME)
-        self.ha_service: HAService | None = None
-        self.ha_client: HAClient | None = None
+        self.epochs = EpochFile(Path(config.store.store_dir) / EPOCH_FILE_NAME)
+        self.ha_service, self.ha_client = self._replication()
         self.slave_sync: SlaveSync | None = None
         self.replicas: ReplicasManager | None = None
-        if config.is_master or controlled:
-            self.ha_service = HAService(
-                self.store,
-                ha_config,
-                self.epochs,
-                host=config.listen_host,
-                port=config.ha_port,
-                format_address=format_address,
-                broker_name=config.broker_name,
-                remoting=config.remoting,  # TLS and max_connections on the HA port too
-            )
-            self.ha_service.active = not controlled
-            self.store.append_listeners.append(self.ha_service.notify_appended)
-        if not config.is_master:
-            self.ha_client = HAClient(
-                self.store,
-                ha_config,
-                self.epochs,
-                broker_id=config.broker_id,
-                master_address=self._master_ha_address,
-                parse_address=parse_address,
-                broker_name=config.broker_name,
-                remoting=config.remoting,  # TLS to the master's HA port
-            )
+        self.roles = Roles(
+            config, self.store, self.epochs, ha_service=self.ha_service, ha_client=self.ha_client
+        )
         consumers = ConsumerManager()
         self.notifier = Notifier(consumers)
-        self.ctx = BrokerContext(
-            config=config,
-            store=self.store,
-            topics=TopicConfigManager(
-                store_dir / "config" / "topics.json",
-                self._clock,
-                default_queue_nums=config.default_topic_queue_nums,
-                auto_create=config.auto_create_topic_enable,
-                delay_levels=len(config.store.delay_levels_ms),
-                max_topics=config.max_topics,
-            ),
-            offsets=ConsumerOffsetManager(store_dir / "config" / "consumerOffset.json"),
-            subscriptions=SubscriptionGroupManager(
-                store_dir / "config" / "subscriptionGroup.json",
-                auto_create=config.auto_create_subscription_group,
-            ),
-            consumers=consumers,
-            producers=ProducerManager(),
-            locks=RebalanceLockManager(int(config.rebalance_lock_max_live_s * 1000)),
-            clock=self._clock,
-            ids=MessageIdGenerator(config.advertised_host),
-            ha=self.ha_service,
-        )
-        self.ctx.ha_status = self.ha_status
-        if controlled:
-            self.ctx.role, self.ctx.broker_id = BrokerRole.SLAVE, -1
-        else:
-            self.ctx.role, self.ctx.broker_id = config.role, config.broker_id
+        self.ctx = self._context(consumers)
         #: the ACL (acl_enable): every request is checked against acl_file's accounts
         self.acl: AclGuard | None = None
         if config.acl_enable and config.acl_file is not None:
@@ -204,6 +149,70 @@ class BrokerNode:
         self._store_scope = trio.CancelScope(shield=True)
         self._state_changed = trio.Event()
 
+    def _replication(self) -> tuple[HAService | None, HAClient | None]:
+        """A master's HA service and a slave's HA client; a controlled broker, which may
+        become either, has both (speaking the auto-switch protocol)."""
+        config = self.config
+        controlled = config.enable_controller_mode
+        ha_config = config.ha
+        if controlled:
+            ha_config = attrs.evolve(config.ha, protocol=HAProtocol.AUTOSWITCH)
+        service = client = None
+        if config.is_master or controlled:
+            service = HAService(
+                self.store,
+                ha_config,
+                self.epochs,
+                host=config.listen_host,
+                port=config.ha_port,
+                format_address=format_address,
+                broker_name=config.broker_name,
+                remoting=config.remoting,  # TLS and max_connections on the HA port too
+            )
+            self.store.append_listeners.append(service.notify_appended)
+        if not config.is_master:
+            client = HAClient(
+                self.store,
+                ha_config,
+                self.epochs,
+                broker_id=config.broker_id,
+                master_address=self._master_ha_address,
+                parse_address=parse_address,
+                broker_name=config.broker_name,
+                remoting=config.remoting,  # TLS to the master's HA port
+            )
+        return service, client
+
+    def _context(self, consumers: ConsumerManager) -> BrokerContext:
+        config = self.config
+        store_dir = Path(config.store.store_dir)
+        ctx = BrokerContext(
+            config=config,
+            store=self.store,
+            topics=TopicConfigManager(
+                store_dir / "config" / "topics.json",
+                self._clock,
+                default_queue_nums=config.default_topic_queue_nums,
+                auto_create=config.auto_create_topic_enable,
+                delay_levels=len(config.store.delay_levels_ms),
+                max_topics=config.max_topics,
+            ),
+            offsets=ConsumerOffsetManager(store_dir / "config" / "consumerOffset.json"),
+            subscriptions=SubscriptionGroupManager(
+                store_dir / "config" / "subscriptionGroup.json",
+                auto_create=config.auto_create_subscription_group,
+            ),
+            consumers=consumers,
+            producers=ProducerManager(),
+            locks=RebalanceLockManager(int(config.rebalance_lock_max_live_s * 1000)),
+            clock=self._clock,
+            ids=MessageIdGenerator(config.advertised_host),
+            roles=self.roles,
+            ha=self.ha_service,
+        )
+        ctx.ha_status = self.ha_status
+        return ctx
+
     @property
     def address(self) -> str:
         return self.ctx.address
@@ -224,7 +233,7 @@ class BrokerNode:
         return self.registrar.master_addr if self.registrar else None
 
     def _retention_floor(self) -> int:
-        if self.ha_service is not None and self.ctx.is_master:
+        if self.ha_service is not None and self.roles.is_master:
             return self.ha_service.floor()
         return self.store.commitlog_max_offset
 
@@ -237,7 +246,7 @@ class BrokerNode:
             return None
 
     def _confirm_offset(self) -> int:
-        if self.ha_service is not None and self.ctx.is_master:
+        if self.ha_service is not None and self.roles.is_master:
             return self.ha_service.confirm_offset
         return self.ha_client.confirm_offset if self.ha_client else 0
 
@@ -245,15 +254,17 @@ class BrokerNode:
         """Store hook, before anything is appended: the epochs are read."""
         await trio.to_thread.run_sync(self.epochs.load)
 
-    async def _become_master(self) -> None:
-        """A statically configured master, at the end of its start-up (bound, serving,
-        registered once): a new epoch at the end of its log, then sends and delayed
-        messages. A start that fails or is stopped before this point writes no epoch.
-        (Such masters number epochs themselves; two masters of one group started apart
-        could pick the same epoch — the controller, with automatic failover, is the
-        single authority that avoids it; replicas.py writes its epochs.)"""
-        await self.epochs.append(self.epochs.last_epoch + 1, self.store.commitlog_max_offset)
-        await self.store.set_master(True)  # (waits until the reput task dispatched everything)
+    async def _take_configured_role(self) -> None:
+        """A statically configured broker, at the end of its start-up (bound, serving,
+        registered once): a master starts a new epoch at the end of its log and takes
+        sends; a slave replicates. A start that fails or is stopped before this point
+        writes no epoch. (Such masters number epochs themselves; two masters of one
+        group started apart could pick the same epoch — the controller, with automatic
+        failover, is the single authority that avoids it; replicas.py has its epochs.)"""
+        if self.config.is_master:
+            await self.roles.become_master(self.epochs.last_epoch + 1, "configured master")
+        else:
+            await self.roles.become_slave("configured slave")
 
     async def _start_replication(self, nursery: trio.Nursery) -> None:
         """A master listens for slaves; a slave's client and metadata sync start once it
@@ -291,33 +302,9 @@ class BrokerNode:
         assert ctx.pull_holds is not None
         self.store.reput.listeners.append(ctx.pull_holds.on_dispatch)
         async with trio.open_nursery() as nursery:
-            namesrv_addrs = list(self.config.namesrv_addrs)
-            embedded: str | None = None
-            if not namesrv_addrs or self.config.embed_namesrv:
-                self.nameserver = NameServer(
-                    NameServerConfig(
-                        host=self.config.listen_host,
-                        port=self.config.embedded_namesrv_port,
-                        remoting=self.config.remoting,  # TLS and limits as the broker's
-                        acl_file=self.config.acl_file if self.acl is not None else None,
-                    )
-                )
-                port = await nursery.start(self.nameserver.run)
-                embedded = format_address(self.config.advertised_host, port)
-                namesrv_addrs = [embedded, *(a for a in namesrv_addrs if a != embedded)]
-                self.namesrv_addrs = namesrv_addrs
+            embedded = await self._start_embedded_nameserver(nursery)
             await self._start_replication(nursery)
-            if self.acl is not None:
-                await nursery.start(self.acl.run)
-            ctx.port = await nursery.start(self.server.run)
-            if self.config.metrics_port is not None:
-                collector = BrokerCollector(self)
-                self.metrics_port = await nursery.start(self._metrics_server(collector).run)
-                nursery.start_soon(collector.measure_disk)
-            await nursery.start(ctx.pull_holds.run)
-            await nursery.start(self.notifier.run)
-            nursery.start_soon(self._housekeeping)
-            nursery.start_soon(self._persist_loop)
+            await self._start_services(nursery)
             client_dispatcher = Dispatcher()
             credentials = self.config.credentials
             async with RemotingClient(
@@ -325,61 +312,104 @@ class BrokerNode:
                 dispatcher=client_dispatcher,
                 rpc_hook=signer(credentials) if credentials is not None else None,
             ) as client:
-                self.registrar = Registrar(ctx, client, list(namesrv_addrs))
-                if self.config.enable_controller_mode:
-                    assert self.ha_client is not None
-                    self.replicas = ReplicasManager(
-                        ctx,
-                        client,
-                        self.epochs,
-                        self.ha_client,
-                        confirm_offset=self._confirm_offset,
-                        role_changed=self.registrar.topics_changed,
-                    )
-                    self.replicas.install(client_dispatcher)
-                if self.ha_service is not None:  # who may replicate from this master
-                    self.ha_service.use_registry(
-                        self.replicas.ha_registry()
-                        if self.replicas is not None
-                        else nameserver_registry(
-                            client,
-                            list(namesrv_addrs),
-                            cluster=self.config.cluster_name,
-                            broker_name=self.config.broker_name,
-                        )
-                    )
+                registrar = self._join_group(client, client_dispatcher)
                 try:
                     # the registrar's tasks end inside the client's block, never after
                     async with trio.open_nursery() as registering:
-                        if self.replicas is not None:
-                            await registering.start(self.replicas.run)
-                        await registering.start(self.registrar.run)
-                        if self.config.is_master:
-                            await self._become_master()
-                        if self.ha_client is not None:
-                            self.slave_sync = SlaveSync(
-                                ctx, client, self._master_address, self._persist_soon
-                            )
-                            await registering.start(self.ha_client.run)
-                            await registering.start(self.slave_sync.run)
-                        log.info(
-                            "broker %s (%s, cluster %s) serving on %s, nameservers %s",
-                            self.config.broker_name,
-                            "controller mode" if self.replicas else self.config.role.value,
-                            self.config.cluster_name,
-                            ctx.address,
-                            ", ".join(namesrv_addrs),
-                        )
-                        if warning := self.config.send_wait_warning():
-                            log.warning("%s", warning)
+                        await self._register_and_take_role(registering, client)
                         task_status.started(ctx.port)
                 finally:
                     # the others are told; an embedded one stops with us anyway
-                    others = [a for a in namesrv_addrs if a != embedded]
+                    others = [a for a in self.namesrv_addrs if a != embedded]
                     if others:
-                        self.registrar.namesrv_addrs = others
+                        registrar.namesrv_addrs = others
                         with trio.CancelScope(shield=True):
-                            await self.registrar.unregister_all()
+                            await registrar.unregister_all()
+
+    async def _start_embedded_nameserver(self, nursery: trio.Nursery) -> str | None:
+        """A nameserver in this broker when none is configured or ``embed_namesrv`` asks
+        for one: its address (first in ``namesrv_addrs``), else None."""
+        config = self.config
+        if config.namesrv_addrs and not config.embed_namesrv:
+            return None
+        self.nameserver = NameServer(
+            NameServerConfig(
+                host=config.listen_host,
+                port=config.embedded_namesrv_port,
+                remoting=config.remoting,  # TLS and limits as the broker's
+                acl_file=config.acl_file if self.acl is not None else None,
+            )
+        )
+        port = await nursery.start(self.nameserver.run)
+        embedded = format_address(config.advertised_host, port)
+        self.namesrv_addrs = [embedded, *(a for a in config.namesrv_addrs if a != embedded)]
+        return embedded
+
+    async def _start_services(self, nursery: trio.Nursery) -> None:
+        """The ACL, the remoting server (its port is the broker's), metrics, long
+        polling, notifications, client housekeeping, persisting state."""
+        ctx = self.ctx
+        if self.acl is not None:
+            await nursery.start(self.acl.run)
+        ctx.port = await nursery.start(self.server.run)
+        if self.config.metrics_port is not None:
+            collector = BrokerCollector(self)
+            self.metrics_port = await nursery.start(self._metrics_server(collector).run)
+            nursery.start_soon(collector.measure_disk)
+        assert ctx.pull_holds is not None
+        await nursery.start(ctx.pull_holds.run)
+        await nursery.start(self.notifier.run)
+        nursery.start_soon(self._housekeeping)
+        nursery.start_soon(self._persist_loop)
+
+    def _join_group(self, client: RemotingClient, client_dispatcher: Dispatcher) -> Registrar:
+        """The registrar (told of every role change), in controller mode the replicas
+        manager, and who may replicate from this broker while it is master."""
+        config = self.config
+        registrar = self.registrar = Registrar(self.ctx, client, list(self.namesrv_addrs))
+        self.roles.listeners.append(registrar.topics_changed)
+        if config.enable_controller_mode:
+            assert self.ha_client is not None
+            self.replicas = ReplicasManager(
+                self.ctx, client, self.epochs, self.ha_client, confirm_offset=self._confirm_offset
+            )
+            self.replicas.install(client_dispatcher)
+        if self.ha_service is not None:
+            self.ha_service.use_registry(
+                self.replicas.ha_registry()
+                if self.replicas is not None
+                else nameserver_registry(
+                    client,
+                    list(self.namesrv_addrs),
+                    cluster=config.cluster_name,
+                    broker_name=config.broker_name,
+                )
+            )
+        return registrar
+
+    async def _register_and_take_role(self, nursery: trio.Nursery, client: RemotingClient) -> None:
+        """Register (the controllers first, in controller mode), take the configured role
+        (or wait for the controllers' word), then start a slave's replication."""
+        assert self.registrar is not None
+        if self.replicas is not None:
+            await nursery.start(self.replicas.run)
+        await nursery.start(self.registrar.run)
+        if self.replicas is None:
+            await self._take_configured_role()
+        if self.ha_client is not None:
+            self.slave_sync = SlaveSync(self.ctx, client, self._master_address, self._persist_soon)
+            await nursery.start(self.ha_client.run)
+            await nursery.start(self.slave_sync.run)
+        log.info(
+            "broker %s (%s, cluster %s) serving on %s, nameservers %s",
+            self.config.broker_name,
+            "controller mode" if self.replicas else self.config.role.value,
+            self.config.cluster_name,
+            self.ctx.address,
+            ", ".join(self.namesrv_addrs),
+        )
+        if warning := self.config.send_wait_warning():
+            log.warning("%s", warning)
 
     def _metrics_server(self, collector: BrokerCollector) -> MetricsServer:
         """This broker's metrics, and its embedded nameserver's, on metrics_port."""
@@ -424,16 +454,16 @@ class BrokerNode:
         """The replication side of this broker (GET_BROKER_HA_STATUS, ``hamq admin ha-status``)."""
         status: dict[str, Any] = {
             "broker": self.config.broker_name,
-            "brokerId": self.ctx.broker_id,
+            "brokerId": self.roles.broker_id,
             "address": self.ctx.address,
-            "role": self.ctx.role.value,
+            "role": self.roles.broker_role.value,
             "epochs": [[e.epoch, e.start_offset] for e in self.epochs.entries],
         }
         if self.replicas is not None:
             status["controller"] = self.replicas.status()
-        if self.ha_service is not None and self.ctx.is_master:
+        if self.ha_service is not None and self.roles.is_master:
             status["master"] = attrs.asdict(self.ha_service.statistics())
-        if self.ha_client is not None and not self.ctx.is_master:
+        if self.ha_client is not None and not self.roles.is_master:
             status["slave"] = attrs.asdict(self.ha_client.statistics())
         if self.slave_sync is not None:
             status["metadataSync"] = attrs.asdict(self.slave_sync.statistics())
@@ -443,7 +473,7 @@ class BrokerNode:
         holds = self.ctx.pull_holds
         return BrokerStatistics(
             address=self.ctx.address,
-            role=self.ctx.role.value,
+            role=self.roles.broker_role.value,
             namesrv_addrs=tuple(self.registrar.namesrv_addrs) if self.registrar else (),
             topics=len(self.ctx.topics.table),
             consumer_groups=len(self.ctx.consumers.groups),

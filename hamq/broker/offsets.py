@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hamq.broker.state import StateFile
+from hamq.broker.state_file import StateFile
 from hamq.protocol.bodies import ConsumerOffsetSerializeWrapper
 
 TOPIC_GROUP_SEPARATOR = "@"

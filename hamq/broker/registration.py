@@ -76,7 +76,7 @@ class Registrar:
             broker_addr=self.ctx.address,
             cluster_name=config.cluster_name,
             ha_server_addr=self.ctx.ha_address,
-            broker_id=self.ctx.broker_id,
+            broker_id=self.ctx.roles.broker_id,
             heartbeat_timeout_millis=None,
             compressed=False,
             body_crc32=zlib.crc32(body) & 0x7FFFFFFF,
@@ -87,7 +87,7 @@ class Registrar:
         """Register with every nameserver at once; returns how many accepted. (Not
         before the broker knows its role: controller mode, before the controllers said.)"""
         accepted = 0
-        if self.ctx.broker_id < 0:
+        if self.ctx.roles.broker_id < 0:
             return 0
 
         async def one(addr: str) -> None:
@@ -120,7 +120,7 @@ class Registrar:
             broker_name=config.broker_name,
             broker_addr=self.ctx.address,
             cluster_name=config.cluster_name,
-            broker_id=self.ctx.broker_id,
+            broker_id=self.ctx.roles.broker_id,
         )
 
         async def one(addr: str) -> None:

@@ -8,10 +8,11 @@ and registers its addresses (CONTROLLER_REGISTER_BROKER). Then, until it stops:
 - it heartbeats every controller every ``controller_heartbeat_interval_s`` (1 s) with
   its epoch, max offset and confirm offset; the answers carry the group's replica
   info, and so do the controllers' NOTIFY_BROKER_ROLE_CHANGED pushes;
-- one task applies every newer replica info, in order:
+- one task applies every newer replica info, in order, as a move of the broker's role
+  (roles.py has the table and the order in which each move starts and stops things):
   * this broker is the master: stop replicating, trim a partial record at the log's
-    end, wait until the reput task has dispatched everything, write the new epoch
-    entry, take sends, serve slaves, register with the nameservers as brokerId 0;
+    end, write the new epoch entry, serve slaves, take sends (once the reput task has
+    dispatched everything), register with the nameservers as brokerId 0;
   * another broker is: stop taking sends, drop slaves, replicate from the new master
     with the auto-switch protocol (which truncates this log to where it agrees with
     the master's), register as this broker's own id;
@@ -54,7 +55,7 @@ from hamq.protocol.headers import (
     ReplicaInfoResponseHeader,
 )
 from hamq.remoting import Connection, Dispatcher, RemotingClient, RemotingError
-from hamq.store import BrokerRole, StoreError
+from hamq.store import StoreError
 from hamq.store.files import write_atomically
 
 log = logging.getLogger(__name__)
@@ -95,13 +96,14 @@ class ReplicaView:
             return None
         body = decode_body(SyncStateSet, command.body) if command.body else SyncStateSet()
         master = header.master_broker_id
+        set_epoch = header.sync_state_set_epoch
         return cls(
             master_id=master if master is not None and master >= 0 else None,
             master_address=header.master_address or None,
             master_ha_address=header.master_ha_address or None,
             master_epoch=header.master_epoch,
             sync_state_set=frozenset(body.sync_state_set),
-            sync_state_set_epoch=header.sync_state_set_epoch or body.sync_state_set_epoch,
+            sync_state_set_epoch=body.sync_state_set_epoch if set_epoch is None else set_epoch,
         )
 
 
@@ -136,7 +138,6 @@ class ReplicasManager:
         ha_client: HAClient,
         *,
         confirm_offset: Callable[[], int],
-        role_changed: Callable[[], None],
     ) -> None:
         self.ctx = ctx
         self.config = ctx.config
@@ -144,7 +145,7 @@ class ReplicasManager:
         self.epochs = epochs
         self.ha_client = ha_client
         self._confirm_offset = confirm_offset
-        self._role_changed = role_changed
+        self.roles = ctx.roles
         self.controllers = list(self.config.controller_addrs)
         self.identity: Identity | None = None
         #: the view this broker acts on, and the newest one offered
@@ -227,6 +228,7 @@ class ReplicasManager:
             "syncStateSetEpoch": view.sync_state_set_epoch if view else None,
             "joining": sorted(self._joining),
             "roleChanges": self.role_changes,
+            "role": self.roles.role.value,
         }
 
     # ------------------------------------------------------------------ running
@@ -277,6 +279,7 @@ class ReplicasManager:
                     await trio.to_thread.run_sync(identity.save, path)
                     log.info("broker id %d given by the controller", identity.broker_id)
                 self.identity = identity
+                self.roles.own_id = identity.broker_id
                 self.ha_client.broker_id = identity.broker_id
                 header = RegisterBrokerToControllerRequestHeader(
                     cluster_name=config.cluster_name,
@@ -366,14 +369,15 @@ class ReplicasManager:
 
     async def _apply(self, view: ReplicaView) -> None:
         before = self.applied
+        is_master = self.roles.is_master
         if view.master_id == self.broker_id:
-            if before is None or before.master_epoch != view.master_epoch or not self.ctx.is_master:
+            if before is None or before.master_epoch != view.master_epoch or not is_master:
                 await self._become_master(view)
             else:
                 self._adopt_sync_state_set(view)
         elif (
             before is None
-            or self.ctx.is_master
+            or is_master
             or (before.master_id, before.master_epoch) != (view.master_id, view.master_epoch)
         ):
             await self._become_slave(view)
@@ -381,64 +385,24 @@ class ReplicasManager:
             self.applied = view
 
     async def _become_master(self, view: ReplicaView) -> None:
-        ctx = self.ctx
-        store = ctx.store
-        ha = ctx.ha
-        assert ha is not None
-        log.warning(
-            "broker %d becomes master of %s at epoch %d",
-            self.broker_id,
-            self.config.broker_name,
-            view.master_epoch,
-        )
         self.applied = view  # (no master address for the HA client from here on)
-        self.ha_client.kick()
-        await store.trim_partial_tail()
-        await self.epochs.append(view.master_epoch, store.commitlog_max_offset)
         self._joining.clear()
-        self._adopt_sync_state_set(view)
-        ha.active = True
-        role = self.config.store.role
-        ctx.role = role if role.is_master else BrokerRole.ASYNC_MASTER
-        ctx.broker_id = 0
-        await store.set_master(True)  # (waits until the reput task dispatched everything)
-        self.role_changes += 1
-        log.warning(
-            "broker %d is master of %s (epoch %d from commitlog offset %d), taking sends",
-            self.broker_id,
-            self.config.broker_name,
-            view.master_epoch,
-            store.commitlog_max_offset,
+        await self.roles.become_master(
+            view.master_epoch, "elected by the controllers", view.sync_state_set
         )
-        self._role_changed()
+        self.role_changes += 1
 
     async def _become_slave(self, view: ReplicaView) -> None:
-        ctx = self.ctx
-        assert ctx.ha is not None
-        was_master = ctx.is_master
-        await ctx.store.set_master(False)  # no sends from here on
-        ctx.role = BrokerRole.SLAVE
-        ctx.broker_id = self.broker_id
-        ctx.sends_refused = None
-        ctx.ha.deactivate()
-        ctx.ha.set_sync_state_set(None)
+        was_master = self.roles.is_master
         self._joining.clear()
-        self.applied = view
-        self.ha_client.kick()
+        self.applied = view  # (the HA client follows this view's master)
+        if view.master_id is None:
+            why = f"broker group {self.config.broker_name} has no master now"
+        else:
+            why = f"master {view.master_id} at {view.master_address} (epoch {view.master_epoch})"
+        await self.roles.become_slave(why)
         if was_master:
             self.role_changes += 1
-        if view.master_id is None:
-            log.warning("broker group %s has no master now", self.config.broker_name)
-        else:
-            log.warning(
-                "broker %d is a slave of %s: master %d at %s (epoch %d)",
-                self.broker_id,
-                self.config.broker_name,
-                view.master_id,
-                view.master_address,
-                view.master_epoch,
-            )
-        self._role_changed()
 
     def _adopt_sync_state_set(self, view: ReplicaView) -> None:
         """Sends wait for the members of ``view``'s set (and for joining slaves)."""
@@ -446,26 +410,16 @@ class ReplicasManager:
         for member in view.sync_state_set:
             self._joining.pop(member, None)
         self._wait_for(view.sync_state_set)
-        size, least = len(view.sync_state_set), self.config.min_in_sync_replicas
-        self.ctx.sends_refused = (
-            None
-            if size >= least
-            else f"in-sync replicas not enough: the SyncStateSet {sorted(view.sync_state_set)} "
-            f"has {size}, min_in_sync_replicas is {least}"
-        )
 
     def _wait_for(self, members: frozenset[int]) -> None:
-        ha = self.ctx.ha
-        assert ha is not None
-        if self.config.all_ack_in_sync_state_set:
-            ha.set_sync_state_set(members | frozenset(self._joining), self.broker_id)
+        self.roles.adopt_sync_state_set(members, frozenset(self._joining))
 
     # ------------------------------------------------------------------ SyncStateSet
     async def _sync_state_set_loop(self) -> None:
         while True:
             await trio.sleep(SYNC_STATE_CHECK_S)
             view = self.applied
-            if view is None or not self.ctx.is_master or view.master_id != self.broker_id:
+            if view is None or not self.roles.is_master or view.master_id != self.broker_id:
                 self._disconnected_since.clear()
                 continue
             wanted = self._wanted_set(view, trio.current_time())

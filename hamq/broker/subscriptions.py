@@ -10,7 +10,7 @@ from pathlib import Path
 
 import attrs
 
-from hamq.broker.state import StateFile
+from hamq.broker.state_file import StateFile
 from hamq.protocol import RequestError, ResponseCode
 from hamq.protocol.bodies import SubscriptionGroupConfig, SubscriptionGroupWrapper
 from hamq.protocol.message import group_error

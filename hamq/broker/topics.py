@@ -24,7 +24,7 @@ from pathlib import Path
 
 import attrs
 
-from hamq.broker.state import StateFile
+from hamq.broker.state_file import StateFile
 from hamq.protocol import RequestError, ResponseCode
 from hamq.protocol.bodies import (
     PERM_INHERIT,

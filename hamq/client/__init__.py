@@ -7,11 +7,18 @@
 - instance.py       what they share: nameservers, routes, heartbeats
 - route_cache.py    routes to queues (pure); rebalance.py: queue allocation (pure)
 - message.py        Message, SendResult, PullResult, ConsumeResult ...
+- records.py        the records a pull returns undecoded, for readers of their own
 - blocking.py       the same, for code that is not async (a Trio thread behind it)
 
 For code that is not async, ``hamq.client.blocking`` offers the same classes.
+
+Exported here too, so a client's user needs no other part of hamq: what configures its
+connections (``RemotingConfig``, ``TlsConfig``: ``ClientConfig.remoting``), checks its
+ACL account (``Credentials``, ``credentials_from``), names a broker group's master
+(``MASTER_ID``) and what a failed connection raises (``RemotingError``).
 """
 
+from hamq.acl import Credentials, credentials_from
 from hamq.client.admin import AdminClient, QueueStatus
 from hamq.client.consumer import PullConsumer
 from hamq.client.errors import (
@@ -34,15 +41,19 @@ from hamq.client.message import (
 )
 from hamq.client.producer import Producer, hash_selector
 from hamq.client.push_consumer import ConsumeFrom, PushConsumer, PushConsumerStatistics
-from hamq.protocol.bodies import MessageQueue
+from hamq.protocol.bodies import MASTER_ID, MessageQueue
+from hamq.remoting import RemotingConfig, RemotingError
+from hamq.remoting.tls import TlsConfig
 
 __all__ = [
+    "MASTER_ID",
     "AdminClient",
     "BrokerError",
     "ClientConfig",
     "ClientError",
     "ConsumeFrom",
     "ConsumeResult",
+    "Credentials",
     "InvalidArgumentError",
     "Message",
     "MessageExt",
@@ -56,8 +67,12 @@ __all__ = [
     "PushConsumer",
     "PushConsumerStatistics",
     "QueueStatus",
+    "RemotingConfig",
+    "RemotingError",
     "SendError",
     "SendResult",
     "SendStatus",
+    "TlsConfig",
+    "credentials_from",
     "hash_selector",
 ]

@@ -67,7 +67,7 @@ from hamq.client.errors import (
     NoRouteError,
 )
 from hamq.client.instance import ClientConfig, InstanceOwner, client_config
-from hamq.client.message import MessageExt, check_group, check_topic, inflate
+from hamq.client.message import MessageExt, check_group, check_timeout, check_topic, inflate
 from hamq.client.route_cache import subscribe_queues
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode, code_name
 from hamq.protocol.bodies import (
@@ -945,7 +945,9 @@ async def ask_controllers(
 ) -> tuple[str, RemotingCommand]:
     """The first controller's SUCCESS answer, with its address (see the module doc);
     ClientError naming each controller and what it said when none gives one. Requests
-    are signed with ``credentials`` (an ACL account) when given; ``remoting`` holds TLS."""
+    are signed with ``credentials`` (an ACL account) when given; ``remoting`` holds TLS.
+    InvalidArgumentError unless ``timeout_s`` (each request's) is positive."""
+    check_timeout("timeout_s", timeout_s)
     problems = []
     async with _client(credentials, remoting) as client:
         for addr in addrs:
@@ -1140,7 +1142,9 @@ async def broker_epochs(
 ) -> EpochTable:
     """A broker's epochs: GET_BROKER_EPOCH_CACHE (1007), or from GET_BROKER_HA_STATUS
     (907) where the broker has no such request. ClientError if it cannot be asked,
-    refuses, or answers what does not decode."""
+    refuses, or answers what does not decode; InvalidArgumentError unless ``timeout_s``
+    is positive."""
+    check_timeout("timeout_s", timeout_s)
     async with _client(credentials, remoting) as client:
 
         async def ask(code: RequestCode) -> RemotingCommand:

@@ -22,7 +22,7 @@ from typing import Any
 
 from hamq.client.errors import NETWORK_ERRORS, BrokerError, ClientError, InvalidArgumentError
 from hamq.client.instance import ClientConfig, ClientInstance, InstanceOwner, client_config
-from hamq.client.message import PullResult, PullStatus, check_topic, inflate
+from hamq.client.message import PullResult, PullStatus, check_timeout, check_topic, inflate
 from hamq.protocol import RequestCode, ResponseCode
 from hamq.protocol.bodies import MASTER_ID, MessageQueue
 from hamq.protocol.headers import (
@@ -246,8 +246,10 @@ class PullConsumer(InstanceOwner):
         """Messages of ``queue`` from ``offset`` whose tags match ``expression``.
 
         ``wait_s`` > 0: when nothing is there yet, the broker holds the pull that long
-        for a message to arrive (long polling)."""
+        for a message to arrive (long polling). ``timeout_s`` (positive) bounds the
+        request; with ``wait_s`` it is at least ``wait_s`` + 5 s."""
         check_expression(expression)
+        check_timeout("timeout_s", timeout_s)
         if offset < 0:
             raise InvalidArgumentError(f"offset {offset} is negative")
         if not 1 <= max_nums <= 1024:

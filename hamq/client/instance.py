@@ -403,7 +403,12 @@ class ClientInstance:
     async def invoke(
         self, addr: str, request: RemotingCommand, timeout_s: float | None = None
     ) -> RemotingCommand:
-        return await self.remoting.invoke(addr, request, timeout_s or self.config.request_timeout_s)
+        """``request`` to ``addr``, its answer within ``timeout_s`` (None: the config's
+        ``request_timeout_s``; a time left of 0 or less times out at once, it is not
+        the default); RemotingError as RemotingClient.invoke."""
+        if timeout_s is None:
+            timeout_s = self.config.request_timeout_s
+        return await self.remoting.invoke(addr, request, timeout_s)
 
     async def invoke_ok(
         self, addr: str, request: RemotingCommand, timeout_s: float | None = None

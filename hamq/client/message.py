@@ -106,6 +106,17 @@ def check_group(group: str) -> None:
     check_topic(retry_topic(group))  # a consumer group's retry topic must be a topic too
 
 
+def check_timeout(name: str, timeout_s: float) -> float:
+    """``timeout_s`` if it is a positive number of seconds, else InvalidArgumentError
+    naming ``name``: an API's default is asked for with None, never with 0 (which
+    would give up before anything is sent)."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float):
+        raise InvalidArgumentError(f"{name} must be a number of seconds, not {timeout_s!r}")
+    if not timeout_s > 0:  # (NaN too)
+        raise InvalidArgumentError(f"{name} {timeout_s!r} is not a positive number of seconds")
+    return timeout_s
+
+
 def check_message(message: Message, max_size: int) -> None:
     """Refuse what a broker would refuse, before sending (Java's Validators)."""
     if not isinstance(message, Message):

@@ -74,6 +74,7 @@ from hamq.client.message import (
     SendResult,
     SendStatus,
     check_message,
+    check_timeout,
 )
 from hamq.client.route_cache import LatencyFaultTolerance, PublishInfo, TimedOutAddresses
 from hamq.protocol import (
@@ -285,9 +286,13 @@ class Producer(InstanceOwner):
         queue: MessageQueue | None = None,
         timeout_s: float | None = None,
     ) -> SendResult:
-        """Send and wait for the broker; SendError when every attempt failed."""
+        """Send and wait for the broker; SendError when every attempt failed.
+
+        ``timeout_s``: how long the whole send may take, retries included (None:
+        ``send_timeout_s``); InvalidArgumentError unless it is positive."""
+        timeout = self._timeout(timeout_s)
         request = self._request(message)
-        result = await self._send(request, selector, arg, queue, timeout_s, oneway=False)
+        result = await self._send(request, selector, arg, queue, timeout, oneway=False)
         assert result is not None
         return result
 
@@ -300,7 +305,8 @@ class Producer(InstanceOwner):
         queue: MessageQueue | None = None,
     ) -> None:
         """Send without waiting for an answer (one attempt; nothing says if it was stored)."""
-        await self._send(self._request(message), selector, arg, queue, None, oneway=True)
+        request = self._request(message)
+        await self._send(request, selector, arg, queue, self.send_timeout_s, oneway=True)
 
     async def send_async(
         self,
@@ -313,8 +319,9 @@ class Producer(InstanceOwner):
     ) -> None:
         """Start a send and return; ``callback(result, None)`` or ``callback(None, error)``
         runs when it ends. Waits first while ``max_async_in_flight`` sends are under way.
-        Bad input raises here, before anything starts."""
+        Bad input (``timeout_s`` as ``send``'s) raises here, before anything starts."""
         self._check(message)
+        self._timeout(timeout_s)
         await self._async_slots.acquire()
         self._async_pending += 1
         self.instance.nursery.start_soon(
@@ -364,9 +371,10 @@ class Producer(InstanceOwner):
         """Messages of one topic in one request; each is stored as its own message, in
         one queue, in order. No delay levels; the batch's total size counts against
         ``max_message_size``. InvalidArgumentError, before anything is sent, for a
-        batch ``check_batch`` refuses."""
+        batch ``check_batch`` refuses (and for ``timeout_s`` as ``send``'s)."""
+        timeout = self._timeout(timeout_s)
         request = self._batch_request(messages)
-        result = await self._send(request, None, None, queue, timeout_s, oneway=False)
+        result = await self._send(request, None, None, queue, timeout, oneway=False)
         assert result is not None
         return result
 
@@ -399,9 +407,16 @@ class Producer(InstanceOwner):
                 f"the batch of {len(messages)} messages is {len(body)} bytes, over the "
                 f"maximum {self.max_message_size} bytes (max_message_size)"
             )
-        return _Request(messages[0], topic, body, 0, {}, ids)
+        return _Request(messages[0], topic, body, 0, {}, ids, batch=True)
 
     # ------------------------------------------------------------------ the kernel
+    def _timeout(self, timeout_s: float | None) -> float:
+        """A send's whole time: ``timeout_s`` when given (it must be positive: 0 is not
+        "the default", which is None), else ``send_timeout_s``."""
+        if timeout_s is None:
+            return self.send_timeout_s
+        return check_timeout("timeout_s", timeout_s)
+
     def _check(self, message: Message) -> None:
         check_message(message, self.max_message_size)
         if message.topic in SYSTEM_TOPICS:
@@ -420,7 +435,7 @@ class Producer(InstanceOwner):
                 body, sys_flag = compressed, SYSFLAG_COMPRESSED | COMPRESSION_ZLIB
         properties = message.wire_properties()
         uniq = properties.setdefault(PROPERTY_UNIQ_KEY, self._ids.next_id())
-        return _Request(message, message.topic, body, sys_flag, properties, [uniq])
+        return _Request(message, message.topic, body, sys_flag, properties, [uniq], batch=False)
 
     async def _send(
         self,
@@ -428,143 +443,27 @@ class Producer(InstanceOwner):
         selector: Selector | None,
         arg: Any,
         queue: MessageQueue | None,
-        timeout_s: float | None,
+        timeout_s: float,
         *,
         oneway: bool,
     ) -> SendResult | None:
-        instance = self.instance
-        timeout = timeout_s if timeout_s is not None else self.send_timeout_s
-        deadline = trio.current_time() + timeout
-        attempts: list[str] = []
-        tries = 1 if oneway else 1 + self.retry_times_when_send_failed
-        last_broker: str | None = None
-        last_error: Exception | None = None
-        attempt = -1
-        pause = FAILOVER_PAUSE_S
-        while True:
-            attempt += 1
-            if attempt >= tries:
-                # every try failed in a way a master failover explains (refused or lost
-                # connections, a route without a master, a slave's refusal): keep trying,
-                # with pauses, until the send timeout
-                if (
-                    oneway
-                    or last_error is None
-                    or not _failover_explains(last_error)
-                    or deadline - trio.current_time() <= pause
-                ):
-                    break
-                await trio.sleep(pause)
-                pause = min(pause * 2, FAILOVER_PAUSE_MAX_S)
-            remaining = deadline - trio.current_time()
-            if remaining <= 0:
-                break
+        """Try ``request`` where and while ``_Attempts`` says (the retry and failover
+        policy is all there); the first answer that settles it is returned.
+
+        SendError (each attempt listed, the last failure as its cause) when a refusal
+        ends the send or the attempts run out; InvalidArgumentError for a ``queue`` or
+        a selector's choice not of the topic. A message may have been stored by a try
+        that timed out, then again by a later one (under the same UNIQ_KEY)."""
+        attempts = _Attempts(self, request, selector, arg, queue, timeout_s, oneway=oneway)
+        async for attempt in attempts:
             try:
-                info = instance.cached_publish_info(request.topic)
-                if info is None:
-                    with trio.fail_after(remaining):
-                        info = await instance.publish_info(
-                            request.topic, self.default_topic_queue_nums
-                        )
-                target = self._choose(info, request, selector, arg, queue, last_broker)
-            except (NoRouteError, NameServerUnavailableError, trio.TooSlowError) as exc:
-                attempts.append(f"route: {exc or 'timed out'}")
-                last_error = exc
-                if isinstance(exc, NoRouteError) and instance.routes.get(request.topic):
-                    continue  # a known topic without a master now: a failover under way
-                if attempt + 1 < tries and isinstance(exc, NameServerUnavailableError):
-                    continue
-                raise SendError(f"cannot send to topic {request.topic}", attempts) from exc
-            last_broker = target.broker_name
-            started = trio.current_time()
-            addr = instance.broker_addr(target.broker_name)
-            if (
-                self.timed_out
-                and self.send_attempt_timeout_s is not None
-                and not oneway
-                and addr is not None
-                and self.timed_out.avoided(addr, started)
-            ):
-                # the route still names a broker that timed out (hung?) and the budget
-                # has room for more tries: wait for a failover to name another master,
-                # or for that broker's time out to pass
-                attempts.append(f"{target}: {addr} timed out; waiting for another route")
-                last_error = last_error or RemotingTimeoutError(addr, "timed out before")
-                instance.forget_publish_info(request.topic)
-                continue
-            try_s = deadline - started
-            if self.send_attempt_timeout_s is not None:
-                try_s = min(try_s, self.send_attempt_timeout_s)
-            try:
-                result = await self._send_to(target, request, try_s, oneway)
+                result = await self._send_to(attempt.target, request, attempt.wait_s, oneway)
             except NETWORK_ERRORS as exc:
-                now = trio.current_time()
-                self.faults.update(target.broker_name, now - started, now, failed=True)
-                if isinstance(exc, RemotingTimeoutError):
-                    self.timed_out.add(exc.addr, now, now - started)
-                attempts.append(f"{target}: {exc}")
-                last_error = exc
-                if isinstance(exc, RequestError) or (
-                    isinstance(exc, BrokerError) and exc.code not in _RETRY_CODES
-                ):
-                    raise SendError(f"sending to {target} was refused", attempts) from exc
-                instance.forget_publish_info(request.topic)  # look the route up again
-                log.info(
-                    "send to %s failed (attempt %d of %d): %s", target, attempt + 1, tries, exc
-                )
+                attempts.failed(attempt, exc)  # (raises SendError if that ends the send)
                 continue
-            if addr is not None and self.timed_out:
-                self.timed_out.discard(addr)
-            if self.faults.enabled:
-                now = trio.current_time()
-                self.faults.update(target.broker_name, now - started, now, failed=False)
-            if (
-                result is not None
-                and result.status is not SendStatus.SEND_OK
-                and self.retry_another_broker_when_not_store_ok
-                and attempt + 1 < tries
-            ):
-                attempts.append(f"{target}: {result.status.value}")
-                continue
-            return result
-        raise SendError(
-            f"sending to topic {request.topic} failed within {timeout:g}s "
-            f"({len(attempts)} attempt(s))",
-            attempts,
-        ) from last_error
-
-    def _choose(
-        self,
-        info: PublishInfo,
-        request: _Request,
-        selector: Selector | None,
-        arg: Any,
-        queue: MessageQueue | None,
-        last_broker: str | None,
-    ) -> MessageQueue:
-        if queue is not None:
-            if queue.topic != request.topic:
-                raise InvalidArgumentError(f"queue {queue} is not a queue of {request.topic}")
-            return queue
-        if selector is not None:
-            chosen = selector(list(info.queues), request.message, arg)
-            if not isinstance(chosen, MessageQueue) or chosen not in info.queues:
-                raise InvalidArgumentError(
-                    f"the selector returned {chosen!r}, not one of the topic's queues"
-                )
-            return chosen
-        if not self.faults.enabled and not self.timed_out:
-            return info.select(last_broker)  # (the common case: nothing to avoid)
-        now = trio.current_time()
-        instance = self.instance
-
-        def available(broker: str) -> bool:
-            addr = instance.broker_addr(broker)
-            if addr is not None and self.timed_out.avoided(addr, now):
-                return False
-            return self.faults.available(broker, now)
-
-        return info.select(last_broker, available)
+            if attempts.answered(attempt, result):
+                return result
+        raise attempts.exhausted() from attempts.last_error
 
     async def _send_to(
         self,
@@ -575,27 +474,7 @@ class Producer(InstanceOwner):
     ) -> SendResult | None:
         instance = self.instance
         addr = await instance.find_broker_addr(target)
-        header = SendMessageRequestHeader(
-            producer_group=self.group,
-            topic=request.topic,
-            default_topic=DEFAULT_TOPIC,
-            default_topic_queue_nums=self.default_topic_queue_nums,
-            queue_id=target.queue_id,
-            sys_flag=request.sys_flag,
-            born_timestamp=int(time.time() * 1000),
-            flag=0 if request.batch else request.message.flag,
-            properties=encode_properties(request.properties),
-            reconsume_times=0,
-            unit_mode=False,
-            batch=request.batch,
-            broker_name=target.broker_name,
-        )
-        command = RemotingCommand.request(
-            RequestCode.SEND_BATCH_MESSAGE if request.batch else RequestCode.SEND_MESSAGE_V2,
-            ext_fields=send_v2_fields(header),
-            body=request.body,
-            serialize_type=self.config.serialize_type,
-        )
+        command = self._command(target, request)
         if oneway:
             await instance.remoting.invoke_oneway(addr, command, timeout_s)
             return None
@@ -615,6 +494,31 @@ class Producer(InstanceOwner):
             region_id=answer.msg_region,
         )
 
+    def _command(self, target: MessageQueue, request: _Request) -> RemotingCommand:
+        """The request for ``target``: SEND_BATCH_MESSAGE for a batch, else
+        SEND_MESSAGE_V2 (a new command per try: each gets its own opaque)."""
+        header = SendMessageRequestHeader(
+            producer_group=self.group,
+            topic=request.topic,
+            default_topic=DEFAULT_TOPIC,
+            default_topic_queue_nums=self.default_topic_queue_nums,
+            queue_id=target.queue_id,
+            sys_flag=request.sys_flag,
+            born_timestamp=int(time.time() * 1000),
+            flag=0 if request.batch else request.message.flag,
+            properties=encode_properties(request.properties),
+            reconsume_times=0,
+            unit_mode=False,
+            batch=request.batch,
+            broker_name=target.broker_name,
+        )
+        return RemotingCommand.request(
+            RequestCode.SEND_BATCH_MESSAGE if request.batch else RequestCode.SEND_MESSAGE_V2,
+            ext_fields=send_v2_fields(header),
+            body=request.body,
+            serialize_type=self.config.serialize_type,
+        )
+
 
 @attrs.frozen
 class _Request:
@@ -628,7 +532,263 @@ class _Request:
     properties: dict[str, str]
     #: the UNIQ_KEY of each message
     ids: list[str]
+    #: SEND_BATCH_MESSAGE (``body`` is encoded entries, see ``encode_batch``), not one
+    #: message: said here, never guessed from ``properties``
+    batch: bool = attrs.field(kw_only=True)
+
+
+@attrs.frozen
+class _Try:
+    """One try of a send: the queue it goes to, its broker's address (None: not in
+    the route table; the send looks it up), when it started, how long it may wait."""
+
+    number: int
+    target: MessageQueue
+    addr: str | None
+    started: float
+    wait_s: float
+
+
+class _Attempts:
+    """The tries of one send, as an async iterator: ``async for attempt in attempts``
+    yields where each try goes and how long it may wait; the sender says how it ended
+    (``failed``, ``answered``). The whole retry and failover policy (RocketMQ's
+    sendDefaultImpl loop, plus riding out a failover) is here:
+
+    - ``tries``: 1 + ``retry_times_when_send_failed`` (1 for a oneway send); each try
+      avoids the broker of the one before when the topic has another (and, with
+      ``latency_fault_tolerance`` or a timed-out address, brokers to avoid).
+    - A route lookup that fails uses a try: for a known topic whose route has no master
+      now (a failover under way) the next try follows; a nameserver that does not
+      answer is tried again while tries are left; otherwise the send ends (SendError).
+    - An address that timed out (hung?) is not tried again while it is avoided, when
+      tries are bounded (``send_attempt_timeout_s``): the route is looked up again.
+    - A failed try is retried (route looked up again) for a connection failure or
+      timeout and a refusal in ``_RETRY_CODES``; another refusal, or an answer that
+      does not decode, ends the send at once. A stored answer short of SEND_OK is
+      retried only with ``retry_another_broker_when_not_store_ok``, while tries last.
+    - Past the tries, a last failure ``_failover_explains`` (not NO_PERMISSION) is
+      tried again with pauses (FAILOVER_PAUSE_S doubling to FAILOVER_PAUSE_MAX_S),
+      and nothing goes past the deadline (``timeout_s`` from the start).
+
+    Error contract: ``__anext__`` and ``failed`` raise SendError (the attempts so far,
+    the failure as cause) when the send must end; ``__anext__`` also lets a selector's
+    InvalidArgumentError through. Nothing is left behind but the producer's fault
+    tables and the route cache, as each try left them.
+    """
+
+    __slots__ = (
+        "deadline",
+        "last_broker",
+        "last_error",
+        "log",
+        "number",
+        "oneway",
+        "pause_s",
+        "producer",
+        "queue",
+        "request",
+        "selector",
+        "selector_arg",
+        "timeout_s",
+        "tries",
+    )
+
+    def __init__(
+        self,
+        producer: Producer,
+        request: _Request,
+        selector: Selector | None,
+        selector_arg: Any,
+        queue: MessageQueue | None,
+        timeout_s: float,
+        *,
+        oneway: bool,
+    ) -> None:
+        self.producer = producer
+        self.request = request
+        self.selector = selector
+        self.selector_arg = selector_arg
+        self.queue = queue
+        self.timeout_s = timeout_s
+        self.oneway = oneway
+        self.deadline = trio.current_time() + timeout_s
+        self.tries = 1 if oneway else 1 + producer.retry_times_when_send_failed
+        #: the try under way (0 for the first)
+        self.number = -1
+        #: each failed try, for SendError
+        self.log: list[str] = []
+        self.last_error: Exception | None = None
+        self.last_broker: str | None = None
+        self.pause_s = FAILOVER_PAUSE_S
+
+    def __aiter__(self) -> _Attempts:
+        return self
+
+    async def __anext__(self) -> _Try:
+        while True:
+            self.number += 1
+            if self.number >= self.tries and not await self._failover_pause():
+                raise StopAsyncIteration
+            remaining = self.deadline - trio.current_time()
+            if remaining <= 0:
+                raise StopAsyncIteration
+            target = await self._target(remaining)
+            if target is None:
+                continue
+            attempt = self._start(target)
+            if attempt is not None:
+                return attempt
 
     @property
-    def batch(self) -> bool:
-        return not self.properties
+    def retries_left(self) -> bool:
+        return self.number + 1 < self.tries
+
+    async def _failover_pause(self) -> bool:
+        """Past the tries: pause and go on (True) when every try failed in a way a
+        master failover explains (refused or lost connections, a route without a
+        master, a slave's refusal) and the deadline leaves room; else False."""
+        if (
+            self.oneway
+            or self.last_error is None
+            or not _failover_explains(self.last_error)
+            or self.deadline - trio.current_time() <= self.pause_s
+        ):
+            return False
+        await trio.sleep(self.pause_s)
+        self.pause_s = min(self.pause_s * 2, FAILOVER_PAUSE_MAX_S)
+        return True
+
+    async def _target(self, remaining_s: float) -> MessageQueue | None:
+        """The queue this try goes to, looking the route up if it is not cached; None
+        when the lookup failed in a way the next try may mend."""
+        instance = self.producer.instance
+        topic = self.request.topic
+        try:
+            info = instance.cached_publish_info(topic)
+            if info is None:
+                with trio.fail_after(remaining_s):
+                    info = await instance.publish_info(
+                        topic, self.producer.default_topic_queue_nums
+                    )
+            target = self._choose(info)
+        except (NoRouteError, NameServerUnavailableError, trio.TooSlowError) as exc:
+            self._failed(f"route: {exc or 'timed out'}", exc)
+            if isinstance(exc, NoRouteError) and instance.routes.get(topic):
+                return None  # a known topic without a master now: a failover under way
+            if self.retries_left and isinstance(exc, NameServerUnavailableError):
+                return None
+            raise SendError(f"cannot send to topic {topic}", self.log) from exc
+        self.last_broker = target.broker_name
+        return target
+
+    def _choose(self, info: PublishInfo) -> MessageQueue:
+        """The queue given, the selector's choice, or the next queue of a broker that
+        is neither the last one tried nor avoided (when another is left)."""
+        request = self.request
+        if self.queue is not None:
+            if self.queue.topic != request.topic:
+                raise InvalidArgumentError(f"queue {self.queue} is not a queue of {request.topic}")
+            return self.queue
+        if self.selector is not None:
+            chosen = self.selector(list(info.queues), request.message, self.selector_arg)
+            if not isinstance(chosen, MessageQueue) or chosen not in info.queues:
+                raise InvalidArgumentError(
+                    f"the selector returned {chosen!r}, not one of the topic's queues"
+                )
+            return chosen
+        producer = self.producer
+        if not producer.faults.enabled and not producer.timed_out:
+            return info.select(self.last_broker)  # (the common case: nothing to avoid)
+        now = trio.current_time()
+        instance = producer.instance
+
+        def available(broker: str) -> bool:
+            addr = instance.broker_addr(broker)
+            if addr is not None and producer.timed_out.avoided(addr, now):
+                return False
+            return producer.faults.available(broker, now)
+
+        return info.select(self.last_broker, available)
+
+    def _start(self, target: MessageQueue) -> _Try | None:
+        """The try to ``target``, or None when its broker's address timed out before
+        and is still avoided: the route still names a hung broker, so wait for a
+        failover to name another master (the route is looked up again) or for that
+        time out to pass."""
+        producer = self.producer
+        started = trio.current_time()
+        addr = producer.instance.broker_addr(target.broker_name)
+        if (
+            producer.timed_out
+            and producer.send_attempt_timeout_s is not None
+            and not self.oneway
+            and addr is not None
+            and producer.timed_out.avoided(addr, started)
+        ):
+            self.log.append(f"{target}: {addr} timed out; waiting for another route")
+            self.last_error = self.last_error or RemotingTimeoutError(addr, "timed out before")
+            producer.instance.forget_publish_info(self.request.topic)
+            return None
+        wait_s = self.deadline - started
+        if producer.send_attempt_timeout_s is not None:
+            wait_s = min(wait_s, producer.send_attempt_timeout_s)
+        return _Try(self.number, target, addr, started, wait_s)
+
+    def _failed(self, what: str, error: Exception) -> None:
+        self.log.append(what)
+        self.last_error = error
+
+    def failed(self, attempt: _Try, error: Exception) -> None:
+        """``attempt`` got no answer or a refusal: note it against its broker (and
+        address, for a timeout); SendError if it ends the send, else the route is
+        looked up again for the next try."""
+        producer = self.producer
+        target = attempt.target
+        now = trio.current_time()
+        producer.faults.update(target.broker_name, now - attempt.started, now, failed=True)
+        if isinstance(error, RemotingTimeoutError):
+            producer.timed_out.add(error.addr, now, now - attempt.started)
+        self._failed(f"{target}: {error}", error)
+        if isinstance(error, RequestError) or (
+            isinstance(error, BrokerError) and error.code not in _RETRY_CODES
+        ):
+            raise SendError(f"sending to {target} was refused", self.log) from error
+        producer.instance.forget_publish_info(self.request.topic)  # look the route up again
+        log.info(
+            "send to %s failed (attempt %d of %d): %s",
+            target,
+            attempt.number + 1,
+            self.tries,
+            error,
+        )
+
+    def answered(self, attempt: _Try, result: SendResult | None) -> bool:
+        """``attempt`` was answered (or, oneway, sent): its broker is well again.
+        True when that settles the send; False to try another broker with a status
+        short of SEND_OK (``retry_another_broker_when_not_store_ok``, tries left)."""
+        producer = self.producer
+        if attempt.addr is not None and producer.timed_out:
+            producer.timed_out.discard(attempt.addr)
+        if producer.faults.enabled:
+            now = trio.current_time()
+            producer.faults.update(
+                attempt.target.broker_name, now - attempt.started, now, failed=False
+            )
+        if (
+            result is not None
+            and result.status is not SendStatus.SEND_OK
+            and producer.retry_another_broker_when_not_store_ok
+            and self.retries_left
+        ):
+            self.log.append(f"{attempt.target}: {result.status.value}")
+            return False
+        return True
+
+    def exhausted(self) -> SendError:
+        """What the send raises when the tries (or the time) ran out."""
+        return SendError(
+            f"sending to topic {self.request.topic} failed within {self.timeout_s:g}s "
+            f"({len(self.log)} attempt(s))",
+            self.log,
+        )

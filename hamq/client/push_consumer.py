@@ -822,7 +822,10 @@ class PushConsumer:
         else:
             most = self.max_reconsume_times
             reconsume = message.reconsume_times + 1
-            level = delay_level or RETRY_BASE_DELAY_LEVEL + message.reconsume_times
+            # 0 is a value here, not a missing one: the broker's choice, 3 + reconsume times
+            level = (
+                delay_level if delay_level > 0 else RETRY_BASE_DELAY_LEVEL + message.reconsume_times
+            )
         properties[PROPERTY_RECONSUME_TIME] = str(reconsume)
         if most >= 0:
             properties[PROPERTY_MAX_RECONSUME_TIMES] = str(most)

@@ -5,23 +5,26 @@
 - slave.py           HAClient: the slave's side (connect, append, report)
 - states.py          the slave's states and their transitions
 - epoch.py           the epoch file and where two logs agree
-- group_transfer.py  sends on a SYNC_MASTER waiting for a slave's ack
+- group_transfer.py  who a put waits for (SYNC_MASTER, SyncStateSet) and their acks
 - membership.py      who may replicate from a master: the HA secret, the registry
 The wire formats are sans-IO, in hamq.protocol.ha_wire.
 """
 
 from hamq.ha.config import HAConfig
 from hamq.ha.epoch import EpochFile, EpochFileError
+from hamq.ha.group_transfer import GroupTransfer, ReplicaPolicy
 from hamq.ha.master import HAService, MasterHAStatistics, SlaveStatistics
 from hamq.ha.slave import HAClient, SlaveHAStatistics
 
 __all__ = [
     "EpochFile",
     "EpochFileError",
+    "GroupTransfer",
     "HAClient",
     "HAConfig",
     "HAService",
     "MasterHAStatistics",
+    "ReplicaPolicy",
     "SlaveHAStatistics",
     "SlaveStatistics",
 ]

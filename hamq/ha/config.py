@@ -3,8 +3,8 @@
 ``secret`` (``[ha] secret``) is the broker group's shared HA secret: with it a master
 admits on its HA port only peers that prove they know it (an HMAC challenge-response,
 hamq.protocol.ha_wire; the secret never crosses the wire), and a slave checks that its
-master knows it too. It is a ``Secret``: printed, logged or listed (GET_BROKER_CONFIG)
-as ``<hidden>``.
+master knows it too. It is a ``Secret`` (hamq.protocol.secret): printed, logged or
+listed (GET_BROKER_CONFIG) as ``******``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import attrs
 from attrs import validators as v
 
 from hamq.protocol.ha_wire import HAProtocol
+from hamq.protocol.secret import Secret
 from hamq.protocol.send_timing import BROKER_SYNC_SLAVE_WAIT_S
 
 KIB = 1024
@@ -23,27 +24,12 @@ MIB = 1024 * KIB
 MIN_SECRET_CHARS = 16
 
 
-class Secret(str):
-    """A string that does not show itself: ``str()``, ``repr()`` and formatting give
-    ``<hidden>`` (empty stays empty); ``encode()`` gives its bytes, for the HMAC."""
-
-    __slots__ = ()
-
-    def __str__(self) -> str:
-        return "<hidden>" if self else ""
-
-    def __repr__(self) -> str:
-        return repr(str(self))
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self), spec)
-
-
-def _secret_length(_instance: object, _attribute: attrs.Attribute[Any], value: str) -> None:
-    if value and len(value) < MIN_SECRET_CHARS:
+def _secret_length(_instance: object, _attribute: attrs.Attribute[Any], value: Secret) -> None:
+    length = len(value.reveal())
+    if value and length < MIN_SECRET_CHARS:
         raise ValueError(
             f"[ha] secret must be at least {MIN_SECRET_CHARS} characters (it has "
-            f"{len(value)}): use a long random string, e.g. the output of `openssl rand "
+            f"{length}): use a long random string, e.g. the output of `openssl rand "
             "-hex 32`, the same on the master and its slaves"
         )
 
@@ -72,4 +58,4 @@ class HAConfig:
     connect_timeout_s: float = attrs.field(default=3.0, validator=v.gt(0))
     #: the broker group's shared HA secret (empty: none; slaves are then admitted by
     #: their registration, see hamq/ha/membership.py)
-    secret: str = attrs.field(default="", converter=Secret, validator=_secret_length)
+    secret: Secret = attrs.field(default=Secret(""), converter=Secret, validator=_secret_length)

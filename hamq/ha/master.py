@@ -30,14 +30,14 @@ Per admitted slave, two tasks under the connection's nursery:
   by appends (``notify_appended``); a heartbeat transfer (no body) when idle for
   ``heartbeat_interval_s`` (5 s).
 
-``in_sync`` and ``wait_for_ack`` are what sends on a SYNC_MASTER use; ``floor`` is
-what retention may not delete past (the furthest-behind slave's ack).
+``transfer`` (group_transfer.py) is what the store's puts wait on: who must ack, and
+the acks' waiters; ``floor`` is what retention may not delete past (the furthest-behind
+slave's ack).
 
-In controller mode the service listens all the time but serves slaves only while
-``active`` (its broker is master); ``deactivate`` drops them when it stops being one.
-With a SyncStateSet (``set_sync_state_set``, allAckInSyncStateSet), a send's offset
-counts as acked once *every* other member of the set has acked it, and the
-confirm offset is the least of their acks.
+The service listens all the time but serves slaves only while ``active``: the broker's
+role sets it (hamq/broker/roles.py), and ``deactivate`` drops them when it stops being
+master. With a SyncStateSet (allAckInSyncStateSet), the confirm offset is the least of
+its members' acks.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ import trio
 
 from hamq.ha.config import HAConfig
 from hamq.ha.epoch import EpochFile
-from hamq.ha.group_transfer import AckWaiters
+from hamq.ha.group_transfer import GroupTransfer, ReplicaPolicy
 from hamq.ha.membership import (
     MemberCache,
     Peer,
@@ -487,12 +487,16 @@ class HAService:
         self._members: MemberCache | None = None
         self.refused_peers = 0
         self.last_refusal: str | None = None
-        self.acks = AckWaiters()
+        #: who a put waits for, and their acks (the store's ReplicaWaiter)
+        self.transfer = GroupTransfer(
+            config.sync_timeout_s,
+            in_sync=self._any_slave_in_sync,
+            acked_upto=lambda: [(c.broker_id, c.acked_upto) for c in self.connections],
+            end=lambda: self.store.commitlog_max_offset,
+        )
         self._appended = trio.lowlevel.ParkingLot()
-        #: serving slaves (False on a controller-mode broker while it is not master)
-        self.active = True
-        #: controller mode with allAckInSyncStateSet: the other members that must ack
-        self.must_ack: frozenset[int] | None = None
+        #: serving slaves: set by the broker's role (hamq/broker/roles.py), only as master
+        self.active = False
         #: every line a stranger can provoke at will (refusals, the listener's)
         self.warnings = RateLimitedLog(log)
         #: the listener's connection cap and TLS (the broker's [remoting] settings)
@@ -518,7 +522,7 @@ class HAService:
             "[ha] secret" if self.config.secret else "their registration (no [ha] secret)",
         )
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.acks.run)
+            await nursery.start(self.transfer.acks.run)
             task_status.started(self.port)
             await self._acceptor.serve(listeners, self._serve, nursery)
 
@@ -585,31 +589,11 @@ class HAService:
             connection.scope.cancel()
 
     # ------------------------------------------------------------------ appends and acks
-    def set_sync_state_set(self, members: frozenset[int] | None, self_id: int = 0) -> None:
-        """Sends wait for every member of ``members`` but ``self_id`` (None: for one slave,
-        as a SYNC_MASTER does)."""
-        self.must_ack = None if members is None else members - {self_id}
-        self.acks.acked(self.replicated_offset())
-
-    def needs_acks(self) -> bool:
-        """Does a send wait for anyone (with a SyncStateSet of the master alone: no)."""
-        return self.must_ack is None or bool(self.must_ack)
-
     def slave_acked(self, offset: int) -> None:
-        self.acks.acked(offset if self.must_ack is None else self.replicated_offset())
+        self.transfer.slave_acked(offset)
 
     def replicated_offset(self) -> int:
-        """With a SyncStateSet: what every member that must ack has (-1 if one has
-        nothing of this master's); without: the best slave's ack. Admitted slaves'
-        acks only, each at most what was sent to it (``acked_upto``)."""
-        if self.must_ack is None:
-            return max((c.acked_upto for c in self.connections), default=-1)
-        if not self.must_ack:
-            return self.store.commitlog_max_offset
-        acked: dict[int, int] = {}
-        for c in self.connections:
-            acked[c.broker_id] = max(acked.get(c.broker_id, -1), c.acked_upto)
-        return min(acked.get(member, -1) for member in self.must_ack)
+        return self.transfer.replicated_offset()
 
     def notify_appended(self) -> None:
         """Store append listener: wake the writers."""
@@ -621,10 +605,10 @@ class HAService:
 
     @property
     def confirm_offset(self) -> int:
-        """What every in-sync replica has: the least ack of in-sync slaves (the master's
-        own end when none is)."""
-        if self.must_ack is not None:
-            replicated = self.replicated_offset()
+        """What every in-sync replica has: with a SyncStateSet the least of its members'
+        acks, else the least ack of in-sync slaves (the master's own end when none is)."""
+        if self.transfer.policy is ReplicaPolicy.SYNC_STATE_SET:
+            replicated = self.transfer.replicated_offset()
             return min(max(replicated, 0), self.store.commitlog_max_offset)
         acks = [c.ack_offset for c in self.connections if self.slave_in_sync(c)]
         return min([*acks, self.store.commitlog_max_offset])
@@ -637,18 +621,12 @@ class HAService:
             < self.config.max_gap_not_in_sync_bytes
         )
 
-    def in_sync(self) -> bool:
-        """A slave is connected and less than ``max_gap_not_in_sync_bytes`` behind (RocketMQ's
-        isSlaveOK): a SYNC_MASTER send may wait for it. (With a SyncStateSet the controller
-        keeps the set to who is in sync: a send always waits for its members.)"""
-        if self.must_ack is not None:
-            return True
+    def _any_slave_in_sync(self) -> bool:
         return any(self.slave_in_sync(c) for c in self.connections)
 
-    async def wait_for_ack(self, end_offset: int, timeout_s: float | None = None) -> bool:
-        """True once a slave acks ``end_offset``; False after the sync timeout."""
-        timeout = self.config.sync_timeout_s if timeout_s is None else timeout_s
-        return await self.acks.wait(end_offset, timeout)
+    def in_sync(self) -> bool:
+        """Would a put that waits for replicas find one to wait for (group_transfer.py)?"""
+        return self.transfer.available()
 
     def floor(self) -> int:
         """Retention may not delete what an in-sync slave still needs. (A slave further
@@ -662,8 +640,8 @@ class HAService:
             address=self.address,
             protocol=self.config.protocol.value,
             max_offset=self.store.commitlog_max_offset,
-            acked_offset=self.acks.acked_offset,
-            waiting_sends=self.acks.waiting,
+            acked_offset=self.transfer.acks.acked_offset,
+            waiting_sends=self.transfer.acks.waiting,
             slaves=tuple(
                 sorted((c.statistics() for c in self.connections), key=lambda s: s.address)
             ),

@@ -50,10 +50,10 @@ from hamq.store import MessageStore, StoreError
 log = logging.getLogger(__name__)
 
 RECEIVE_BYTES = 1024 * 1024
-#: a read at least this large means the master has a backlog for this slave; the
-#: store's dispatching then waits this long for more (see ReputService.defer_for)
+#: a read at least this large means the master has a backlog for this slave
 CATCH_UP_READ_BYTES = 256 * 1024
-CATCH_UP_DEFER_S = 0.05
+#: after each such read the store's dispatching waits this long for more (ReputService.defer_for)
+DEFER_DISPATCH_PER_READ_S = 0.05
 #: while transfers arrive back to back, reports go at most this often (each still acks
 #: everything appended before it)
 REPORT_EVERY_S = 0.005
@@ -300,7 +300,7 @@ class HAClient:
                 raise SessionEnded("the master closed the connection")
             last_heard = trio.current_time()
             if len(data) >= CATCH_UP_READ_BYTES:  # a backlog: the log first, queues after
-                self.store.reput.defer_for(CATCH_UP_DEFER_S)
+                self.store.reput.defer_for(DEFER_DISPATCH_PER_READ_S)
             decoder.feed(data)
             if await self._take(decoder) and (
                 decoder.buffered == 0 or trio.current_time() - last_report >= REPORT_EVERY_S

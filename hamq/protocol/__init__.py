@@ -11,6 +11,7 @@
 - bodies.py        JSON request/response bodies
 - ha_wire.py       the HA channel's messages (classic, auto-switch, membership proof)
 - send_timing.py   a send's timing contract: broker waits, client per-try waits
+- secret.py        Secret: a secret text (ACL key, HA secret) that never shows itself
 """
 
 from hamq.protocol.codes import (

@@ -93,6 +93,11 @@ class MessageFormatError(ValueError):
     """Bytes that are not a valid stored message (or batch); the text says why."""
 
 
+class PropertiesTooLong(MessageFormatError):
+    """A properties string over MAX_PROPERTIES_LENGTH bytes (the store answers it with
+    PROPERTIES_SIZE_EXCEEDED, other format errors with MESSAGE_ILLEGAL)."""
+
+
 #: RocketMQ's TopicValidator: letters, digits, ``%``, ``|``, ``_`` and ``-``, at most 127
 TOPIC_MAX_LENGTH = 127
 _TOPIC = re.compile(r"[%|a-zA-Z0-9_-]+")
@@ -320,16 +325,24 @@ class MessageIdGenerator:
 
 # ---------------------------------------------------------------- the record
 
-#: the fixed start of every CommitLog record (PROTOCOL.md §3.1), 40 bytes: TOTALSIZE
+# The record's fields as structs, one definition each: the store reads with these too.
+
+#: the fixed start of every CommitLog record (PROTOCOL.md §6.2), 40 bytes: TOTALSIZE
 #: MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG
 RECORD_HEAD = struct.Struct(">iiiiiqqi")
-
-# TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG BORNTIMESTAMP
-_HEAD = struct.Struct(">iiiiiqqiq")  # 48 bytes
-_I32 = struct.Struct(">i")
-_I16 = struct.Struct(">h")
-_Q = struct.Struct(">q")
-HEAD_SIZE = _HEAD.size
+#: the first 8 bytes of a record, or of a segment's blank marker: TOTALSIZE (a blank
+#: marker: the bytes left in its segment) and MAGICCODE
+SIZE_MAGIC = struct.Struct(">ii")
+#: BODY's int32 length
+BODY_LENGTH = struct.Struct(">i")
+#: the int16 length before PROPERTIES (and before TOPIC with MAGIC V2)
+TEXT_LENGTH = struct.Struct(">h")
+#: RECORD_HEAD and BORNTIMESTAMP: the 48 bytes every record starts with
+_FIXED_HEAD = struct.Struct(RECORD_HEAD.format + "q")
+#: where BORNHOST starts
+BORN_HOST_AT = _FIXED_HEAD.size
+#: STORETIMESTAMP, read alone
+_TIMESTAMP = struct.Struct(">q")
 
 
 def _host_size(v6: bool) -> int:
@@ -339,7 +352,7 @@ def _host_size(v6: bool) -> int:
 @functools.lru_cache(maxsize=4)
 def _prefix(born_host_size: int, store_host_size: int) -> struct.Struct:
     """Everything of a record before BODY, hosts as fixed-width fields: one pack_into."""
-    return struct.Struct(f">iiiiiqqiq{born_host_size}sq{store_host_size}siq")
+    return struct.Struct(f"{_FIXED_HEAD.format}{born_host_size}sq{store_host_size}siq")
 
 
 @attrs.define(slots=True)
@@ -410,6 +423,19 @@ class RecordTemplate:
 
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+#: make_record_template's numbers, in its order, and the bits of their signed fields
+_NUMBER_FIELDS = (
+    ("queue id", 32),
+    ("flag", 32),
+    ("sysFlag", 32),
+    ("reconsumeTimes", 32),
+    ("bornTimestamp", 64),
+    ("preparedTransactionOffset", 64),
+)
+#: SYSFLAG's host bits by the size of BORNHOST / STOREHOST (IPv4: 8 bytes, IPv6: 20)
+_BORN_HOST_BIT = {8: 0, 20: SYSFLAG_BORNHOST_V6}
+_STORE_HOST_BIT = {8: 0, 20: SYSFLAG_STOREHOST_V6}
+_HOST_BITS = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
 
 
 def make_record_template(
@@ -427,9 +453,12 @@ def make_record_template(
     prepared_transaction_offset: int = 0,
 ) -> RecordTemplate:
     """Encode everything of a record but its place in the log; MessageFormatError if it
-    cannot be stored (a number out of its field's range, topic or properties too long, a
-    host of the wrong size)."""
-    if not (  # one comparison chain on the hot path; the loop only to name the culprit
+    cannot be stored (a number out of its field's range, topic too long, properties too
+    long: PropertiesTooLong, a host of the wrong size).
+
+    It runs once per message sent: the numbers are checked by one comparison chain and
+    the hosts by two lookups; the culprit is named off that path."""
+    if not (
         _I32_MIN <= queue_id <= _I32_MAX
         and _I32_MIN <= flag <= _I32_MAX
         and _I32_MIN <= sys_flag <= _I32_MAX
@@ -437,58 +466,21 @@ def make_record_template(
         and _I64_MIN <= born_timestamp <= _I64_MAX
         and _I64_MIN <= prepared_transaction_offset <= _I64_MAX
     ):
-        for name, value, bits in (
-            ("queue id", queue_id, 32),
-            ("flag", flag, 32),
-            ("sysFlag", sys_flag, 32),
-            ("reconsumeTimes", reconsume_times, 32),
-            ("bornTimestamp", born_timestamp, 64),
-            ("preparedTransactionOffset", prepared_transaction_offset, 64),
-        ):
-            if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
-                raise MessageFormatError(
-                    f"{name} {value} does not fit in a signed {bits}-bit field"
-                )
-    topic_bytes = topic.encode()
-    if not topic_bytes:
-        raise MessageFormatError("topic is empty")
-    if len(topic_bytes) > 32767:
-        raise MessageFormatError(f"topic of {len(topic_bytes)} bytes is over 32767")
-    v2 = len(topic_bytes) > MAX_TOPIC_LENGTH_V1
-    properties_bytes = properties.encode()
-    if len(properties_bytes) > MAX_PROPERTIES_LENGTH:
-        raise MessageFormatError(
-            f"properties of {len(properties_bytes)} bytes are over {MAX_PROPERTIES_LENGTH}"
+        raise _out_of_range(
+            queue_id, flag, sys_flag, reconsume_times, born_timestamp, prepared_transaction_offset
         )
-    for name, host, bit in (
-        ("born host", born_host, SYSFLAG_BORNHOST_V6),
-        ("store host", store_host, SYSFLAG_STOREHOST_V6),
-    ):
-        if len(host) == 20:
-            sys_flag |= bit
-        elif len(host) == 8:
-            sys_flag &= ~bit
-        else:
-            raise MessageFormatError(f"{name} of {len(host)} bytes; expected 8 or 20")
-    topic_length = _I16.pack(len(topic_bytes)) if v2 else bytes((len(topic_bytes),))
-    tail = b"".join(
-        (
-            _I32.pack(len(body)),
-            body,
-            topic_length,
-            topic_bytes,
-            _I16.pack(len(properties_bytes)),
-            properties_bytes,
-        )
-    )
-    size = HEAD_SIZE + len(born_host) + 8 + len(store_host) + 12 + len(tail)
+    tail, magic = _record_tail(body, topic, properties)
+    born_bit = _BORN_HOST_BIT.get(len(born_host))
+    store_bit = _STORE_HOST_BIT.get(len(store_host))
+    if born_bit is None or store_bit is None:
+        raise _host_size_error(born_host, store_host)
     return RecordTemplate(
-        size=size,
-        magic=MAGIC_V2 if v2 else MAGIC_V1,
+        size=BORN_HOST_AT + len(born_host) + 8 + len(store_host) + 12 + len(tail),
+        magic=magic,
         body_crc=body_crc(body),
         queue_id=queue_id,
         flag=flag,
-        sys_flag=sys_flag,
+        sys_flag=(sys_flag & ~_HOST_BITS) | born_bit | store_bit,
         born_timestamp=born_timestamp,
         born_host=born_host,
         store_host=store_host,
@@ -496,6 +488,51 @@ def make_record_template(
         prepared_transaction_offset=prepared_transaction_offset,
         tail=tail,
     )
+
+
+def _record_tail(body: bytes, topic: str, properties: str) -> tuple[bytes, int]:
+    """(BODY, TOPIC and PROPERTIES encoded, the MAGICCODE they need: V2 for a topic over
+    MAX_TOPIC_LENGTH_V1 bytes); MessageFormatError for a topic empty or over 32767
+    bytes, PropertiesTooLong for properties over MAX_PROPERTIES_LENGTH bytes."""
+    topic_bytes = topic.encode()
+    if not topic_bytes:
+        raise MessageFormatError("topic is empty")
+    if len(topic_bytes) > 32767:
+        raise MessageFormatError(f"topic of {len(topic_bytes)} bytes is over 32767")
+    properties_bytes = properties.encode()
+    if len(properties_bytes) > MAX_PROPERTIES_LENGTH:
+        raise PropertiesTooLong(
+            f"properties of {len(properties_bytes)} bytes are over {MAX_PROPERTIES_LENGTH}"
+        )
+    v2 = len(topic_bytes) > MAX_TOPIC_LENGTH_V1
+    tail = b"".join(
+        (
+            BODY_LENGTH.pack(len(body)),
+            body,
+            TEXT_LENGTH.pack(len(topic_bytes)) if v2 else bytes((len(topic_bytes),)),
+            topic_bytes,
+            TEXT_LENGTH.pack(len(properties_bytes)),
+            properties_bytes,
+        )
+    )
+    return tail, MAGIC_V2 if v2 else MAGIC_V1
+
+
+def _out_of_range(*values: int) -> MessageFormatError:
+    """The error naming the first of ``values`` (make_record_template's numbers, in
+    _NUMBER_FIELDS' order) that does not fit in its signed field."""
+    for (name, bits), value in zip(_NUMBER_FIELDS, values, strict=True):
+        if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+            return MessageFormatError(f"{name} {value} does not fit in a signed {bits}-bit field")
+    raise AssertionError(f"every one of {values} fits")
+
+
+def _host_size_error(born_host: bytes, store_host: bytes) -> MessageFormatError:
+    """The error naming the first host that is neither IPv4 (8 bytes) nor IPv6 (20)."""
+    name, host = (
+        ("born host", born_host) if len(born_host) not in (8, 20) else ("store host", store_host)
+    )
+    return MessageFormatError(f"{name} of {len(host)} bytes; expected 8 or 20")
 
 
 @attrs.frozen(slots=True)
@@ -529,36 +566,36 @@ def read_record(buffer: ReadableBuffer, pos: int = 0, *, check_crc: bool = True)
     """
     view = memoryview(buffer)
     available = len(view) - pos
-    if available < HEAD_SIZE:
+    if available < BORN_HOST_AT:
         raise MessageFormatError(f"only {available} bytes left, a record header needs 48")
     size, magic, crc, queue_id, flag, queue_offset, physical_offset, sys_flag, born_ts = (
-        _HEAD.unpack_from(view, pos)
+        _FIXED_HEAD.unpack_from(view, pos)
     )
     if magic not in (MAGIC_V1, MAGIC_V2):
         raise MessageFormatError(f"magic code {magic & 0xFFFFFFFF:#010x} is not a message's")
     if size > available:
         raise MessageFormatError(f"total size {size} runs past the {available} bytes there")
     end = pos + size
-    at = pos + HEAD_SIZE
+    at = pos + BORN_HOST_AT
     try:
         born_len = _host_size(bool(sys_flag & SYSFLAG_BORNHOST_V6))
         born_host = bytes(view[at : at + born_len])
         at += born_len
-        (store_ts,) = _Q.unpack_from(view, at)
+        (store_ts,) = _TIMESTAMP.unpack_from(view, at)
         at += 8
         store_len = _host_size(bool(sys_flag & SYSFLAG_STOREHOST_V6))
         store_host = bytes(view[at : at + store_len])
         at += store_len
         reconsume_times, prepared = struct.unpack_from(">iq", view, at)
         at += 12
-        (body_len,) = _I32.unpack_from(view, at)
+        (body_len,) = BODY_LENGTH.unpack_from(view, at)
         at += 4
         if body_len < 0 or at + body_len > end:
             raise MessageFormatError(f"body length {body_len} runs past total size {size}")
         body = view[at : at + body_len]
         at += body_len
         if magic == MAGIC_V2:
-            (topic_len,) = _I16.unpack_from(view, at)
+            (topic_len,) = TEXT_LENGTH.unpack_from(view, at)
             at += 2
         else:
             topic_len = view[at]
@@ -567,7 +604,7 @@ def read_record(buffer: ReadableBuffer, pos: int = 0, *, check_crc: bool = True)
             raise MessageFormatError(f"topic length {topic_len} runs past total size {size}")
         topic = str(view[at : at + topic_len], "utf-8")
         at += topic_len
-        (properties_len,) = _I16.unpack_from(view, at)
+        (properties_len,) = TEXT_LENGTH.unpack_from(view, at)
         at += 2
         if properties_len < 0 or at + properties_len != end:
             raise MessageFormatError(
@@ -607,28 +644,28 @@ def read_summary(buffer: ReadableBuffer, pos: int) -> tuple[int, int, int, int, 
     The record must be complete in ``buffer``; MessageFormatError if it is not sane
     (fields that run past the buffer or its total size, text that is not UTF-8)."""
     try:
-        size, magic, _crc, queue_id, _flag, queue_offset, _phy, sys_flag, _born = _HEAD.unpack_from(
+        size, magic, _crc, queue_id, _flag, queue_offset, _phy, sys_flag = RECORD_HEAD.unpack_from(
             buffer, pos
         )
         if magic != MAGIC_V1 and magic != MAGIC_V2:
             raise MessageFormatError(f"magic code {magic & 0xFFFFFFFF:#010x} is not a message's")
-        at = pos + HEAD_SIZE + (20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8)
-        (store_timestamp,) = _Q.unpack_from(buffer, at)
+        at = pos + BORN_HOST_AT + (20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8)
+        (store_timestamp,) = _TIMESTAMP.unpack_from(buffer, at)
         at += 8 + (20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8) + 12
-        (body_len,) = _I32.unpack_from(buffer, at)
+        (body_len,) = BODY_LENGTH.unpack_from(buffer, at)
         at += 4 + body_len
         end = pos + size
         if magic == MAGIC_V1:
             topic_len = buffer[at]
             at += 1
         else:
-            (topic_len,) = _I16.unpack_from(buffer, at)
+            (topic_len,) = TEXT_LENGTH.unpack_from(buffer, at)
             at += 2
         if body_len < 0 or topic_len <= 0 or at + topic_len + 2 > end or end > len(buffer):
             raise MessageFormatError(f"record lengths do not add up to its total size {size}")
         topic = str(buffer[at : at + topic_len], "utf-8")
         at += topic_len
-        (properties_len,) = _I16.unpack_from(buffer, at)
+        (properties_len,) = TEXT_LENGTH.unpack_from(buffer, at)
         if properties_len < 0 or at + 2 + properties_len != end:
             raise MessageFormatError(
                 f"properties length {properties_len} does not end the record at total size {size}"
@@ -647,7 +684,7 @@ def is_blank(buffer: ReadableBuffer, pos: int) -> bool:
     """True if a segment's blank marker (``remaining, BLANK_MAGIC``) starts at ``pos``."""
     if len(buffer) - pos < 8:
         return False
-    return bool(_I32.unpack_from(buffer, pos + 4)[0] == BLANK_MAGIC)
+    return bool(SIZE_MAGIC.unpack_from(buffer, pos)[1] == BLANK_MAGIC)
 
 
 @attrs.frozen(slots=True)
@@ -745,10 +782,10 @@ def encode_batch(entries: Iterable[BatchEntry]) -> bytes:
     for entry in entries:
         properties = entry.properties.encode()
         if len(properties) > MAX_PROPERTIES_LENGTH:
-            raise MessageFormatError(f"batch entry properties of {len(properties)} bytes")
+            raise PropertiesTooLong(f"batch entry properties of {len(properties)} bytes")
         size = 20 + len(entry.body) + 2 + len(properties)
         parts.append(_BATCH_HEAD.pack(size, 0, 0, entry.flag, len(entry.body)))
-        parts += [entry.body, _I16.pack(len(properties)), properties]
+        parts += [entry.body, TEXT_LENGTH.pack(len(properties)), properties]
     return b"".join(parts)
 
 
@@ -769,7 +806,7 @@ def decode_batch(body: bytes | memoryview) -> list[BatchEntry]:
         at = pos + 20
         entry_body = bytes(view[at : at + body_len])
         at += body_len
-        (properties_len,) = _I16.unpack_from(view, at)
+        (properties_len,) = TEXT_LENGTH.unpack_from(view, at)
         at += 2
         if properties_len < 0 or at + properties_len != end:
             raise MessageFormatError(f"batch entry {len(entries)}: properties length mismatch")

@@ -13,7 +13,6 @@ the general decoder, which names what is wrong in a MessageFormatError.
 
 from __future__ import annotations
 
-import struct
 import zlib
 from array import array
 
@@ -32,8 +31,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from hamq.client.message import COMPRESSION_TYPE_MASK, COMPRESSION_ZLIB
-from hamq.protocol.message import (
+from hamq.client.records import (
+    COMPRESSION_TYPE_MASK,
+    COMPRESSION_ZLIB,
     MAGIC_V1,
     MAGIC_V2,
     NAME_VALUE_SEPARATOR,
@@ -41,6 +41,7 @@ from hamq.protocol.message import (
     PROPERTY_SEPARATOR,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
+    RECORD_HEAD,
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_COMPRESSED,
     SYSFLAG_STOREHOST_V6,
@@ -71,8 +72,6 @@ SCHEMA = StructType(
 )
 ARROW_SCHEMA: pa.Schema = to_arrow_schema(SCHEMA, timezone="UTC")
 
-#: TOTALSIZE and QUEUEOFFSET, the start of every record
-_HEAD = struct.Struct(">i16xq")
 #: where the fields are in a record with IPv4 hosts
 _AT_MAGIC, _AT_QUEUE_OFFSET, _AT_PHYSICAL_OFFSET, _AT_SYSFLAG = 4, 20, 28, 36
 _AT_BORN_TS, _AT_BORN_HOST, _AT_STORE_TS, _AT_STORE_HOST = 40, 48, 56, 64
@@ -112,13 +111,13 @@ class Columns:
         """Keep the records of ``raw`` whose queue offset is in ``low .. high - 1``; the
         offset after the last record there (-1: none)."""
         pos, size_all, after = 0, len(raw), -1
-        base, starts, unpack = len(self._data), self._starts, _HEAD.unpack_from
+        base, starts, unpack = len(self._data), self._starts, RECORD_HEAD.unpack_from
         kept = 0
         while pos < size_all:
-            if size_all - pos < _HEAD.size:
+            if size_all - pos < RECORD_HEAD.size:
                 raise MessageFormatError(f"only {size_all - pos} bytes left for a record")
-            size, queue_offset = unpack(raw, pos)
-            if size < _HEAD.size or pos + size > size_all:
+            size, _magic, _crc, _queue, _flag, queue_offset, _physical, _sys = unpack(raw, pos)
+            if size < RECORD_HEAD.size or pos + size > size_all:
                 raise MessageFormatError(
                     f"a record of total size {size} at byte {pos} of a {size_all}-byte answer"
                 )

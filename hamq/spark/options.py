@@ -29,11 +29,8 @@ from typing import Any
 
 import attrs
 
-from hamq.acl import credentials_from
-from hamq.client.errors import InvalidArgumentError
+from hamq.client import InvalidArgumentError, RemotingConfig, TlsConfig, credentials_from
 from hamq.client.message import check_group, check_topic
-from hamq.remoting import RemotingConfig
-from hamq.remoting.tls import TlsConfig
 
 EARLIEST = -2
 LATEST = -1

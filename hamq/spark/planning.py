@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import attrs
 import trio
 
-from hamq.client import MessageQueue
+from hamq.client import MessageQueue, RemotingError
 from hamq.client.consumer import PullConsumer
 from hamq.client.errors import (
     NETWORK_ERRORS,
@@ -30,7 +30,6 @@ from hamq.client.errors import (
     NameServerUnavailableError,
     NoRouteError,
 )
-from hamq.remoting import RemotingError
 from hamq.spark.options import EARLIEST, LATEST, OffsetSpec, QueueKey, ReadOptions
 
 log = logging.getLogger(__name__)

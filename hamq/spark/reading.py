@@ -29,10 +29,8 @@ import attrs
 import pyarrow as pa
 import trio
 
-from hamq.client import PullConsumer, PullResult, PullStatus
-from hamq.client.errors import ClientError
-from hamq.protocol.bodies import MASTER_ID
-from hamq.protocol.message import MessageFormatError
+from hamq.client import MASTER_ID, ClientError, PullConsumer, PullResult, PullStatus
+from hamq.client.records import MessageFormatError
 from hamq.spark.columns import Columns
 from hamq.spark.options import ReadOptions
 from hamq.spark.planning import (

@@ -7,10 +7,11 @@ No network code here; the broker drives it through ``MessageStore``
 - commitlog.py      the log of records (appends, raw appends for slaves, truncation)
 - consume_queue.py  20-byte entries per topic/queue
 - index.py          RocketMQ's hash index files (KEYS, UNIQ_KEY)
-- dispatcher.py     the reput task that builds queues and index from the log
+- reput.py          the reput task that builds queues and index from the log
 - checkpoint.py     how far things are on disk; files.py: atomic writes, the lock
 - recovery.py       clean and crash recovery
 - flush.py          async flush, group commit, checkpointing
+- durability.py     when a put is answered: its fsync and replicas (SYNC_FLUSH, SYNC_MASTER)
 - schedule.py       delay levels
 - retention.py      deleting old segments
 - message_store.py  the facade processors use
@@ -19,16 +20,16 @@ No network code here; the broker drives it through ``MessageStore``
 from hamq.protocol.message import SCHEDULE_TOPIC
 from hamq.store.commitlog import AppendResult
 from hamq.store.config import BrokerRole, FlushDiskType, StoreConfig, parse_delay_levels
-from hamq.store.dispatcher import DispatchRequest
+from hamq.store.durability import PutMessageStatus, ReplicaWaiter
 from hamq.store.message_store import (
     GetMessageResult,
     GetMessageStatus,
     MessageStore,
     MessageToStore,
     PutMessageResult,
-    PutMessageStatus,
     StoreStatistics,
 )
+from hamq.store.reput import DispatchRequest
 from hamq.store.segment import StoreCorruptionError, StoreError
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "MessageToStore",
     "PutMessageResult",
     "PutMessageStatus",
+    "ReplicaWaiter",
     "StoreConfig",
     "StoreCorruptionError",
     "StoreError",

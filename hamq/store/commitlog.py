@@ -19,7 +19,6 @@ Offsets here are byte offsets in the log ("physical offsets"). Invariants:
 from __future__ import annotations
 
 import logging
-import struct
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from hamq.protocol.message import (
     END_FILE_MIN_BLANK_LENGTH,
     MAGIC_V1,
     MAGIC_V2,
+    SIZE_MAGIC,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 
 #: replicated chunks at least this big are written with pwrite, not through the map
 BULK_BYTES = 16 * 1024
-
-_BLANK = struct.Struct(">ii")  # int32 size (or bytes remaining), int32 magic
 
 
 @attrs.define(slots=True)
@@ -133,7 +131,7 @@ class CommitLog:
         if segment.remaining >= size + END_FILE_MIN_BLANK_LENGTH:
             return segment
         if segment.remaining >= END_FILE_MIN_BLANK_LENGTH:
-            _BLANK.pack_into(segment.buffer, segment.wrote, segment.remaining, BLANK_MAGIC)
+            SIZE_MAGIC.pack_into(segment.buffer, segment.wrote, segment.remaining, BLANK_MAGIC)
         segment.wrote = segment.size
         return self.segments.create(segment.end)
 
@@ -207,7 +205,7 @@ class CommitLog:
             raise StoreError(f"cannot truncate to {offset}: the log starts at {self.min_offset}")
         holder = self.segments.find(offset)
         if holder is not None and offset > holder.start and not partial_tail:
-            magic = _BLANK.unpack_from(holder.buffer, offset - holder.start)[1]
+            magic = SIZE_MAGIC.unpack_from(holder.buffer, offset - holder.start)[1]
             if magic not in (MAGIC_V1, MAGIC_V2, BLANK_MAGIC):
                 raise StoreError(f"cannot truncate to {offset}: no record starts there")
         if self.local_from is not None and offset < self.local_from:
@@ -235,7 +233,7 @@ class CommitLog:
             return False
         if offset == segment.start:
             return True
-        magic = _BLANK.unpack_from(segment.buffer, offset - segment.start)[1]
+        magic = SIZE_MAGIC.unpack_from(segment.buffer, offset - segment.start)[1]
         return magic in (MAGIC_V1, MAGIC_V2, BLANK_MAGIC)
 
     def appended_here(self, offset: int) -> bool:

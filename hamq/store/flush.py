@@ -25,20 +25,29 @@ import trio
 from hamq.store.checkpoint import Checkpoint, save_checkpoint
 from hamq.store.commitlog import CommitLog
 from hamq.store.config import FlushDiskType, StoreConfig
-from hamq.store.dispatcher import ConsumeQueueTable, ReputService
 from hamq.store.index import IndexFile, IndexService
+from hamq.store.reput import ConsumeQueueTable, ReputService
 from hamq.store.segment import Segment
 
 log = logging.getLogger(__name__)
 
 
 class _Waiter:
-    __slots__ = ("done", "end_offset", "timed_out")
+    __slots__ = ("callback", "done", "end_offset")
 
-    def __init__(self, end_offset: int) -> None:
+    def __init__(self, end_offset: int, callback: Callable[[bool], None]) -> None:
         self.end_offset = end_offset
-        self.done = trio.Event()
-        self.timed_out = False
+        self.callback = callback
+        self.done = False
+
+    def finish(self, flushed: bool) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            self.callback(flushed)
+        except Exception:
+            log.exception("a flush waiter failed")
 
 
 def _dirty(segments: list[Segment]) -> list[tuple[Segment, int]]:
@@ -130,42 +139,41 @@ class FlushService:
         async with self._checkpoint_lock, self._commitlog_lock:
             yield
 
-    async def wait_flushed(self, end_offset: int, timeout_s: float) -> bool:
-        """Wait until the CommitLog is on disk up to ``end_offset`` (SYNC_FLUSH puts);
-        False when ``timeout_s`` passes first. The data stays either way.
-
-        No cancel scope per call (they are costly at thousands of puts a second): each
-        waiter has its own event, set by the round that covers it or by the timer task.
-        """
+    def notify_flushed(
+        self, end_offset: int, callback: Callable[[bool], None], timeout_s: float
+    ) -> None:
+        """``callback(True)`` once the CommitLog is on disk up to ``end_offset`` (at once
+        if it is), ``callback(False)`` when ``timeout_s`` passes first (SYNC_FLUSH puts:
+        durability.py). The data stays either way. No task and no cancel scope per
+        waiter: the round that covers it, or the timer task, calls it."""
         if self.flushed_offset >= end_offset:
-            return True
-        waiter = _Waiter(end_offset)
+            callback(True)
+            return
+        waiter = _Waiter(end_offset, callback)
         self._waiters.append(waiter)
         self._sequence += 1
         heapq.heappush(self._deadlines, (trio.current_time() + timeout_s, self._sequence, waiter))
         if len(self._deadlines) == 1:
             self._deadline_added.set()
         self._flush_requested.set()
-        await waiter.done.wait()
-        return not waiter.timed_out
 
     def _release_flushed(self) -> None:
-        """Wake every waiter the flushed offset now covers."""
+        """Answer every waiter the flushed offset now covers."""
         flushed = self.flushed_offset
         waiting: list[_Waiter] = []
         for waiter in self._waiters:
             if waiter.end_offset <= flushed:
-                waiter.done.set()
-            elif not waiter.done.is_set():
+                waiter.finish(True)
+            elif not waiter.done:
                 waiting.append(waiter)
         self._waiters = waiting
         if waiting:
             self._flush_requested.set()
 
     async def _timeout_loop(self) -> None:
-        """Release waiters whose deadline passed (FLUSH_DISK_TIMEOUT)."""
+        """Answer waiters whose deadline passed (FLUSH_DISK_TIMEOUT)."""
         while True:
-            while self._deadlines and self._deadlines[0][2].done.is_set():
+            while self._deadlines and self._deadlines[0][2].done:
                 heapq.heappop(self._deadlines)  # already flushed
             if not self._deadlines:
                 self._deadline_added = trio.Event()
@@ -176,8 +184,7 @@ class FlushService:
                 await trio.sleep_until(deadline)
                 continue
             heapq.heappop(self._deadlines)
-            waiter.timed_out = True
-            waiter.done.set()
+            waiter.finish(False)
 
     def reset(self, offset: int) -> None:
         """After a truncation: nothing past ``offset`` is flushed."""

@@ -13,10 +13,12 @@ later), what is dispatched is served, sends are refused with a remark saying so,
 once the dispatcher's retries get through, sends continue each queue where its last
 message is (``_dispatch_unavailable``).
 
-Puts never await while appending (one writer, no lock). A SYNC_FLUSH put then waits
-for the fsync that covers it (group commit): FLUSH_DISK_TIMEOUT after
-``sync_flush_timeout_s``, the message stored either way. Reads return zero-copy views
-of the CommitLog, meant to be used (joined into a response) before the next await.
+Puts never await while appending (one writer, no lock). A put is then answered once
+the message is as safe as configured — on disk (SYNC_FLUSH, group commit) and on the
+replicas the broker injected (``use_replicas``) — or with the status saying which did
+not happen in time; the message is stored either way (durability.py decides it all).
+Reads return zero-copy views of the CommitLog, meant to be used (joined into a
+response) before the next await.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from hamq.protocol.message import (
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_NOT_TYPE,
     MessageFormatError,
+    PropertiesTooLong,
     RecordTemplate,
     StoredMessage,
     decode_message,
@@ -53,12 +56,14 @@ from hamq.protocol.message import (
 )
 from hamq.store.checkpoint import Checkpoint, load_checkpoint, save_with_backup
 from hamq.store.commitlog import AppendResult, CommitLog
-from hamq.store.config import FlushDiskType, StoreConfig
-from hamq.store.dispatcher import ConsumeQueueTable, ReputService
+from hamq.store.config import StoreConfig
+from hamq.store.consume_queue import ConsumeQueue
+from hamq.store.durability import Durability, PutMessageStatus, ReplicaWaiter
 from hamq.store.files import DirectoryInUseError, DirectoryLock, fsync_directory
 from hamq.store.flush import FlushService
 from hamq.store.index import IndexService
 from hamq.store.recovery import RecoveryReport, recover
+from hamq.store.reput import ConsumeQueueTable, ReputService
 from hamq.store.retention import RetentionService
 from hamq.store.schedule import ScheduleService, encode_delay_offsets
 from hamq.store.segment import StoreCorruptionError, StoreError
@@ -82,17 +87,6 @@ class StoreLockedError(StoreError):
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-class PutMessageStatus(enum.Enum):
-    PUT_OK = "PUT_OK"
-    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
-    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
-    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
-    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
-    CREATE_MAPPED_FILE_FAILED = "CREATE_MAPPED_FILE_FAILED"
-    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
-    PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
 
 
 class GetMessageStatus(enum.Enum):
@@ -187,6 +181,18 @@ class StoreStatistics:
     damaged_records_read: int = 0
 
 
+class _Scan:
+    """What one read of a consume queue found (``get_message``)."""
+
+    __slots__ = ("filtered", "found", "last_physical", "next_offset", "removed", "skipped")
+
+    def __init__(self, offset: int) -> None:
+        self.next_offset = offset
+        self.found: list[memoryview] = []
+        self.last_physical = 0
+        self.removed = self.filtered = self.skipped = 0
+
+
 class MessageStore:
     def __init__(
         self,
@@ -227,6 +233,8 @@ class MessageStore:
         self.flush: FlushService | None = None
         self.schedule: ScheduleService | None = None
         self.retention: RetentionService | None = None
+        #: what a put waits for before it is answered (durability.py: the one place)
+        self.durability = Durability(config)
         self._running = False
         self._master = config.role.is_master
         self._nursery: trio.Nursery | None = None
@@ -285,6 +293,7 @@ class MessageStore:
                 checkpoint=checkpoint or Checkpoint(),
                 confirm_offset=self._confirm_offset,
             )
+            self.durability.flush = self.flush
             self.retention = RetentionService(
                 commitlog=self.commitlog,
                 queues=self.queues,
@@ -454,8 +463,15 @@ class MessageStore:
         else:
             self._put_failures += 1
 
+    def use_replicas(self, replicas: ReplicaWaiter | None) -> None:
+        """Who else a put waits for (the broker's replication: hamq/ha/group_transfer.py)."""
+        self.durability.replicas = replicas
+
     async def put_message(self, message: MessageToStore) -> PutMessageResult:
-        """Append; with SYNC_FLUSH wait for the covering fsync (FLUSH_DISK_TIMEOUT).
+        """Append, and return once the message is as safe as configured: on disk
+        (SYNC_FLUSH) and on the replicas the broker injected, or the status saying which
+        did not happen in time (durability.py, the decision a broker's sends take too,
+        with a callback where this awaits). The message is stored either way.
 
         Always a cancellation point; it yields to other tasks every ``YIELD_EVERY`` calls
         (a full Trio checkpoint per put would cost more than the append itself), so a
@@ -467,18 +483,16 @@ class MessageStore:
             self._until_yield = YIELD_EVERY
             await trio.lowlevel.checkpoint()
         result = self.put_message_nowait(message)
-        if (
-            result.append is not None
-            and self.flush is not None
-            and self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
-            and message.wait_store_ok
-        ):
-            flushed = await self.flush.wait_flushed(
-                result.append.end_offset, self.config.sync_flush_timeout_s
-            )
-            if not flushed:
-                result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
-                result.remark = f"not on disk within {self.config.sync_flush_timeout_s:g}s; stored"
+        if result.append is None or not self.durability.waits(message.wait_store_ok):
+            return result
+        answered = trio.Event()
+
+        def answer(status: PutMessageStatus, remark: str) -> None:
+            result.status, result.remark = status, remark
+            answered.set()
+
+        if self.durability.wait(result.append.end_offset, message.wait_store_ok, answer):
+            await answered.wait()
         return result
 
     def _refuse(self, status: PutMessageStatus, remark: str) -> PutMessageResult:
@@ -546,13 +560,10 @@ class MessageStore:
                 reconsume_times=message.reconsume_times,
                 prepared_transaction_offset=message.prepared_transaction_offset,
             )
+        except PropertiesTooLong as exc:
+            return self._refuse(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, str(exc))
         except MessageFormatError as exc:
-            status = (
-                PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
-                if "properties of" in str(exc)
-                else PutMessageStatus.MESSAGE_ILLEGAL
-            )
-            return self._refuse(status, str(exc))
+            return self._refuse(PutMessageStatus.MESSAGE_ILLEGAL, str(exc))
         return topic, template
 
     def _append(self, topic: str, template: RecordTemplate) -> PutMessageResult:
@@ -686,21 +697,59 @@ class MessageStore:
             return result(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset)
         if offset > high:  # RocketMQ: back to the start when the queue starts at 0
             return result(GetMessageStatus.OFFSET_OVERFLOW_BADLY, low if low == 0 else high)
-        max_count = max(1, min(max_count, self.config.max_transfer_count))
-        byte_budget = max_bytes or self.config.max_transfer_bytes
+        scan = _Scan(offset)
+        self._read_queue(
+            scan,
+            queue,
+            (topic, queue_id),
+            high,
+            max(1, min(max_count, self.config.max_transfer_count)),
+            self.config.max_transfer_bytes if max_bytes is None else max_bytes,
+            tag_codes,
+        )
+        if scan.found:
+            lag = self.commitlog.max_offset - scan.last_physical
+            return GetMessageResult(
+                GetMessageStatus.FOUND,
+                scan.next_offset,
+                low,
+                high,
+                tuple(scan.found),
+                lag,
+                scan.skipped,
+            )
+        if scan.filtered:
+            status = GetMessageStatus.NO_MATCHED_MESSAGE
+        elif scan.removed or scan.skipped:  # (RocketMQ's status for a message it could not read)
+            status = GetMessageStatus.MESSAGE_WAS_REMOVING
+        else:
+            status = GetMessageStatus.OFFSET_FOUND_NULL
+        return GetMessageResult(status, scan.next_offset, low, high, skipped=scan.skipped)
+
+    def _read_queue(
+        self,
+        scan: _Scan,
+        queue: ConsumeQueue,
+        queue_key: tuple[str, int],
+        high: int,
+        max_count: int,
+        byte_budget: int,
+        tag_codes: Collection[int] | None,
+    ) -> None:
+        """Read a queue's records into ``scan`` from its ``next_offset``: at most
+        ``max_count`` and (but for the first) ``byte_budget`` bytes, scanning at most
+        MAX_FILTERED_SCAN entries. Entries before ``trusted`` were checked in this
+        process (queue.checked): read as they are; the others are checked whole
+        (``record_problem``), and the runs that pass are added to ``checked``."""
         commitlog = self.commitlog
         commitlog_min = commitlog.min_offset
         check_crc = self.config.check_crc_on_read
         checked = queue.checked
-        # entries before ``trusted`` were checked in this process (queue.checked): read
-        # as they are; the others are checked whole (``record_problem``), and the runs
-        # that pass are added to ``checked`` at the end
+        offset = next_offset = scan.next_offset
         trusted = checked.end_of(offset)
         run_start = run_end = offset
-        found: list[memoryview] = []
-        total = last_physical = 0
-        next_offset = offset
-        removed = filtered = skipped = 0
+        found = scan.found
+        total = 0
         full = False
         while next_offset < high and len(found) < max_count and not full:
             if next_offset - offset >= MAX_FILTERED_SCAN:
@@ -710,9 +759,9 @@ class MessageStore:
                 break
             for physical_offset, size, tags in batch:
                 if physical_offset < commitlog_min:
-                    removed += 1
+                    scan.removed += 1
                 elif tag_codes is not None and tags not in tag_codes:
-                    filtered += 1
+                    scan.filtered += 1
                 else:
                     if found and total + size > byte_budget:
                         full = True
@@ -721,7 +770,7 @@ class MessageStore:
                     if next_offset < trusted:
                         record = commitlog.read(physical_offset, size)
                     else:
-                        entry = (topic, queue_id, next_offset)
+                        entry = (*queue_key, next_offset)
                         record = commitlog.read_checked(
                             physical_offset, size, entry, check_crc=check_crc
                         )
@@ -731,38 +780,16 @@ class MessageStore:
                                 run_start = next_offset
                             run_end = next_offset + 1
                     if record is None:  # damaged: passed over (counted, logged), never sent
-                        skipped += 1
+                        scan.skipped += 1
                     else:
                         found.append(record)
-                        last_physical = physical_offset
+                        scan.last_physical = physical_offset
                         total += size
                 next_offset += 1
                 if len(found) >= max_count:
                     break
         checked.add(run_start, run_end)
-        if found:
-            return self._found(found, next_offset, low, high, last_physical, skipped)
-        if filtered:
-            status = GetMessageStatus.NO_MATCHED_MESSAGE
-        elif removed or skipped:  # (RocketMQ's status for a message it could not read)
-            status = GetMessageStatus.MESSAGE_WAS_REMOVING
-        else:
-            status = GetMessageStatus.OFFSET_FOUND_NULL
-        return GetMessageResult(status, next_offset, low, high, skipped=skipped)
-
-    def _found(
-        self,
-        found: list[memoryview],
-        next_offset: int,
-        low: int,
-        high: int,
-        last_physical: int,
-        skipped: int,
-    ) -> GetMessageResult:
-        lag = self.commitlog.max_offset - last_physical
-        return GetMessageResult(
-            GetMessageStatus.FOUND, next_offset, low, high, tuple(found), lag, skipped
-        )
+        scan.next_offset = next_offset
 
     def max_offset_in_queue(self, topic: str, queue_id: int) -> int:
         queue = self.queues.get(topic, queue_id)

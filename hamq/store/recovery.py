@@ -21,11 +21,11 @@ Then the consume queues and the index are brought in line: entries that point pa
 end are dropped, and the records from the checkpoint's dispatched offset (or from
 wherever the consume queues really end, if their files were deleted) are dispatched
 again. A damaged record met while dispatching is passed over the same way (by the
-dispatcher, hamq/store/dispatcher.py; here it is copied to torn/); its consume queue
+reput task, hamq/store/reput.py; here it is copied to torn/); its consume queue
 entry (RocketMQ's queue offsets have no gaps) points at it, for pulls to skip. A disk
 error while dispatching (a full disk) does not stop the start: the store runs with
 dispatching paused there (``RecoveryReport.paused``), serves what is dispatched,
-refuses sends, and its dispatcher finishes the rest once there is room.
+refuses sends, and its reput task finishes the rest once there is room.
 
 Last, the consume queues are checked against the CommitLog (``check_consume_queues``):
 a queue whose files do not load, whose files show empty entries at their ends or
@@ -53,6 +53,7 @@ from hamq.protocol.message import (
     BLANK_MAGIC,
     MAGIC_V1,
     MAGIC_V2,
+    RECORD_HEAD,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
@@ -64,10 +65,10 @@ from hamq.protocol.message import (
 from hamq.store.checkpoint import Checkpoint
 from hamq.store.commitlog import CommitLog
 from hamq.store.consume_queue import ENTRY_SIZE, ConsumeQueue
-from hamq.store.dispatcher import ConsumeQueueTable, ReputService
 from hamq.store.files import fsync_directory, write_atomically
 from hamq.store.index import IndexService
-from hamq.store.records import HEAD, MIN_RECORD_BYTES, fields, isolated_damage, scan_problem
+from hamq.store.records import MIN_RECORD_BYTES, fields, isolated_damage, scan_problem
+from hamq.store.reput import ConsumeQueueTable, ReputService
 from hamq.store.segment import Segment, StoreCorruptionError, StoreError
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class RecoveryReport:
     #: consume queues rebuilt because they did not match the log ("topic/queue id")
     rebuilt_queues: tuple[str, ...] = ()
     #: why dispatching is paused (a full disk) short of the log's end, if it is: the
-    #: store runs, and its dispatcher retries
+    #: store runs, and its reput task retries
     paused: str | None = None
 
 
@@ -247,11 +248,11 @@ def _copy_damaged(torn_dir: Path, offset: int, data: bytes) -> Path:
 @attrs.define
 class _Dispatcher:
     """Recovery's dispatch passes: every record of the log into the consume queues and
-    the index. Damaged records are passed over by the dispatcher itself (hamq/store/
-    dispatcher.py, with the log's end known); here each is copied to torn/ and logged.
+    the index. Damaged records are passed over by the reput task itself (hamq/store/
+    reput.py, with the log's end known); here each is copied to torn/ and logged.
     A queue whose entry conflicts with the log is emptied and rebuilt (``_reset_queue``).
     A disk error (a full disk) ends the pass: the store starts with dispatching paused
-    there, and the dispatcher's retries finish it (``paused``)."""
+    there, and the reput task's retries finish it (``paused``)."""
 
     commitlog: CommitLog
     queues: ConsumeQueueTable
@@ -285,7 +286,7 @@ class _Dispatcher:
             self.reput.on_damaged = None
 
     def _report(self, offset: int, size: int, problem: str) -> None:
-        """Copy a damaged record the dispatcher passed over to torn/ and log it (once)."""
+        """Copy a damaged record the reput task passed over to torn/ and log it (once)."""
         if offset in self.reported:
             return
         copy = _copy_damaged(self.torn_dir, offset, bytes(self.commitlog.read(offset, size)))
@@ -392,10 +393,12 @@ def _entry_problem(commitlog: CommitLog, queue: ConsumeQueue, index: int, end: i
     if physical_offset + size > end:
         return f"entry {index} points past the end of the commitlog ({physical_offset}+{size})"
     try:
-        head = commitlog.read(physical_offset, HEAD.size)
+        head = commitlog.read(physical_offset, RECORD_HEAD.size)
     except StoreError:
         return f"entry {index} points at {physical_offset}, which the commitlog does not have"
-    total, magic, _crc, queue_id, _flag, queue_offset, physical, _sys = HEAD.unpack_from(head)
+    total, magic, _crc, queue_id, _flag, queue_offset, physical, _sys = RECORD_HEAD.unpack_from(
+        head
+    )
     if total != size:
         return f"entry {index} says {size} bytes, the record at {physical_offset} has {total}"
     if magic not in (MAGIC_V1, MAGIC_V2):
@@ -471,10 +474,10 @@ def _tail_start(commitlog: CommitLog, queues: ConsumeQueueTable, end: int) -> in
         if at is None or not target <= at < best:
             continue
         try:
-            head = commitlog.read(at, HEAD.size)
+            head = commitlog.read(at, RECORD_HEAD.size)
         except StoreError:
             continue
-        if HEAD.unpack_from(head)[6] == at:
+        if RECORD_HEAD.unpack_from(head)[6] == at:
             best = at
     return best
 
@@ -493,6 +496,7 @@ def _tail_records(
     offset = start
     topics: dict[bytes, str | None] = {}
     no_entry = (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK)
+    head, head_size = RECORD_HEAD.unpack_from, RECORD_HEAD.size  # (bound once: per record)
     while offset < end:
         segment = commitlog.segments.find(offset)
         if segment is None:
@@ -500,10 +504,8 @@ def _tail_records(
         view = segment.view(0, segment.wrote)
         stop = min(segment.wrote, end - segment.start)
         pos = offset - segment.start
-        while pos + HEAD.size <= stop:
-            size, magic, _crc, queue_id, _flag, queue_offset, _phy, sys_flag = HEAD.unpack_from(
-                view, pos
-            )
+        while pos + head_size <= stop:
+            size, magic, _crc, queue_id, _flag, queue_offset, _phy, sys_flag = head(view, pos)
             if magic == BLANK_MAGIC:
                 break
             if size < MIN_RECORD_BYTES or pos + size > stop:
@@ -634,62 +636,125 @@ def recover(
 ) -> RecoveryReport:
     """Load and recover everything; on return the store can serve, and ``reput`` has
     dispatched every record of the log. StoreCorruptionError if it cannot: the store
-    must not start (what was cut or moved aside so far stays so, and is logged)."""
+    must not start (what was cut or moved aside so far stays so, and is logged).
+
+    The steps: load the files; find where the log ends (``_clean_end``, or after a crash
+    ``_crash_end``: cut there); dispatch again from where the consume queues and the
+    index are known complete (``_dispatch_start``); check and rebuild the queues that do
+    not match the log (``_repair_queues``)."""
     commitlog.load()
     unloadable = remove_unloadable_queues(queues.root, queues.entries_per_file)
     queues.load()
     index.load()
     segments = commitlog.segments
-    torn_dir = store_dir / "torn"
-    reason: str | None = None
-    truncated: tuple[int, int] | None = None
-    copies: tuple[Path, ...] = ()
-    dispatcher = _Dispatcher(commitlog, queues, reput, torn_dir)
+    dispatcher = _Dispatcher(commitlog, queues, reput, store_dir / "torn")
     if clean and checkpoint is None and not segments.empty:
         log.warning("no checkpoint in %s: scanning the commitlog as after a crash", store_dir)
         clean = False
     if segments.empty:
-        end = 0
+        found = _LogEnd(0)
     elif clean:
         assert checkpoint is not None
-        end = checkpoint.commitlog_flushed_offset
-        last = segments.last
-        assert last is not None
-        if not segments.min_offset <= end <= last.end or any(
-            s.start > end for s in segments.segments
-        ):
-            raise StoreCorruptionError(
-                f"the checkpoint says the commitlog ends at {end}, but its segments cover "
-                f"[{segments.min_offset}, {last.end}); remove {store_dir / 'checkpoint'} "
-                f"to recover by scanning"
-            )
-        segments.set_end(end)
+        found = _LogEnd(_clean_end(commitlog, checkpoint, store_dir))
     else:
-        scan_from = checkpoint.commitlog_flushed_offset if checkpoint else segments.min_offset
-        scan = scan_commitlog(commitlog, scan_from)
-        end, reason = scan.end, scan.reason
-        _report_damaged(commitlog, scan, dispatcher)
-        if written_past(commitlog, end):
-            data_end = max(s.start + _last_nonzero(s, 0) for s in segments.segments)
-            copies = cut_commitlog(commitlog, end, torn_dir)
-            truncated = (end, data_end)
-            log.error(
-                "crash recovery: commitlog cut at %d (%s); bytes [%d, %d) copied to %s",
-                end,
-                reason or "data after the end",
-                end,
-                data_end,
-                ", ".join(str(c) for c in copies),
-            )
-        else:
-            segments.set_end(end)
-        # what survived a killed process may still be only in the page cache: make it
-        # durable before the flush service counts it as flushed
-        for segment in segments.segments:
-            if segment.end > scan_from:
-                segment.sync_data()
-    # consume queues and index: drop what points past the end, dispatch from where they
-    # are known to be complete (the checkpoint, or their real end if files were removed)
+        found = _crash_end(commitlog, checkpoint, dispatcher)
+    end = found.end
+    start = _dispatch_start(commitlog, queues, index, checkpoint, end)
+    reput.offset = start
+    dispatcher.run()
+    problems = _repair_queues(dispatcher, unloadable, end, store_dir)
+    for queue in queues.queues.values():
+        queue.delete_expired(segments.min_offset)  # minimums follow the log's start
+    commitlog.queue_offsets = {key: q.max_offset for key, q in queues.queues.items()}
+    _log_recovered(dispatcher, clean=clean, start=start, end=end)
+    return RecoveryReport(
+        clean=clean,
+        commitlog_end=end,
+        dispatched_from=start,
+        records_dispatched=dispatcher.records,
+        truncated=found.truncated,
+        torn_copy=found.copies,
+        bad_record=found.reason,
+        damaged=tuple(sorted(dispatcher.reported)),
+        rebuilt_queues=tuple(f"{t}/{q}" for t, q in sorted(problems)),
+        paused=reput.failure if dispatcher.paused else None,
+    )
+
+
+@attrs.frozen
+class _LogEnd:
+    """Where recovery found the log to end, and (after a crash) why there and what was
+    cut after it (``RecoveryReport``'s fields of the same meaning)."""
+
+    end: int
+    reason: str | None = None
+    truncated: tuple[int, int] | None = None
+    copies: tuple[Path, ...] = ()
+
+
+def _clean_end(commitlog: CommitLog, checkpoint: Checkpoint, store_dir: Path) -> int:
+    """Where a cleanly stopped log ends, its flushed offset by the checkpoint, made its
+    end; StoreCorruptionError if its segments do not end there."""
+    segments = commitlog.segments
+    end = checkpoint.commitlog_flushed_offset
+    last = segments.last
+    assert last is not None
+    if not segments.min_offset <= end <= last.end or any(s.start > end for s in segments.segments):
+        raise StoreCorruptionError(
+            f"the checkpoint says the commitlog ends at {end}, but its segments cover "
+            f"[{segments.min_offset}, {last.end}); remove {store_dir / 'checkpoint'} "
+            f"to recover by scanning"
+        )
+    segments.set_end(end)
+    return end
+
+
+def _crash_end(
+    commitlog: CommitLog, checkpoint: Checkpoint | None, dispatcher: _Dispatcher
+) -> _LogEnd:
+    """Where the log ends after a crash: scanned from the checkpoint's flushed offset
+    (``scan_commitlog``; the damaged records passed over are copied to torn/), what lies
+    after cut (copied to torn/ first, ``cut_commitlog``), and what survived made durable.
+    A failure part way leaves what was cut so far cut (and copied)."""
+    segments = commitlog.segments
+    scan_from = checkpoint.commitlog_flushed_offset if checkpoint else segments.min_offset
+    scan = scan_commitlog(commitlog, scan_from)
+    found = _LogEnd(scan.end, scan.reason)
+    _report_damaged(commitlog, scan, dispatcher)
+    if written_past(commitlog, found.end):
+        data_end = max(s.start + _last_nonzero(s, 0) for s in segments.segments)
+        copies = cut_commitlog(commitlog, found.end, dispatcher.torn_dir)
+        found = attrs.evolve(found, truncated=(found.end, data_end), copies=copies)
+        log.error(
+            "crash recovery: commitlog cut at %d (%s); bytes [%d, %d) copied to %s",
+            found.end,
+            found.reason or "data after the end",
+            found.end,
+            data_end,
+            ", ".join(str(c) for c in copies),
+        )
+    else:
+        segments.set_end(found.end)
+    # what survived a killed process may still be only in the page cache: make it
+    # durable before the flush service counts it as flushed
+    for segment in segments.segments:
+        if segment.end > scan_from:
+            segment.sync_data()
+    return found
+
+
+def _dispatch_start(
+    commitlog: CommitLog,
+    queues: ConsumeQueueTable,
+    index: IndexService,
+    checkpoint: Checkpoint | None,
+    end: int,
+) -> int:
+    """Where dispatching starts again: where the consume queues and the index are known
+    to be complete (the checkpoint's dispatched offset, or the queues' real end if their
+    files were removed), never past the log's ``end``. What they hold from there on (and
+    the index past ``end``) is dropped, to be dispatched again."""
+    segments = commitlog.segments
     dispatched = checkpoint.dispatched_offset if checkpoint else segments.min_offset
     ends = [e for q in queues.queues.values() if (e := q.last_entry_end()) is not None]
     queues_end = max(ends) if ends else segments.min_offset
@@ -705,19 +770,31 @@ def recover(
                 start,
             )
     index.truncate(end)
-    reput.offset = start
-    dispatcher.run()
+    return start
+
+
+def _repair_queues(
+    dispatcher: _Dispatcher, unloadable: list[str], end: int, store_dir: Path
+) -> dict[tuple[str, int], str]:
+    """Check the consume queues against the log dispatched up to ``end`` and rebuild
+    those that do not match it, or whose files could not be loaded (``unloadable``,
+    "topic/queue id"s): each with what was wrong, the ones dispatching rebuilt too."""
+    reput = dispatcher.reput
     # (paused by a full disk: what is dispatched so far is checked, the rest waits)
-    problems = check_consume_queues(commitlog, queues, reput.offset if dispatcher.paused else end)
+    checked_to = reput.offset if dispatcher.paused else end
+    problems = check_consume_queues(dispatcher.commitlog, dispatcher.queues, checked_to)
     for name in unloadable:  # (records anywhere in the log: the tail check may miss them)
         topic, _, queue_id = name.rpartition("/")
         problems.setdefault((topic, int(queue_id)), "its files could not be loaded")
     if problems:
         _rebuild_queues(dispatcher, problems, store_dir)
     problems.update(dispatcher.reset)
-    for queue in queues.queues.values():
-        queue.delete_expired(segments.min_offset)  # minimums follow the log's start
-    commitlog.queue_offsets = {key: q.max_offset for key, q in queues.queues.items()}
+    return problems
+
+
+def _log_recovered(dispatcher: _Dispatcher, *, clean: bool, start: int, end: int) -> None:
+    """One line for every start; an error too if dispatching is paused short of ``end``."""
+    segments, reput = dispatcher.commitlog.segments, dispatcher.reput
     log.info(
         "store recovered after a %s stop: commitlog [%d, %d), %d records dispatched from %d",
         "clean" if clean else "unclean",
@@ -734,18 +811,6 @@ def recover(
             end,
             reput.failure,
         )
-    return RecoveryReport(
-        clean=clean,
-        commitlog_end=end,
-        dispatched_from=start,
-        records_dispatched=dispatcher.records,
-        truncated=truncated,
-        torn_copy=copies,
-        bad_record=reason,
-        damaged=tuple(sorted(dispatcher.reported)),
-        rebuilt_queues=tuple(f"{t}/{q}" for t, q in sorted(problems)),
-        paused=reput.failure if dispatcher.paused else None,
-    )
 
 
 def _report_damaged(commitlog: CommitLog, scan: Scan, dispatcher: _Dispatcher) -> None:

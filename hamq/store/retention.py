@@ -24,8 +24,8 @@ from contextlib import AbstractAsyncContextManager
 import trio
 
 from hamq.store.commitlog import CommitLog
-from hamq.store.dispatcher import ConsumeQueueTable, ReputService
 from hamq.store.index import IndexService
+from hamq.store.reput import ConsumeQueueTable, ReputService
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,8 @@ import trio
 from hamq.protocol import RemotingCommand, RequestCode
 from hamq.remoting import RemotingClient, RemotingError
 from tests.support.brokers import SMALL_STORE
-from tests.support.processes import HAMQ, free_ports, write_toml
+from tests.support.processes import HAMQ, free_ports, hamq_command, read_ready_line, write_toml
+from tests.support.timing import wait_for
 
 READY_S = 30
 #: the logs say what happened (elections, role changes, truncations)
@@ -54,17 +55,7 @@ class Server:
                 [*HAMQ_INFO, *self.args], stdout=subprocess.PIPE, stderr=log
             )
         self.proc = proc
-        assert proc.stdout is not None
-        line = b""
-        with trio.fail_after(READY_S):
-            while b" ready: " not in line or not line.endswith(b"\n"):
-                chunk = await proc.stdout.receive_some(1)
-                if not chunk:
-                    raise RuntimeError(
-                        f"{self.name} exited before it was ready; see {self.log_path}"
-                    )
-                line = b"" if line.endswith(b"\n") else line
-                line += chunk
+        await read_ready_line(proc, f"{self.name} (log: {self.log_path})", READY_S)
 
     def send_signal(self, sig: int) -> None:
         assert self.proc is not None and self.proc.returncode is None, f"{self.name} is down"
@@ -130,17 +121,16 @@ class AutoswitchCluster:
         return self.broker_at(state.get("masterAddress")) if state else None
 
     async def wait_until(self, what: str, check: Any, timeout_s: float = 30) -> Any:
-        """Poll ``await check()`` until it is truthy (bounded); its value."""
-        with trio.fail_after(timeout_s):
-            while True:
-                try:
-                    value = await check()
-                except (RuntimeError, RemotingError):
-                    value = None
-                if value:
-                    return value
-                await trio.sleep(0.05)
-        raise AssertionError(what)  # pragma: no cover (fail_after raises first)
+        """Poll ``await check()`` until it is truthy (bounded); its value. A check that
+        finds no controller answering (a nameserver is down) counts as not yet."""
+
+        async def tolerant() -> Any:
+            try:
+                return await check()
+            except (RuntimeError, RemotingError):
+                return None
+
+        return await wait_for(tolerant, timeout_s, every_s=0.05, what=what)
 
     async def wait_in_sync(self, members: int, timeout_s: float = 30) -> dict[str, Any]:
         """Until the group has a master and ``members`` brokers in its SyncStateSet."""
@@ -164,6 +154,38 @@ class AutoswitchCluster:
             if raft == leader:
                 return server
         raise RuntimeError(f"no nameserver runs the Raft leader {leader}")
+
+
+async def hamq_admin(*args: str) -> tuple[int, str, str]:
+    """``hamq admin <args>`` to the end (bounded): (exit code, stdout, stderr)."""
+    done = await hamq_command("admin", *args, timeout_s=30)
+    return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+
+async def sync_state(controller: str) -> dict[str, Any]:
+    """``hamq admin sync-state-set --json``'s replicasInfoTable: group -> its entry."""
+    code, out, err = await hamq_admin("sync-state-set", "--controller", controller, "--json")
+    assert code == 0, err
+    table: dict[str, Any] = json.loads(out)["replicasInfoTable"]
+    return table
+
+
+async def sync_state_when(
+    controller: str, group: str, until: Callable[[dict[str, Any]], bool], timeout_s: float = 60
+) -> dict[str, Any]:
+    """``group``'s entry of ``sync_state`` once ``until(entry)`` holds (polled, bounded);
+    the last entry seen is in the failure."""
+    seen: dict[str, Any] = {}
+
+    async def wanted() -> dict[str, Any] | None:
+        nonlocal seen
+        seen = (await sync_state(controller)).get(group, {})
+        return seen if seen and until(seen) else None
+
+    entry: dict[str, Any] = await wait_for(
+        wanted, timeout_s, every_s=0.3, what=lambda: f"{group}'s entry as wanted; last: {seen}"
+    )
+    return entry
 
 
 @asynccontextmanager

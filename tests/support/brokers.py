@@ -13,13 +13,28 @@ from typing import Any
 
 import trio
 
+from hamq.acl import Credentials, signer
 from hamq.broker import BrokerNode, build_config
-from hamq.client import MessageExt, PullConsumer, PullStatus
+from hamq.client import (
+    AdminClient,
+    ClientError,
+    MessageExt,
+    NoRouteError,
+    PullConsumer,
+    PullStatus,
+)
 from hamq.protocol import RemotingCommand, RequestCode
 from hamq.protocol.converter import encode_header
-from hamq.protocol.headers import SendMessageRequestHeader, to_v2_fields
+from hamq.protocol.headers import (
+    CreateTopicRequestHeader,
+    PullMessageRequestHeader,
+    SendMessageRequestHeader,
+    to_v2_fields,
+)
 from hamq.protocol.message import encode_properties
+from hamq.remoting import RemotingClient
 from nameserver import NameServer, NameServerConfig
+from tests.support.timing import wait_for
 
 #: store files small enough for many brokers per test run (the defaults reserve ~1.5 GB)
 SMALL_STORE = {
@@ -105,11 +120,81 @@ def send_request(
     return RemotingCommand.request(code, ext_fields=fields, body=body)
 
 
-async def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Poll ``condition`` until it holds; fails after ``timeout_s``."""
-    with trio.fail_after(timeout_s):
-        while not condition():  # noqa: ASYNC110 - polling state other tasks change
-            await trio.sleep(0.01)
+def pull_request(
+    topic: str,
+    queue_id: int = 0,
+    offset: int = 0,
+    *,
+    group: str = "G",
+    suspend_ms: int = 0,
+    subscription: str = "*",
+    commit_offset: int = 0,
+    sys_flag: int = 0x4,
+) -> RemotingCommand:
+    """A raw PULL_MESSAGE request (with its subscription, FLAG_SUBSCRIPTION; long
+    polling when ``suspend_ms`` is given)."""
+    header = PullMessageRequestHeader(
+        consumer_group=group,
+        topic=topic,
+        queue_id=queue_id,
+        queue_offset=offset,
+        max_msg_nums=32,
+        sys_flag=sys_flag | (0x2 if suspend_ms else 0),
+        commit_offset=commit_offset,
+        suspend_timeout_millis=suspend_ms,
+        sub_version=0,
+        subscription=subscription,
+    )
+    return RemotingCommand.request(RequestCode.PULL_MESSAGE, header)
+
+
+def create_topic_request(topic: str, queues: int = 4, perm: int = 6) -> RemotingCommand:
+    """A raw UPDATE_AND_CREATE_TOPIC request, as ``mqadmin updateTopic`` sends it."""
+    return RemotingCommand.request(
+        RequestCode.UPDATE_AND_CREATE_TOPIC,
+        CreateTopicRequestHeader(
+            topic=topic,
+            default_topic="TBW102",
+            read_queue_nums=queues,
+            write_queue_nums=queues,
+            perm=perm,
+        ),
+    )
+
+
+async def invoke(
+    addr: str, request: RemotingCommand, credentials: Credentials | None = None
+) -> RemotingCommand:
+    """One request to ``addr`` over a client of its own, signed with ``credentials``
+    when given."""
+    hook = signer(credentials) if credentials is not None else None
+    async with RemotingClient(rpc_hook=hook) as client:
+        return await client.invoke(addr, request, 10)
+
+
+async def create_topic(namesrv: str, topic: str, queues: int = 4) -> None:
+    """Create ``topic`` (or change its queue count) through the admin API, then wait
+    (bounded) until the nameserver routes it, so that a client started next finds it."""
+    async with AdminClient(namesrv) as admin:
+        await admin.create_topic(topic, queues)
+
+        async def routed() -> bool:
+            try:
+                return await admin.topic_route(topic) is not None
+            except NoRouteError:
+                return False
+
+        await wait_for(routed, 10, what=f"a route for topic {topic}")
+
+
+async def stored(namesrv: str, topic: str) -> int:
+    """How many messages ``topic``'s queues hold (0 while it has no route or its
+    queues cannot be asked)."""
+    async with AdminClient(namesrv) as admin:
+        try:
+            return sum(s.max_offset - s.min_offset for s in await admin.queue_status(topic))
+        except ClientError:
+            return 0
 
 
 async def topic_messages(namesrv: str, topic: str, *, group: str = "check") -> list[MessageExt]:

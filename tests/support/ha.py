@@ -19,6 +19,7 @@ from hamq.protocol import RemotingCommand, RequestCode
 from hamq.remoting import RemotingClient
 from tests.support.brokers import SMALL_STORE
 from tests.support.processes import hamq_server, write_toml
+from tests.support.timing import wait_for
 
 
 async def ha_status(addr: str) -> dict[str, Any]:
@@ -28,6 +29,13 @@ async def ha_status(addr: str) -> dict[str, Any]:
         )
     status: dict[str, Any] = json.loads(response.body)
     return status
+
+
+async def first_slave_in_sync(master_addr: str) -> bool:
+    """Whether the master's (first) slave is connected and in sync: from then on a
+    SYNC_MASTER's sends are acknowledged."""
+    slaves = (await ha_status(master_addr))["master"]["slaves"]
+    return bool(slaves and slaves[0]["in_sync"])
 
 
 def broker_addr(line: str) -> str:
@@ -63,12 +71,9 @@ async def broker_group(
             hamq_server("broker", "-c", str(configs["slave"])) as (slave, slave_line),
         ):
             master_addr = broker_addr(master_line)
-            with trio.fail_after(30):
-                while True:  # the slave connected and caught up
-                    slaves = (await ha_status(master_addr))["master"]["slaves"]
-                    if slaves and slaves[0]["in_sync"]:
-                        break
-                    await trio.sleep(0.05)
+            await wait_for(
+                lambda: first_slave_in_sync(master_addr), 30, every_s=0.05, what="slave in sync"
+            )
             yield ns, (master, master_addr), (slave, broker_addr(slave_line))
 
 

@@ -54,6 +54,33 @@ async def running(code: str, *, ready_timeout_s: float = 30) -> AsyncIterator[tu
 HAMQ = [sys.executable, "-m", "cli.main", "--log-level", "warning"]
 
 
+async def read_ready_line(proc: trio.Process, what: str, timeout_s: float = 30) -> str:
+    """Read ``proc``'s stdout, a byte at a time (nothing past it is taken), up to its
+    ``hamq ... ready: ...`` line (bounded); that line. RuntimeError naming ``what`` if
+    the process ends first."""
+    assert proc.stdout is not None
+    line = b""
+    with trio.fail_after(timeout_s):
+        while b" ready: " not in line or not line.endswith(b"\n"):
+            chunk = await proc.stdout.receive_some(1)
+            if not chunk:
+                raise RuntimeError(f"{what} exited before it was ready")
+            line = b"" if line.endswith(b"\n") else line
+            line += chunk
+    return line.decode().strip()
+
+
+#: a broker's ready line: ``hamq broker ready: ... at <address>, nameserver <address> ...``
+BROKER_READY = re.compile(r"at (\S+), nameserver (\S+)")
+
+
+def ready_addresses(line: str) -> tuple[str, str]:
+    """(broker address, nameserver address) from a broker's ready line."""
+    match = BROKER_READY.search(line)
+    assert match, f"no broker ready line: {line!r}"
+    return match.group(1).rstrip(","), match.group(2).rstrip(",")
+
+
 @asynccontextmanager
 async def hamq_server(
     *args: str, ready_timeout_s: float = 30
@@ -62,16 +89,7 @@ async def hamq_server(
     yields (process, that line). The process is killed by PID at the end."""
     proc = await trio.lowlevel.open_process([*HAMQ, *args], stdout=subprocess.PIPE)
     try:
-        assert proc.stdout is not None
-        line = b""
-        with trio.fail_after(ready_timeout_s):
-            while b" ready: " not in line or not line.endswith(b"\n"):
-                chunk = await proc.stdout.receive_some(1)
-                if not chunk:
-                    raise RuntimeError(f"hamq {' '.join(args)} exited before it was ready")
-                line = b"" if line.endswith(b"\n") else line
-                line += chunk
-        yield proc, line.decode().strip()
+        yield proc, await read_ready_line(proc, f"hamq {' '.join(args)}", ready_timeout_s)
     finally:
         await kill_and_reap(proc)
 
@@ -111,9 +129,7 @@ def broker_process(
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # the ready line (the process exits if it cannot start)
-        match = re.search(r"at (\S+), nameserver (\S+) ", line)
-        assert match, f"no ready line from the broker: {line!r}"
-        yield match.group(1), match.group(2)
+        yield ready_addresses(line)
     finally:
         proc.kill()
         proc.wait(timeout=10)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from hamq.store import MessageStore, MessageToStore, StoreConfig
+from hamq.store import MessageStore, MessageToStore, PutMessageStatus, StoreConfig
 
 SEGMENT = 256 * 1024
 
@@ -28,11 +28,6 @@ def small_config(store_dir: Path, **overrides: Any) -> StoreConfig:
     return StoreConfig(**settings)
 
 
-def virtual_clock(base_ms: int = 1_700_000_000_000) -> Callable[[], int]:
-    """A store clock (ms) that follows Trio's clock, so MockClock drives it."""
-    return lambda: base_ms + int(trio.current_time() * 1000)
-
-
 @asynccontextmanager
 async def open_store(config: StoreConfig, **kwargs: Any) -> AsyncIterator[MessageStore]:
     """Run a MessageStore for the block; it stops cleanly at the end."""
@@ -47,3 +42,27 @@ def message(
     topic: str = "T", queue_id: int = 0, body: bytes = b"body", **properties: str
 ) -> MessageToStore:
     return MessageToStore(topic=topic, queue_id=queue_id, body=body, properties=properties)
+
+
+async def put_many(
+    store: MessageStore, count: int, *, queues: int = 4, padding: int = 2000
+) -> list[int]:
+    """Put ``count`` messages; their CommitLog offsets. Message ``i`` goes to queue
+    ``i % queues`` with body ``m<i>.`` and ``padding`` dots (so ``body.split(b".")[0]``
+    names it), key ``k<i>``, tag ``odd`` or ``even`` and unique key ``UNIQ<i:06>``.
+    Each put must be PUT_OK."""
+    offsets = []
+    for i in range(count):
+        result = await store.put_message(
+            message(
+                queue_id=i % queues,
+                body=f"m{i}.".encode() + b"." * padding,
+                KEYS=f"k{i}",
+                TAGS="odd" if i % 2 else "even",
+                UNIQ_KEY=f"UNIQ{i:06d}",
+            )
+        )
+        assert result.status is PutMessageStatus.PUT_OK, result
+        assert result.append is not None, result
+        offsets.append(result.append.physical_offset)
+    return offsets

@@ -183,7 +183,7 @@ class AdminProcessor:
         table = {key: str(value) for key, value in stats.items()}
         # (the store's own statistics say SLAVE: every broker's store starts as one, and
         # only takes sends when the broker becomes master)
-        table["role"] = self.ctx.role.value
+        table["role"] = self.ctx.roles.broker_role.value
         table["brokerAddr"] = self.ctx.address
         counted = self.ctx.stats  # (since the broker started; the metrics have them by topic)
         table["messagesIn"] = str(counted.messages_in)

@@ -136,7 +136,7 @@ class ClientProcessor:
         channel = ClientChannel(data.client_id, conn, request.language, request.version, now)
         for consumer in data.consumer_data_set:
             group = self.ctx.subscriptions.find(consumer.group_name)
-            if group is not None and self.ctx.is_master:  # a slave copies its master's
+            if group is not None and self.ctx.roles.is_master:  # a slave copies its master's
                 self.ctx.topics.ensure(retry_topic(consumer.group_name), group.retry_queue_nums)
             self.ctx.consumers.register(consumer, channel)
         for producer in data.producer_data_set:
@@ -284,7 +284,7 @@ class ClientProcessor:
         header = request.header(ResetOffsetRequestHeader)
         ctx, group, topic = self.ctx, header.group, header.topic
         check_group(group)
-        if not ctx.is_master:
+        if not ctx.roles.is_master:
             raise RequestError(ResponseCode.SYSTEM_ERROR, "Can not reset offset in slave broker")
         config = ctx.topics.table.get(topic)
         if config is None:

@@ -36,7 +36,7 @@ from hamq.protocol.headers import (
 )
 from hamq.protocol.message import TagExpressionError, parse_tags, tags_code
 from hamq.remoting import Connection, Dispatcher
-from hamq.store import GetMessageStatus
+from hamq.store import GetMessageResult, GetMessageStatus
 
 _CODES = {
     GetMessageStatus.FOUND: ResponseCode.SUCCESS,
@@ -47,6 +47,14 @@ _CODES = {
     GetMessageStatus.OFFSET_OVERFLOW_BADLY: ResponseCode.PULL_OFFSET_MOVED,
     GetMessageStatus.OFFSET_TOO_SMALL: ResponseCode.PULL_OFFSET_MOVED,
 }
+
+
+def _response_code(status: GetMessageStatus, queue_offset: int) -> int:
+    """The store's status as RocketMQ answers it; a queue that is not there or empty
+    is PULL_NOT_FOUND for offset 0, else PULL_OFFSET_MOVED."""
+    if status in (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, GetMessageStatus.NO_MESSAGE_IN_QUEUE):
+        return ResponseCode.PULL_NOT_FOUND if queue_offset == 0 else ResponseCode.PULL_OFFSET_MOVED
+    return _CODES[status]
 
 
 def tag_filter(expression: str | None) -> frozenset[int] | None:
@@ -82,9 +90,38 @@ class PullProcessor:
     def process(
         self, request: RemotingCommand, conn: Connection, *, allow_suspend: bool
     ) -> RemotingCommand | None:
+        """The answer to a pull, or None when it is held for a message to arrive (only
+        when ``allow_suspend``: not for a held pull run again). RequestError for a
+        refused pull (group, topic, queue, subscription); nothing is changed then."""
         header = request.header(PullMessageRequestHeader)
+        group = self._group(header)
+        self._check_queue(header, self._topic(header))
+        codes = self._filter(header)
+        if allow_suspend:  # first run only: a held pull's commit is stale by its re-run
+            self._commit(header)
         ctx = self.ctx
-        group = ctx.subscriptions.find(header.consumer_group)
+        result = ctx.store.get_message(
+            header.consumer_group,
+            header.topic,
+            header.queue_id,
+            header.queue_offset,
+            header.max_msg_nums,
+            tag_codes=codes,
+        )
+        if result.skipped:
+            ctx.stats.skipped_damaged(header.topic, result.skipped)
+        code = _response_code(result.status, header.queue_offset)
+        if (
+            code == ResponseCode.PULL_NOT_FOUND
+            and allow_suspend
+            and self._hold(request, conn, header, codes)
+        ):
+            return None
+        return self._answer(request, header, group, result, code)
+
+    def _group(self, header: PullMessageRequestHeader) -> SubscriptionGroupConfig:
+        """The pulling group's config; it must exist and be allowed to consume."""
+        group = self.ctx.subscriptions.find(header.consumer_group)
         if group is None:
             raise RequestError(
                 ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
@@ -95,8 +132,14 @@ class PullProcessor:
                 ResponseCode.NO_PERMISSION,
                 f"subscription group no permission, {header.consumer_group}",
             )
+        return group
+
+    def _topic(self, header: PullMessageRequestHeader) -> TopicConfig:
+        """The topic's config; on a slave, a stand-in for a replicated queue whose
+        topic the metadata sync has not copied yet."""
+        ctx = self.ctx
         topic = ctx.topics.get(header.topic)
-        if topic is None and not ctx.is_master:
+        if topic is None and not ctx.roles.is_master:
             # replicated messages whose topic config the metadata sync has not copied yet
             queue = ctx.store.queues.get(header.topic, header.queue_id)
             if queue is not None:
@@ -106,6 +149,11 @@ class PullProcessor:
                 ResponseCode.TOPIC_NOT_EXIST,
                 f"topic[{header.topic}] not exist, apply first please!",
             )
+        return topic
+
+    @staticmethod
+    def _check_queue(header: PullMessageRequestHeader, topic: TopicConfig) -> None:
+        """The topic must be readable and the queue one of its read queues."""
         if not topic.perm & PERM_READ:
             raise RequestError(
                 ResponseCode.NO_PERMISSION,
@@ -117,51 +165,50 @@ class PullProcessor:
                 f"queueId[{header.queue_id}] is illegal, topic:[{header.topic}] "
                 f"topicConfig.readQueueNums:[{topic.read_queue_nums}]",
             )
-        codes = self._filter(header)
+
+    def _commit(self, header: PullMessageRequestHeader) -> None:
+        """Store the request's commitOffset for the group when its flag says so (a
+        master only: a slave never commits a pull's offset)."""
+        ctx = self.ctx
         if (
-            allow_suspend  # first run only: a held pull's commit is stale by its re-run
-            and header.sys_flag & PULL_FLAG_COMMIT_OFFSET
-            and ctx.is_master
+            header.sys_flag & PULL_FLAG_COMMIT_OFFSET
+            and ctx.roles.is_master
             and header.commit_offset >= 0
         ):
             ctx.offsets.commit(
                 header.consumer_group, header.topic, header.queue_id, header.commit_offset
             )
-        result = ctx.store.get_message(
-            header.consumer_group,
-            header.topic,
-            header.queue_id,
-            header.queue_offset,
-            header.max_msg_nums,
-            tag_codes=codes,
+
+    def _hold(
+        self,
+        request: RemotingCommand,
+        conn: Connection,
+        header: PullMessageRequestHeader,
+        codes: frozenset[int] | None,
+    ) -> bool:
+        """Hand a pull that found nothing to the hold service when its suspend flag
+        asks for a wait (at most ``long_polling_max_s``); True if it was held."""
+        ctx = self.ctx
+        if not header.sys_flag & PULL_FLAG_SUSPEND or ctx.pull_holds is None:
+            return False
+        wait_s = min(header.suspend_timeout_millis / 1000, ctx.config.long_polling_max_s)
+        if not wait_s > 0:
+            return False
+        responder = conn.defer(request)
+        ctx.pull_holds.hold(
+            responder, header.topic, header.queue_id, header.queue_offset, wait_s, codes
         )
-        if result.skipped:
-            ctx.stats.skipped_damaged(header.topic, result.skipped)
-        status = result.status
-        if status in (
-            GetMessageStatus.NO_MATCHED_LOGIC_QUEUE,
-            GetMessageStatus.NO_MESSAGE_IN_QUEUE,
-        ):
-            code = (
-                ResponseCode.PULL_NOT_FOUND
-                if header.queue_offset == 0
-                else ResponseCode.PULL_OFFSET_MOVED
-            )
-        else:
-            code = _CODES[status]
-        if (
-            code == ResponseCode.PULL_NOT_FOUND
-            and allow_suspend
-            and header.sys_flag & PULL_FLAG_SUSPEND
-            and ctx.pull_holds is not None
-        ):
-            wait_s = min(header.suspend_timeout_millis / 1000, ctx.config.long_polling_max_s)
-            if wait_s > 0:
-                responder = conn.defer(request)
-                ctx.pull_holds.hold(
-                    responder, header.topic, header.queue_id, header.queue_offset, wait_s, codes
-                )
-                return None
+        return True
+
+    def _answer(
+        self,
+        request: RemotingCommand,
+        header: PullMessageRequestHeader,
+        group: SubscriptionGroupConfig,
+        result: GetMessageResult,
+        code: int,
+    ) -> RemotingCommand:
+        """The response: offsets, where to pull next, and the records when found."""
         response_header = PullMessageResponseHeader(
             suggest_which_broker_id=self._suggest(group, result.lag_bytes),
             next_begin_offset=result.next_begin_offset,
@@ -171,8 +218,8 @@ class PullProcessor:
         body = b""
         if code == ResponseCode.SUCCESS:
             body = result.body
-            ctx.stats.delivered(header.topic, result.message_count, len(body))
-        return request.response_to(code, status.value, header=response_header, body=body)
+            self.ctx.stats.delivered(header.topic, result.message_count, len(body))
+        return request.response_to(code, result.status.value, header=response_header, body=body)
 
     def _suggest(self, group: SubscriptionGroupConfig, lag_bytes: int) -> int:
         """Where the consumer should pull next (RocketMQ's rule): with slave reads on, a

@@ -2,11 +2,11 @@
 CONSUMER_SEND_MSG_BACK (36). Shapes and codes: shared/PROTOCOL.md §5.1-5.2, §5.9, §6.6.
 
 Appends run inline, in the order requests arrive on a connection (ordered messages
-stay ordered). A put that must wait — SYNC_FLUSH, or a SYNC_MASTER, and the
-message's WAIT is not "false" — takes its place in flight before it is stored and is
-answered from a task once its fsync is done and a slave has acked it:
-FLUSH_DISK_TIMEOUT or FLUSH_SLAVE_TIMEOUT if that takes too long, SLAVE_NOT_AVAILABLE
-at once when no slave is in sync; the message is stored in every case. A slave
+stay ordered). When the store says a put will wait (hamq/store/durability.py decides:
+its fsync with SYNC_FLUSH, its replicas on a SYNC_MASTER, unless the message's WAIT is
+"false"), the send takes its place in flight before it is stored and is answered when
+the store calls back with the status (SEND_OK, FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT,
+SLAVE_NOT_AVAILABLE; the message is stored in every case). A broker that is not master
 refuses sends with SERVICE_NOT_AVAILABLE, as RocketMQ's store does (NO_PERMISSION is
 left to refusals no failover will lift: the ACL, a topic or broker without write
 permission).
@@ -30,6 +30,7 @@ import random
 import trio
 
 from hamq.broker.context import BrokerContext
+from hamq.broker.roles import Role
 from hamq.broker.stats import code_name
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import PERM_WRITE
@@ -49,7 +50,6 @@ from hamq.protocol.message import (
     PROPERTY_RECONSUME_TIME,
     PROPERTY_RETRY_TOPIC,
     PROPERTY_UNIQ_KEY,
-    PROPERTY_WAIT,
     RETRY_GROUP_TOPIC_PREFIX,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
@@ -62,9 +62,8 @@ from hamq.protocol.message import (
     retry_topic,
     topic_error,
 )
-from hamq.remoting import Connection, Dispatcher, Responder, parse_address
+from hamq.remoting import Connection, Dispatcher, parse_address
 from hamq.store import (
-    FlushDiskType,
     MessageToStore,
     PutMessageResult,
     PutMessageStatus,
@@ -135,7 +134,6 @@ def _reconsume_times(
 class SendProcessor:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
-        self._wait_for_flush = ctx.config.store.flush_disk_type is FlushDiskType.SYNC_FLUSH
 
     def install(self, dispatcher: Dispatcher) -> None:
         for code in (
@@ -148,16 +146,21 @@ class SendProcessor:
 
     # ------------------------------------------------------------------ send
     def _refuse_on_slave(self) -> None:
-        ctx = self.ctx
+        ctx, roles = self.ctx, self.ctx.roles
         name = ctx.config.broker_name
-        if not ctx.is_master:
+        if roles.role is Role.SLAVE:
             raise RequestError(
                 ResponseCode.SERVICE_NOT_AVAILABLE,
                 f"the broker[{name} at {ctx.address}] is a slave "
-                f"(broker id {ctx.broker_id}): send to the master of {name}",
+                f"(broker id {roles.broker_id}): send to the master of {name}",
             )
-        if ctx.sends_refused is not None:
-            raise RequestError(ResponseCode.SYSTEM_ERROR, ctx.sends_refused)
+        if roles.role is Role.STARTING:
+            raise RequestError(
+                ResponseCode.SERVICE_NOT_AVAILABLE,
+                f"the broker[{name} at {ctx.address}] is starting: it takes no sends yet",
+            )
+        if roles.sends_refused is not None:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, roles.sends_refused)
 
     def send(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
         started = trio.current_time()
@@ -325,14 +328,13 @@ class SendProcessor:
     ) -> RemotingCommand | None:
         # A send that waits (for its fsync, for a slave's ack) takes its place in flight
         # first: refused for being one too many (SYSTEM_BUSY), it must not be stored.
-        wait_store_ok = messages[-1].properties.get(PROPERTY_WAIT) != "false"
-        waits_flush = self._wait_for_flush and wait_store_ok
-        waits_slave = wait_store_ok and self.ctx.waits_for_replicas()
-        responder = conn.defer(request) if waits_flush or waits_slave else None
+        store = self.ctx.store
+        wait_store_ok = messages[-1].wait_store_ok
+        responder = conn.defer(request) if store.durability.waits(wait_store_ok) else None
         if len(messages) == 1:
-            results = [self.ctx.store.put_message_nowait(messages[0])]
+            results = [store.put_message_nowait(messages[0])]
         else:
-            results = self.ctx.store.put_batch_nowait(messages)
+            results = store.put_batch_nowait(messages)
         last = results[-1]
         stats = self.ctx.stats
         for result in results:
@@ -360,85 +362,17 @@ class SendProcessor:
         if responder is None:
             self._answered(response, started)
             return response
-        end_offset = last.append.end_offset
-        ha = self.ctx.ha
-        if waits_slave and ha is not None and not ha.in_sync():
-            # stored, but no slave to wait for: RocketMQ answers at once
-            waits_slave = False
-            response.code = ResponseCode.SLAVE_NOT_AVAILABLE
-            response.remark = "no slave in sync (none connected, or too far behind); stored"
-        if not waits_flush and not waits_slave:
+
+        def answer(status: PutMessageStatus, remark: str) -> None:
+            if status is not PutMessageStatus.PUT_OK:
+                response.code = _STATUS_CODES[status]
+                response.remark = remark
             responder.send(response)
             self._answered(response, started)
-            return None
-        if waits_slave and not waits_flush and ha is not None:
-            # the common SYNC_MASTER case: no task, the ack (or its timeout) answers
-            timeout_s = self.ctx.config.ha.sync_timeout_s
 
-            def answer(acked: bool) -> None:
-                if not acked:
-                    response.code = ResponseCode.FLUSH_SLAVE_TIMEOUT
-                    response.remark = f"no slave had it within {timeout_s:g}s; stored"
-                responder.send(response)
-                self._answered(response, started)
-
-            ha.acks.notify(end_offset, answer, timeout_s)
-            return None
-        conn.spawn(
-            self._answer_when_safe,
-            responder,
-            end_offset,
-            response,
-            waits_flush,
-            waits_slave,
-            started,
-        )
+        if not store.durability.wait(last.append.end_offset, wait_store_ok, answer):
+            answer(PutMessageStatus.PUT_OK, "")  # (nothing to wait for after all)
         return None
-
-    async def _answer_when_safe(
-        self,
-        responder: Responder,
-        end_offset: int,
-        response: RemotingCommand,
-        waits_flush: bool,
-        waits_slave: bool,
-        started: float,
-    ) -> None:
-        """Answer once the message is on disk (SYNC_FLUSH) and on a slave (SYNC_MASTER),
-        or say which did not happen in time: FLUSH_SLAVE_TIMEOUT (or the
-        SLAVE_NOT_AVAILABLE already set) before FLUSH_DISK_TIMEOUT. Both waits run at
-        once; the message is stored either way. (CONSUMER_SEND_MSG_BACK's copies do not
-        wait: the consumer's retry is not an acknowledged send.)"""
-        config = self.ctx.config
-        flushed = replicated = True
-
-        async def flush() -> None:
-            nonlocal flushed
-            store_flush = self.ctx.store.flush
-            if store_flush is not None:
-                flushed = await store_flush.wait_flushed(
-                    end_offset, config.store.sync_flush_timeout_s
-                )
-
-        async def replicate() -> None:
-            nonlocal replicated
-            assert self.ctx.ha is not None
-            replicated = await self.ctx.ha.wait_for_ack(end_offset)
-
-        async with trio.open_nursery() as nursery:
-            if waits_flush:
-                nursery.start_soon(flush)
-            if waits_slave and self.ctx.ha is not None:
-                nursery.start_soon(replicate)
-        # the replica's status wins over the disk's, as in RocketMQ (thenCombine)
-        if not replicated:
-            response.code = ResponseCode.FLUSH_SLAVE_TIMEOUT
-            response.remark = f"no slave had it within {config.ha.sync_timeout_s:g}s; stored"
-        elif not flushed and response.code == ResponseCode.SUCCESS:
-            response.code = ResponseCode.FLUSH_DISK_TIMEOUT
-            response.remark = f"not on disk within {config.store.sync_flush_timeout_s:g}s; stored"
-        responder.send(response)
-        self._answered(response, started)
 
     def _response(
         self,

@@ -52,6 +52,7 @@ from hamq.protocol.message import (
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     SCHEDULE_TOPIC,
+    SIZE_MAGIC,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
@@ -83,15 +84,14 @@ RETRY_MAX_S = 2.0
 #: most consume-queue files mapped at a time, whatever the open-files limit (every map
 #: is a kernel map area: vm.max_map_count is 65530 by default)
 MAX_MAPPED_QUEUE_FILES = 8192
-#: while a replica catches up, its queues are brought up to date at least this often
-CATCH_UP_DEFER_S = 5.0
-
-_SIZE_MAGIC = struct.Struct(">ii")
+#: the longest one deferral (``defer_for``) holds dispatching: while a replica catches
+#: up, its queues are still brought up to date at least this often
+MAX_DEFERRAL_S = 5.0
 
 
 @attrs.define(slots=True)
 class DispatchRequest:
-    """One record as the dispatcher hands it to queues, index and listeners (not
+    """One record as the reput task hands it to queues, index and listeners (not
     frozen: one is made per message on the hot path; nobody changes it)."""
 
     topic: str
@@ -211,7 +211,7 @@ class ReputService:
         #: a replica taking a backlog from its master defers dispatching (``defer_for``)
         #: while large transfers keep coming, so that the log — what durability depends
         #: on — gets the core first; queues are still brought up to date at least every
-        #: CATCH_UP_DEFER_S
+        #: MAX_DEFERRAL_S
         self._defer_until = -math.inf
 
     def wake(self) -> None:
@@ -236,7 +236,7 @@ class ReputService:
                 await trio.sleep(self._retry_delay)
                 self._retry_delay = min(2 * self._retry_delay, RETRY_MAX_S)
                 self.retries += 1
-            longest = trio.current_time() + CATCH_UP_DEFER_S
+            longest = trio.current_time() + MAX_DEFERRAL_S
             while (until := min(self._defer_until, longest)) > trio.current_time():  # noqa: ASYNC110 - a moving deadline, not a condition to signal
                 await trio.sleep_until(until)  # the deferral may have been extended
             # a fresh event before each pass: appends after it wake the next pass,
@@ -285,6 +285,7 @@ class ReputService:
         budget = -1 if limit is None else limit
         done = 0
         segments = self.commitlog.segments
+        size_magic = SIZE_MAGIC.unpack_from  # (bound once: it runs per record)
         if self.offset < segments.min_offset:
             self.offset = segments.min_offset  # a slave whose log starts mid-way
         while budget and self.failure is None:
@@ -295,7 +296,7 @@ class ReputService:
             pos = self.offset - start
             # the records of this segment, one after another
             while budget and wrote - pos >= 8:
-                size, magic = _SIZE_MAGIC.unpack_from(buffer, pos)
+                size, magic = size_magic(buffer, pos)
                 if magic == BLANK_MAGIC:
                     break
                 if size > wrote - pos and self._incomplete(segment, pos, size, final):
