@@ -1,4 +1,5 @@
-"""What the benchmarks share: process CPU time, percentiles, TOML for broker configs.
+"""What the benchmarks share: process CPU time, percentiles, brokers in processes (TOML
+configs and topics come from the tests' support package, tests/support).
 
 The benchmarks run as scripts (``python benchmarks/NAME.py``), so this is imported as a
 sibling module (``import support``).
@@ -6,7 +7,6 @@ sibling module (``import support``).
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import signal
@@ -15,15 +15,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import trio
-
-from hamq.client import AdminClient, NoRouteError
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the tests' support package: one copy of what both use
+from tests.support.brokers import create_topic  # noqa: E402
+from tests.support.processes import write_toml  # noqa: E402
+
+__all__ = ["create_topic", "write_toml"]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -43,26 +43,6 @@ def percentile(values: list[float], fraction: float) -> float:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
-
-
-def toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    return json.dumps(str(value))  # a JSON string is a TOML basic string
-
-
-def write_toml(path: Path, values: dict[str, Any]) -> Path:
-    """Top-level keys and one level of tables ([store], [ha])."""
-    lines = [f"{k} = {toml_value(v)}" for k, v in values.items() if not isinstance(v, dict)]
-    for name, table in values.items():
-        if isinstance(table, dict):
-            lines += ["", f"[{name}]", *(f"{k} = {toml_value(v)}" for k, v in table.items())]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 # =========================================================================== a broker
@@ -130,16 +110,3 @@ def stop_broker(proc: subprocess.Popen[str]) -> int:
     if proc.stdout is not None:
         proc.stdout.close()
     return proc.returncode
-
-
-async def create_topic(namesrv: str, topic: str, queues: int) -> None:
-    """Create ``topic`` and wait (bounded) until the nameserver has its route."""
-    async with AdminClient(namesrv) as admin:
-        await admin.create_topic(topic, queues)
-        with trio.fail_after(10):
-            while True:
-                try:
-                    await admin.topic_route(topic)
-                    return
-                except NoRouteError:
-                    await trio.sleep(0.05)

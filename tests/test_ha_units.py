@@ -11,9 +11,9 @@ import trio.lowlevel
 import trio.testing
 
 from hamq.ha.epoch import EpochFile, EpochFileError, consistent_point
-from hamq.ha.group_transfer import AckWaiters
 from hamq.ha.states import IllegalTransition, StateMachine
 from hamq.protocol.ha_wire import EpochEntry, HAState
+from hamq.store.durability import OffsetWaiters
 
 
 def entries(*pairs: tuple[int, int]) -> list[EpochEntry]:
@@ -65,10 +65,10 @@ async def test_the_epoch_file_persists_truncates_and_refuses_going_back(tmp_path
         broken.load()
 
 
-async def test_ack_waiters_wake_in_order_and_time_out(
+async def test_offset_waiters_wake_in_order_and_time_out(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    acks = AckWaiters()
+    acks = OffsetWaiters()
     results: dict[int, bool] = {}
 
     def waiter(offset: int) -> Callable[[bool], None]:
@@ -79,7 +79,7 @@ async def test_ack_waiters_wake_in_order_and_time_out(
         for offset in (100, 200, 300):
             acks.notify(offset, waiter(offset), 3.0)
         await trio.sleep(1)
-        acks.acked(250)  # wakes 100 and 200 at once
+        acks.reached(250)  # wakes 100 and 200 at once
         assert results == {100: True, 200: True}
         await trio.sleep(2.5)
         assert results[300] is False  # nobody acked it within 3 s

@@ -155,7 +155,8 @@ class Roles:
     def _moved(self, before: Role, new: Role, why: str) -> None:
         self.role = new
         self.changes += 1
-        log.warning(
+        log.log(
+            logging.WARNING if self.controlled else logging.INFO,  # (a failover is news)
             "broker %s (id %d): %s -> %s (%s)",
             self.config.broker_name,
             self.own_id,

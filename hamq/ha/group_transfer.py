@@ -15,109 +15,17 @@ The store decides when a put is answered (hamq/store/durability.py); this module
   least of the members' (each ack at most what was sent on that connection: master.py);
 - how long a put waits: ``[ha] sync_timeout_s``, then FLUSH_SLAVE_TIMEOUT.
 
-Waiting (``AckWaiters``), one bookkeeping, no task per put, no polling:
-- ``notify(offset, callback, timeout_s)``: ``callback(True)`` when an ack passes
-  ``offset``, ``callback(False)`` when the timeout passes first. Timeouts are kept in a
-  deque — every send waits the same ``sync_timeout_s``, so deadlines come in order —
-  and ``run`` expires them;
-- ``acked(offset)`` — on every slave report — takes every waiter at or below ``offset``
-  off the heap, in order.
+The waiting itself is the store's ``OffsetWaiters`` (durability.py), the same
+bookkeeping as the flush's: every slave report moves ``reached`` on.
 """
 
 from __future__ import annotations
 
-import collections
 import enum
-import heapq
-import itertools
-import logging
 from collections.abc import Callable, Iterable
 
-import trio
-
 from hamq.store import BrokerRole
-
-log = logging.getLogger(__name__)
-
-
-class _Waiter:
-    __slots__ = ("callback", "deadline", "done", "offset")
-
-    def __init__(self, offset: int, callback: Callable[[bool], None], deadline: float) -> None:
-        self.offset = offset
-        self.callback = callback
-        self.deadline = deadline
-        self.done = False
-
-    def finish(self, acked: bool) -> None:
-        if self.done:
-            return
-        self.done = True
-        try:
-            self.callback(acked)
-        except Exception:
-            log.exception("a replication waiter failed")
-
-
-class AckWaiters:
-    def __init__(self) -> None:
-        self.acked_offset = -1
-        self._heap: list[tuple[int, int, _Waiter]] = []
-        self._deadlines: collections.deque[_Waiter] = collections.deque()
-        self._sequence = itertools.count()
-        self._new_deadline = trio.Event()
-
-    @property
-    def waiting(self) -> int:
-        return sum(1 for w in self._deadlines if not w.done)
-
-    def acked(self, offset: int) -> None:
-        """A replica has everything below ``offset``."""
-        if offset <= self.acked_offset:
-            return
-        self.acked_offset = offset
-        heap = self._heap
-        while heap and heap[0][0] <= offset:
-            heapq.heappop(heap)[2].finish(True)
-
-    def notify(
-        self, offset: int, callback: Callable[[bool], None], timeout_s: float
-    ) -> _Waiter | None:
-        """``callback(True)`` once a replica acks ``offset``, ``callback(False)`` after
-        ``timeout_s``; at once if it is acked already (None is returned then)."""
-        if self.acked_offset >= offset:
-            callback(True)
-            return None
-        waiter = _Waiter(offset, callback, trio.current_time() + timeout_s)
-        heapq.heappush(self._heap, (offset, next(self._sequence), waiter))
-        if self._deadlines and waiter.deadline < self._deadlines[-1].deadline:
-            # a shorter timeout than the ones before it: keep the deque in order
-            self._deadlines.append(waiter)
-            self._deadlines = collections.deque(sorted(self._deadlines, key=lambda w: w.deadline))
-        else:
-            self._deadlines.append(waiter)
-        if len(self._deadlines) == 1:
-            self._new_deadline.set()
-        return waiter
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Expire waiters whose timeout passed, and drop finished ones."""
-        task_status.started()
-        while True:
-            while self._deadlines and self._deadlines[0].done:
-                self._deadlines.popleft()
-            if not self._deadlines:
-                self._new_deadline = trio.Event()
-                await self._new_deadline.wait()
-                continue
-            first = self._deadlines[0]
-            await trio.sleep_until(first.deadline)
-            now = trio.current_time()
-            while self._deadlines and self._deadlines[0].deadline <= now:
-                self._deadlines.popleft().finish(False)
-            if len(self._heap) > 2 * len(self._deadlines) + 1024:
-                self._heap = [w for w in self._heap if not w[2].done]
-                heapq.heapify(self._heap)
+from hamq.store.durability import OffsetWaiters
 
 
 class ReplicaPolicy(enum.Enum):
@@ -157,7 +65,7 @@ class GroupTransfer:
         end: Callable[[], int],
     ) -> None:
         self.timeout_s = timeout_s
-        self.acks = AckWaiters()
+        self.acks = OffsetWaiters()
         self.policy = ReplicaPolicy.NONE
         #: SYNC_STATE_SET: the members other than this broker that must ack
         self.must_ack: frozenset[int] = frozenset()
@@ -174,7 +82,7 @@ class GroupTransfer:
         self.must_ack = (
             members - {self_id} if policy is ReplicaPolicy.SYNC_STATE_SET else frozenset()
         )
-        self.acks.acked(self.replicated_offset())
+        self.acks.reached(self.replicated_offset())
 
     # ------------------------------------------------------------------ ReplicaWaiter
     def waits(self) -> bool:
@@ -195,7 +103,7 @@ class GroupTransfer:
         SyncStateSet, the ones every member's acks cover)."""
         if self.policy is ReplicaPolicy.SYNC_STATE_SET:
             offset = self.replicated_offset()
-        self.acks.acked(offset)
+        self.acks.reached(offset)
 
     def replicated_offset(self) -> int:
         """SYNC_STATE_SET: what every member that must ack has (-1 if one has nothing of

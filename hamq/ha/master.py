@@ -19,7 +19,7 @@ Per admitted slave, two tasks under the connection's nursery:
   of the master's last segment, or its first retained byte when
   ``sync_from_last_file`` is off; a slave past the master's log end is refused with
   an error that says its log diverged). Every report is an ack: it wakes SYNC_MASTER
-  sends waiting for it (``AckWaiters``) — but it counts (``acked_upto``) only up to
+  sends waiting for it (group_transfer.py) — but it counts (``acked_upto``) only up to
   what the kernel took from this connection's sends (``sent_end``; auto-switch: from
   the start its handshake agreed on), never what was merely queued for it, and a
   report past what was ever sent to it drops the slave. A slave silent for
@@ -640,7 +640,7 @@ class HAService:
             address=self.address,
             protocol=self.config.protocol.value,
             max_offset=self.store.commitlog_max_offset,
-            acked_offset=self.transfer.acks.acked_offset,
+            acked_offset=self.transfer.acks.reached_offset,
             waiting_sends=self.transfer.acks.waiting,
             slaves=tuple(
                 sorted((c.statistics() for c in self.connections), key=lambda s: s.address)

@@ -16,7 +16,6 @@ Every fsync runs in a worker thread; ``flushed_offset`` only grows (except throu
 from __future__ import annotations
 
 import contextlib
-import heapq
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 
@@ -25,29 +24,12 @@ import trio
 from hamq.store.checkpoint import Checkpoint, save_checkpoint
 from hamq.store.commitlog import CommitLog
 from hamq.store.config import FlushDiskType, StoreConfig
+from hamq.store.durability import OffsetWaiters
 from hamq.store.index import IndexFile, IndexService
 from hamq.store.reput import ConsumeQueueTable, ReputService
 from hamq.store.segment import Segment
 
 log = logging.getLogger(__name__)
-
-
-class _Waiter:
-    __slots__ = ("callback", "done", "end_offset")
-
-    def __init__(self, end_offset: int, callback: Callable[[bool], None]) -> None:
-        self.end_offset = end_offset
-        self.callback = callback
-        self.done = False
-
-    def finish(self, flushed: bool) -> None:
-        if self.done:
-            return
-        self.done = True
-        try:
-            self.callback(flushed)
-        except Exception:
-            log.exception("a flush waiter failed")
 
 
 def _dirty(segments: list[Segment]) -> list[tuple[Segment, int]]:
@@ -107,10 +89,9 @@ class FlushService:
         self.flushed_offset = commitlog.max_offset
         self.flushed_timestamp = checkpoint.physic_msg_timestamp
         self._flush_requested = trio.Event()
-        self._waiters: list[_Waiter] = []
-        self._deadlines: list[tuple[float, int, _Waiter]] = []
-        self._deadline_added = trio.Event()
-        self._sequence = 0
+        #: SYNC_FLUSH puts waiting for their fsync (durability.py)
+        self._waiters = OffsetWaiters()
+        self._waiters.reached(self.flushed_offset)
         self._truncations = 0
         self._commitlog_lock = trio.Lock()
         self._checkpoint_lock = trio.Lock()
@@ -144,52 +125,24 @@ class FlushService:
     ) -> None:
         """``callback(True)`` once the CommitLog is on disk up to ``end_offset`` (at once
         if it is), ``callback(False)`` when ``timeout_s`` passes first (SYNC_FLUSH puts:
-        durability.py). The data stays either way. No task and no cancel scope per
-        waiter: the round that covers it, or the timer task, calls it."""
+        durability.py). The data stays either way."""
         if self.flushed_offset >= end_offset:
             callback(True)
             return
-        waiter = _Waiter(end_offset, callback)
-        self._waiters.append(waiter)
-        self._sequence += 1
-        heapq.heappush(self._deadlines, (trio.current_time() + timeout_s, self._sequence, waiter))
-        if len(self._deadlines) == 1:
-            self._deadline_added.set()
+        self._waiters.notify(end_offset, callback, timeout_s)
         self._flush_requested.set()
 
     def _release_flushed(self) -> None:
-        """Answer every waiter the flushed offset now covers."""
-        flushed = self.flushed_offset
-        waiting: list[_Waiter] = []
-        for waiter in self._waiters:
-            if waiter.end_offset <= flushed:
-                waiter.finish(True)
-            elif not waiter.done:
-                waiting.append(waiter)
-        self._waiters = waiting
-        if waiting:
+        """Answer every waiter the flushed offset now covers; flush again for the rest."""
+        self._waiters.reached(self.flushed_offset)
+        if self._waiters.pending:
             self._flush_requested.set()
-
-    async def _timeout_loop(self) -> None:
-        """Answer waiters whose deadline passed (FLUSH_DISK_TIMEOUT)."""
-        while True:
-            while self._deadlines and self._deadlines[0][2].done:
-                heapq.heappop(self._deadlines)  # already flushed
-            if not self._deadlines:
-                self._deadline_added = trio.Event()
-                await self._deadline_added.wait()
-                continue
-            deadline, _, waiter = self._deadlines[0]
-            if trio.current_time() < deadline:
-                await trio.sleep_until(deadline)
-                continue
-            heapq.heappop(self._deadlines)
-            waiter.finish(False)
 
     def reset(self, offset: int) -> None:
         """After a truncation: nothing past ``offset`` is flushed."""
         self._truncations += 1
         self.flushed_offset = min(self.flushed_offset, offset)
+        self._waiters.reset(self.flushed_offset)
 
     async def _commitlog_loop(self) -> None:
         sync = self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
@@ -259,6 +212,6 @@ class FlushService:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._commitlog_loop)
-            nursery.start_soon(self._timeout_loop)
+            await nursery.start(self._waiters.run)
             nursery.start_soon(self._queue_loop)
             task_status.started()
