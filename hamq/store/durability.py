@@ -18,7 +18,8 @@ then PUT_OK. The message is stored in every case — the status says what is not
 certain, and the remark (one wording for each, below) says so.
 
 No task per put: both waits are callbacks, called by the flush round or the ack that
-covers the message, or by the timer of the one deadline queue each side keeps. The
+covers the message, or by the timer of the deadline queue each side keeps (both sides
+keep their waiters in an ``OffsetWaiters``, below). The
 store never imports replication: the broker hands it a ``ReplicaWaiter``.
 """
 
