@@ -49,6 +49,13 @@ def policy_for(master_role: BrokerRole, *, all_ack_in_sync_state_set: bool) -> R
     return ReplicaPolicy.NONE
 
 
+def slave_ok(*, transferring: bool, ack_offset: int, log_end: int, max_gap: int) -> bool:
+    """Is a slave in sync (RocketMQ's isSlaveOK): receiving the log (TRANSFER), it has
+    acked something, and it is less than ``max_gap`` (``max_gap_not_in_sync_bytes``)
+    behind the log's end. A SYNC_MASTER's put waits only if one is."""
+    return transferring and ack_offset >= 0 and log_end - ack_offset < max_gap
+
+
 class GroupTransfer:
     """The store's ``ReplicaWaiter`` (hamq/store/durability.py) on a master.
 

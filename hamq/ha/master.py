@@ -50,7 +50,7 @@ import trio
 
 from hamq.ha.config import HAConfig
 from hamq.ha.epoch import EpochFile
-from hamq.ha.group_transfer import GroupTransfer, ReplicaPolicy
+from hamq.ha.group_transfer import GroupTransfer, ReplicaPolicy, slave_ok
 from hamq.ha.membership import (
     MemberCache,
     Peer,
@@ -614,11 +614,11 @@ class HAService:
         return min([*acks, self.store.commitlog_max_offset])
 
     def slave_in_sync(self, connection: SlaveConnection) -> bool:
-        return (
-            connection.machine.state is HAState.TRANSFER
-            and connection.ack_offset >= 0
-            and self.store.commitlog_max_offset - connection.ack_offset
-            < self.config.max_gap_not_in_sync_bytes
+        return slave_ok(
+            transferring=connection.machine.state is HAState.TRANSFER,
+            ack_offset=connection.ack_offset,
+            log_end=self.store.commitlog_max_offset,
+            max_gap=self.config.max_gap_not_in_sync_bytes,
         )
 
     def _any_slave_in_sync(self) -> bool:
