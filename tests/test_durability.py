@@ -69,7 +69,7 @@ async def fake_slave(node: BrokerNode) -> AsyncIterator[FakeSlave]:
         assert await fake.prove_secret(SECRET, GROUP)
         await nursery.start(fake.drain)
         await fake.report_classic(0)
-        await wait_for(service.in_sync)
+        await wait_for(service.transfer.available)
         yield fake
         nursery.cancel_scope.cancel()
 

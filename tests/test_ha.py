@@ -60,7 +60,7 @@ async def group(
             ) as slave,
         ):
             assert master.ha_service is not None
-            await wait_for(master.ha_service.in_sync)
+            await wait_for(master.ha_service.transfer.available)
             yield ns, master, slave
 
 
@@ -105,7 +105,7 @@ async def test_sync_master_waits_for_its_slave_and_says_when_there_is_none(tmp_p
             tmp_path / "s", namesrv_addrs=[ns], broker_id=1, store={"role": "SLAVE"}
         ) as slave:
             assert master.ha_service is not None
-            await wait_for(master.ha_service.in_sync)
+            await wait_for(master.ha_service.transfer.available)
             results = [await producer.send(Message("Sync", f"m{i}")) for i in range(50)]
             assert {r.status for r in results} == {SendStatus.SEND_OK}
             # SEND_OK means the slave had it, to its last byte: the master's log ends with
@@ -192,7 +192,7 @@ async def test_classic_refuses_a_slave_with_bytes_the_master_does_not_have(
         ):
             await wait_for(lambda: "past this master's log end" in caplog.text)
             assert a.ha_client is not None and a.ha_client.last_error is not None
-            assert b.ha_service is not None and not b.ha_service.in_sync()
+            assert b.ha_service is not None and not b.ha_service.transfer.available()
             assert "clear the slave's store or use ha_protocol = 'autoswitch'" in caplog.text
             a_end = a.store.commitlog_max_offset
             # the master grows past the slave's end: still refused (the end falls
@@ -202,7 +202,7 @@ async def test_classic_refuses_a_slave_with_bytes_the_master_does_not_have(
                     result = await producer.send(Message("Div", b"b" * 997))
                     assert result.status is SendStatus.SEND_OK  # ASYNC_MASTER
             await wait_for(lambda: "inside a record of this master's log" in caplog.text)
-            assert not b.ha_service.in_sync()
+            assert not b.ha_service.transfer.available()
             assert a.store.commitlog_max_offset == a_end  # nothing was appended to it
 
 

@@ -137,7 +137,7 @@ async def test_a_slave_reporting_2_62_does_not_make_a_sync_master_say_send_ok(
         result = await producer.send(Message("Faked", b"no replica has this"))
         assert result.status in NOT_REPLICATED, result
         assert master.ha_service is not None
-        assert master.ha_service.replicated_offset() < master.store.commitlog_max_offset
+        assert master.ha_service.transfer.replicated_offset() < master.store.commitlog_max_offset
         nursery.cancel_scope.cancel()
 
 
@@ -314,7 +314,9 @@ async def test_a_real_slave_with_another_secret_gets_nothing(tmp_path: Path) -> 
             client = slave.ha_client
             await wait_for(lambda: "refused this slave's HA secret" in (client.last_error or ""))
             assert slave.store.commitlog_max_offset == 0
-            assert master.ha_service.refused_peers >= 1 and not master.ha_service.in_sync()
+            assert (
+                master.ha_service.refused_peers >= 1 and not master.ha_service.transfer.available()
+            )
 
 
 async def test_a_slave_takes_nothing_from_a_master_that_cannot_prove_the_secret(
@@ -453,9 +455,13 @@ async def lagging_member_and_a_lying_stranger(
         end = master.store.commitlog_max_offset
         # it has the log, and has acked its start of it
         await wait_for(
-            lambda: ha.in_sync() and len(real.received) >= end and ha.replicated_offset() >= 0
+            lambda: (
+                ha.transfer.available()
+                and len(real.received) >= end
+                and ha.transfer.replicated_offset() >= 0
+            )
         )
-        acked = ha.replicated_offset()
+        acked = ha.transfer.replicated_offset()
         assert 0 <= acked < end
         await stranger(liar)
         await nursery.start(liar.drain)
@@ -464,7 +470,7 @@ async def lagging_member_and_a_lying_stranger(
         await trio.sleep(0.3)
         result = await producer.send(Message("Lag", b"only the master has this"))
         assert result.status is SendStatus.FLUSH_SLAVE_TIMEOUT, result
-        assert ha.replicated_offset() == acked < master.store.commitlog_max_offset
+        assert ha.transfer.replicated_offset() == acked < master.store.commitlog_max_offset
         nursery.cancel_scope.cancel()
 
 
@@ -532,7 +538,7 @@ async def test_an_ack_counts_only_what_the_kernel_took_from_that_connection(
             await fake.report_classic(meant)
             await wait_for(lambda: conn.ack_offset == meant)
             assert conn.acked_upto == conn.sent_end < meant
-            assert ha.replicated_offset() == conn.sent_end
+            assert ha.transfer.replicated_offset() == conn.sent_end
 
 
 # ---------------------------------------------------------------- real slaves, the rule
@@ -551,7 +557,7 @@ async def test_slaves_with_the_secret_replicate(tmp_path: Path, protocol: str) -
         ) as slave,
     ):
         assert master.ha_service is not None
-        await wait_for(master.ha_service.in_sync)
+        await wait_for(master.ha_service.transfer.available)
         async with Producer("PG", ns) as producer:
             results = [await producer.send(Message("Shared", f"m{i}")) for i in range(20)]
         assert {r.status for r in results} == {SendStatus.SEND_OK}

@@ -410,7 +410,7 @@ async def test_a_retry_goes_to_the_new_master_when_the_store_host_is_a_slave(
             nursery, tmp_path / "b", broker_id=1, store={"role": "SLAVE", **FAST_RETRY}, **common
         )
         assert a.node.ha_service is not None
-        await wait_for(a.node.ha_service.in_sync)
+        await wait_for(a.node.ha_service.transfer.available)
         async with Producer("PG", ns) as producer:
             await producer.send(Message("Swapped", b"retry me"))
         consumer = PushConsumer("G", ns, consume_from="FIRST_OFFSET")

@@ -158,7 +158,7 @@ async def test_a_slave_replicates_from_its_master_over_tls(
         ):
             ha = master.ha_service
             assert ha is not None
-            await wait_for(ha.in_sync)
+            await wait_for(ha.transfer.available)
             for i in range(50):
                 await producer.send(Message("Replicated", b"r" * (i * 97 % 2000 + 1)))
             await wait_for(

@@ -9,8 +9,8 @@ of this broker group. A peer that is not — or whose connection fails before it
 admitted — is closed having been sent no CommitLog byte, none of its reports is read,
 and it is counted (``refused_peers``) and logged naming it and why, through a
 RateLimitedLog: a flood of strangers writes a few lines per 10 s, not one each. Only
-admitted slaves are in ``connections``: everything that decides a send (``in_sync``,
-``replicated_offset``, the SyncStateSet's acks, SLAVE_NOT_AVAILABLE) sees members only.
+admitted slaves are in ``connections``: everything that decides a send (``transfer``:
+who is in sync, what counts as acked, SLAVE_NOT_AVAILABLE) sees members only.
 
 Per admitted slave, two tasks under the connection's nursery:
 - the reader takes the slave's messages: in the auto-switch protocol the HANDSHAKE
@@ -309,7 +309,7 @@ class SlaveConnection:
         acked = min(self.ack_offset, self.sent_end)
         if acked > self.acked_upto:
             self.acked_upto = acked
-            self.service.slave_acked(acked)
+            self.service.transfer.slave_acked(acked)
 
     def _check_start(self, offset: int) -> None:
         """Refuse a slave whose log cannot continue this master's."""
@@ -589,12 +589,6 @@ class HAService:
             connection.scope.cancel()
 
     # ------------------------------------------------------------------ appends and acks
-    def slave_acked(self, offset: int) -> None:
-        self.transfer.slave_acked(offset)
-
-    def replicated_offset(self) -> int:
-        return self.transfer.replicated_offset()
-
     def notify_appended(self) -> None:
         """Store append listener: wake the writers."""
         if len(self._appended):
@@ -623,10 +617,6 @@ class HAService:
 
     def _any_slave_in_sync(self) -> bool:
         return any(self.slave_in_sync(c) for c in self.connections)
-
-    def in_sync(self) -> bool:
-        """Would a put that waits for replicas find one to wait for (group_transfer.py)?"""
-        return self.transfer.available()
 
     def floor(self) -> int:
         """Retention may not delete what an in-sync slave still needs. (A slave further
