@@ -1,7 +1,10 @@
 """Produce and consume throughput of hamq's client against a broker in its own process.
 
 The broker is started as ``python -m cli.main broker`` (embedded nameserver, ASYNC_FLUSH,
-a fresh temporary store) on loopback; the clients run in this process, in Trio. Neither
+a fresh temporary store) on loopback; the clients run in this process, on the event loop
+``--backend`` names: Trio (the default), asyncio, or asyncio on uvloop. The client code
+is the same on each (hamq.client is written on AnyIO, and so is this driver: anyio.run
+picks the loop); the broker is always the same Trio process. Neither
 is pinned to a CPU unless ``--pin`` asks (broker on CPU 1, client on CPU 0): a pinned
 pair ping-ponging on a virtual machine waits for idle vCPUs to wake up, which made the
 1-in-flight figures slow and erratic (milliseconds-long stalls) where unpinned ones were
@@ -14,6 +17,7 @@ queues:
                        (messages/s counts messages; latencies are per batch)
   push consume         a PushConsumer of a fresh group, FIRST_OFFSET, consuming every
                        message the round stored (timed from its start to the last one)
+                       with an async handler (a coroutine of the loop, no thread hop)
   pull consume         a PullConsumer, one task per queue pulling 32 at a time
 
 Latency is from the call to its result. Besides the rates, CPU microseconds per message
@@ -22,11 +26,14 @@ Each figure is the median of ``--rounds`` rounds.
 
     python benchmarks/produce_consume.py            # full run (1-3 minutes on 2 cores)
     python benchmarks/produce_consume.py --quick    # fewer messages, one round
+    python benchmarks/produce_consume.py --quick --backend asyncio   # or uvloop
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import os
 import platform
 import shutil
@@ -36,9 +43,10 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
+import anyio
 import attrs
-import trio
 from support import can_pin, cpu_seconds, create_topic, percentile, start_broker, stop_broker
 
 from hamq.client import (
@@ -65,6 +73,14 @@ BATCHED = f"send_batch of {BATCH}"
 PUSH = "push consume"
 PULL = "pull consume"
 SCENARIOS = (SEQUENTIAL, CONCURRENT, BATCHED, PUSH, PULL)
+
+#: --backend: the event loop the clients run on (anyio.run's backend and its options)
+BACKENDS: dict[str, tuple[str, dict[str, Any]]] = {
+    "trio": ("trio", {}),
+    "asyncio": ("asyncio", {}),
+    "uvloop": ("asyncio", {"use_uvloop": True}),
+}
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -128,9 +144,9 @@ async def send_concurrent(producer: Producer, topic: str, count: int) -> Outcome
             latencies.append(time.perf_counter() - start)
             _check(result.status)
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as tasks:
         for _ in range(IN_FLIGHT):
-            nursery.start_soon(sender)
+            tasks.start_soon(sender)
     return time.perf_counter(), latencies
 
 
@@ -150,10 +166,10 @@ async def push_consume(namesrv: str, topic: str, group: str, count: int) -> Outc
     (the end is the last message handled, not the consumer's shutdown after it)."""
     consumer = PushConsumer(group, namesrv, consume_from=ConsumeFrom.FIRST_OFFSET)
     consumer.subscribe(topic)
-    done = trio.Event()
+    done = anyio.Event()
     consumed = 0
 
-    def handle(messages: list[MessageExt]) -> None:
+    async def handle(messages: list[MessageExt]) -> None:  # in the loop (no worker thread)
         nonlocal consumed
         consumed += len(messages)
         if consumed >= count:
@@ -180,20 +196,23 @@ async def pull_consume(namesrv: str, topic: str, count: int) -> Outcome:
                 pulled += len(result.messages)
                 offset = result.next_begin_offset
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as tasks:
             for queue in queues:
-                nursery.start_soon(drain, queue)
+                tasks.start_soon(drain, queue)
         end = time.perf_counter()
     if pulled != count:
         raise RuntimeError(f"pulled {pulled} messages of {topic}, expected {count}")
     return end, []
 
 
+def round_topic(round_no: int) -> str:
+    return f"BenchProduceConsume{round_no}"
+
+
 async def run_round(
     namesrv: str, broker_pid: int, round_no: int, sizes: Sizes
 ) -> dict[str, Figure]:
-    topic = f"BenchProduceConsume{round_no}"
-    await create_topic(namesrv, topic, QUEUES)
+    topic = round_topic(round_no)
     figures: dict[str, Figure] = {}
 
     async def timed(scenario: str, messages: int, work: Callable[[], Awaitable[Outcome]]) -> None:
@@ -234,6 +253,32 @@ async def run_round(
 # =========================================================================== driver
 
 
+def check_backend(backend: str) -> str | None:
+    """Why ``backend`` cannot run here (uvloop not installed), or None."""
+    if backend == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        return (
+            "--backend uvloop needs uvloop, which is not installed here: "
+            "pip install uvloop (it does not run on Windows), or use --backend asyncio"
+        )
+    return None
+
+
+def run_on(backend: str, func: Callable[..., Awaitable[T]], *args: object) -> T:
+    """``func(*args)`` run to the end on a fresh event loop of ``backend``."""
+    name, options = BACKENDS[backend]
+    return anyio.run(func, *args, backend=name, backend_options=options)
+
+
+def describe(backend: str) -> str:
+    """The clients' event loop and its version, for the first line of the output."""
+    if backend == "trio":
+        return f"clients on Trio {importlib.metadata.version('trio')}"
+    loop = "asyncio"
+    if backend == "uvloop":
+        loop = f"asyncio on uvloop {importlib.metadata.version('uvloop')}"
+    return f"clients on {loop} (AnyIO {importlib.metadata.version('anyio')})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -244,13 +289,21 @@ def main() -> None:
     parser.add_argument(
         "--pin", action="store_true", help="pin the broker to CPU 1 and this process to CPU 0"
     )
+    parser.add_argument(
+        "--backend",
+        choices=list(BACKENDS),
+        default="trio",
+        help="the event loop the clients run on (the broker is Trio in any case)",
+    )
     args = parser.parse_args()
+    if (problem := check_backend(args.backend)) is not None:
+        parser.error(problem)
     pin = args.pin and can_pin()
     rounds = 1 if args.quick else args.rounds
     sizes = Sizes(2_000, 10_000, 300) if args.quick else Sizes(10_000, 60_000, 2_000)
     print(
-        f"Python {platform.python_version()}, Trio {trio.__version__}, "
-        f"{os.cpu_count()} core(s); broker and client "
+        f"Python {platform.python_version()}, broker on Trio {importlib.metadata.version('trio')}, "
+        f"{describe(args.backend)}, {os.cpu_count()} core(s); broker and client "
         f"{'pinned to CPU 1 and CPU 0' if pin else 'not pinned'}",
         flush=True,
     )
@@ -265,7 +318,9 @@ def main() -> None:
             if pin:
                 os.sched_setaffinity(0, {0})
             for round_no in range(rounds):
-                result = trio.run(run_round, namesrv, proc.pid, round_no, sizes)
+                # set-up, not measured: the tests' helper (tests/support), which waits on Trio
+                run_on("trio", create_topic, namesrv, round_topic(round_no), QUEUES)
+                result = run_on(args.backend, run_round, namesrv, proc.pid, round_no, sizes)
                 for scenario, figure in result.items():
                     figures.setdefault(scenario, []).append(figure)
                     print(
@@ -281,7 +336,7 @@ def main() -> None:
 
     print(
         f"\nProduce and consume, {BODY_SIZE} B bodies, broker in its own process (ASYNC_FLUSH),"
-        f" median of {rounds} round(s)\n"
+        f" clients on {args.backend}, median of {rounds} round(s)\n"
     )
     header = (
         f"{'scenario':20}{'messages':>10}{'msgs/s':>10}{'MB/s':>8}{'p50 ms':>9}{'p99 ms':>9}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,14 @@ app = typer.Typer(
 )
 
 BENCHMARKS_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+class Backend(enum.StrEnum):
+    """The event loop a benchmark's clients run on (its brokers are Trio in any case)."""
+
+    trio = "trio"
+    asyncio = "asyncio"
+    uvloop = "uvloop"  # asyncio on uvloop (not on Windows)
 
 
 def _run(name: str, args: list[str]) -> None:
@@ -58,9 +67,17 @@ def produce_consume(
     pin: Annotated[
         bool, typer.Option(help="Pin the broker to CPU 1, the clients to CPU 0.")
     ] = False,
+    backend: Annotated[
+        Backend,
+        typer.Option(
+            help="The event loop the clients run on: trio, asyncio, or uvloop (asyncio on "
+            "uvloop). The broker is a Trio process in any case."
+        ),
+    ] = Backend.trio,
 ) -> None:
     """Producer and consumer throughput and latency against a broker in its own process."""
     args = ["--quick"] if quick else ["--rounds", str(rounds)]
+    args += ["--backend", backend.value]
     _run("produce_consume", [*args, "--pin"] if pin else args)
 
 

@@ -30,7 +30,7 @@ async def main() -> None:
 
     arrived = trio.Event()
 
-    def handle(messages: list[MessageExt]) -> None:
+    async def handle(messages: list[MessageExt]) -> None:
         if any(m.body.decode().endswith(run) for m in messages):
             arrived.set()
 

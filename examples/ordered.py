@@ -34,7 +34,7 @@ async def main() -> None:
     seen: dict[str, list[str]] = {order: [] for order in orders}
     done = trio.Event()
 
-    def handle(messages: list[MessageExt]) -> ConsumeResult:
+    async def handle(messages: list[MessageExt]) -> ConsumeResult:
         for m in messages:
             order, step = m.body.decode().split()
             if order in seen:

@@ -81,6 +81,7 @@ from hamq.protocol.message import parse_offset_msg_id
 from hamq.protocol.serialization import decode_json_header
 from hamq.remoting import Connection, Dispatcher, RemotingClient, RemotingConfig
 from hamq.remoting.address import ip_of
+from hamq.remoting.trio_stream import TrioByteStream
 from tests.support.acl import ADMIN, APP, BROKER, acl_text, write_acl
 from tests.support.brokers import (
     broker_config,
@@ -804,7 +805,10 @@ async def raw_invoke(
         sign(request, credentials)
     stream = await trio.open_tcp_stream("127.0.0.1", port, local_address=local)
     conn = Connection(
-        stream, peer=f"127.0.0.1:{port}", dispatcher=Dispatcher(), config=RemotingConfig()
+        TrioByteStream(stream),
+        peer=f"127.0.0.1:{port}",
+        dispatcher=Dispatcher(),
+        config=RemotingConfig(),
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(conn.run)

@@ -31,6 +31,16 @@ def test_bench_lists_the_remoting_benchmark() -> None:
     assert "store" in result.output
 
 
+def test_bench_produce_consume_takes_a_backend() -> None:
+    shown = runner.invoke(app, ["bench", "produce-consume", "--help"], env={"COLUMNS": "200"})
+    assert "trio|asyncio|uvloop" in shown.output
+    bad = runner.invoke(
+        app, ["bench", "produce-consume", "--backend", "curio"], env={"COLUMNS": "200"}
+    )
+    assert bad.exit_code == 2
+    assert "'curio' is not one of 'trio', 'asyncio', 'uvloop'" in bad.output
+
+
 def test_console_script_runs() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "cli.main", "version"], capture_output=True, text=True, check=True

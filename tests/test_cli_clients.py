@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from anyio.abc import Process
 
 from hamq.client import Message, Producer
 from hamq.client.route_cache import TimedOutAddresses
@@ -40,6 +41,7 @@ from tests.support.processes import (
     hamq_process,
     hamq_server,
     kill_and_reap,
+    open_child,
     user_env,
 )
 from tests.support.timing import wait_for
@@ -151,10 +153,11 @@ async def test_consume_into_a_pipe_closed_early_ends_quietly(namesrv: str, tmp_p
         assert proc.stdout is not None
         lines = b""
         with trio.fail_after(30):
-            while lines.count(b"\n") < 3:
-                chunk = await proc.stdout.receive_some()
-                assert chunk, err.read_text()
+            async for chunk in proc.stdout:
                 lines += chunk
+                if lines.count(b"\n") >= 3:
+                    break
+        assert lines.count(b"\n") >= 3, err.read_text()
         await proc.stdout.aclose()
         with trio.fail_after(30):
             code = await proc.wait()
@@ -311,7 +314,7 @@ class Ran:
 async def run_at_terminal(
     *args: str,
     stdout: str = "terminal",
-    during: Callable[[trio.Process, Ran], Awaitable[None]] | None = None,
+    during: Callable[[Process, Ran], Awaitable[None]] | None = None,
     timeout_s: float = 60,
 ) -> Ran:
     """Run ``hamq <args>`` to the end with stderr a pseudo-terminal (120 columns) and
@@ -331,14 +334,7 @@ async def run_at_terminal(
         read, out = os.pipe()
         os.close(read)
     try:
-        proc = await trio.lowlevel.open_process(
-            [*HAMQ_AS_RUN, *args],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=slave,
-            cwd=ROOT,
-            env=env,
-        )
+        proc = await open_child([*HAMQ_AS_RUN, *args], stdout=out, stderr=slave, cwd=ROOT, env=env)
     finally:
         os.close(slave)
         if stdout == "closed":
@@ -357,7 +353,7 @@ async def run_at_terminal(
 
     async def read_stdout() -> None:
         assert proc.stdout is not None
-        while chunk := await proc.stdout.receive_some():
+        async for chunk in proc.stdout:
             ran.stdout += chunk
 
     try:
@@ -409,7 +405,7 @@ async def test_produce_at_a_terminal_interrupted(namesrv: str) -> None:
     """Ctrl-C while the progress is drawn: the display ends, the summary says what
     was sent, exit code 130."""
 
-    async def interrupt(proc: trio.Process, ran: Ran) -> None:
+    async def interrupt(proc: Process, ran: Ran) -> None:
         async def drawn() -> bool:
             return ran.shows(rb"\b[1-9]\d*/1000000\b")
 
@@ -455,11 +451,11 @@ async def test_consume_says_once_that_the_topic_does_not_exist_yet(
         assert produced.returncode == 0, produced.stderr
         line = b""
         with trio.fail_after(30):  # the consumer looks again until the topic is there
-            while not line.endswith(b"\n"):
-                chunk = await proc.stdout.receive_some()
-                assert chunk, err.read_text()
+            async for chunk in proc.stdout:
                 line += chunk
-        assert line.endswith(b" at last\n")
+                if line.endswith(b"\n"):
+                    break
+        assert line.endswith(b" at last\n"), line + err.read_text().encode()
         os.kill(proc.pid, signal.SIGINT)
         with trio.fail_after(30):
             await proc.wait()

@@ -1,4 +1,9 @@
-"""Producers and consumers against real brokers on loopback (in this process)."""
+"""Producers and consumers against real brokers on loopback (in this process).
+
+Every test runs on Trio, asyncio and uvloop (``anyio_backend``, tests/conftest.py): the
+client in the test's own event loop, the brokers and nameservers (Trio only) in Trio
+threads of their own (tests/support/backends.py), whose internals a test reads through
+``broker.call``."""
 
 from __future__ import annotations
 
@@ -8,10 +13,10 @@ import time
 import zlib
 from pathlib import Path
 
+import anyio
 import pytest
-import trio
-import trio.testing
 
+from hamq.broker import BrokerNode
 from hamq.client import (
     AdminClient,
     BrokerError,
@@ -21,6 +26,7 @@ from hamq.client import (
     MessageExt,
     MessageQueue,
     NameServerUnavailableError,
+    NoRouteError,
     Producer,
     PullConsumer,
     PullStatus,
@@ -34,15 +40,10 @@ from hamq.client.blocking import Producer as BlockingProducer
 from hamq.client.blocking import PushConsumer as BlockingPushConsumer
 from hamq.protocol import ResponseCode
 from hamq.protocol.message import SYSFLAG_COMPRESSED
-from tests.support.brokers import (
-    create_topic,
-    namesrv,
-    running_broker,
-    running_nameserver,
-)
+from tests.support.backends import BrokerThread, broker_thread, nameserver_thread
 from tests.support.timing import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 class Collector:
@@ -63,9 +64,9 @@ async def test_ten_thousand_messages_reach_each_group_once_and_in_queue_order(
     tmp_path: Path,
 ) -> None:
     total = 10_000
-    async with running_broker(tmp_path) as node:
-        ns = namesrv(node)
-        await create_topic(ns, "Big", 4)
+    async with broker_thread(tmp_path) as broker:
+        ns = broker.namesrv
+        await broker.create_topic("Big", 4)
         stored: dict[tuple[int, int], bytes] = {}
         counter = iter(range(total))
 
@@ -78,9 +79,9 @@ async def test_ten_thousand_messages_reach_each_group_once_and_in_queue_order(
                     assert result.status is SendStatus.SEND_OK
                     stored[(result.queue.queue_id, result.queue_offset)] = body
 
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as tasks:
                 for _ in range(16):
-                    nursery.start_soon(sender)
+                    tasks.start_soon(sender)
         assert len(stored) == total
         assert {q for q, _ in stored} == {0, 1, 2, 3}
 
@@ -96,7 +97,7 @@ async def test_ten_thousand_messages_reach_each_group_once_and_in_queue_order(
         ):
             await wait_for(lambda: all(len(c.messages) >= total for c in groups.values()), 60)
             # not a wait for something: time for a message delivered twice to come too
-            await trio.sleep(0.2)
+            await anyio.sleep(0.2)
         for collector in groups.values():
             assert len(collector.messages) == total  # each exactly once
             per_queue: dict[int, list[int]] = collections.defaultdict(list)
@@ -106,15 +107,16 @@ async def test_ten_thousand_messages_reach_each_group_once_and_in_queue_order(
             for offsets in per_queue.values():
                 assert offsets == list(range(len(offsets)))  # queue order, no gaps
         # the group's progress is committed at the end
-        assert node.ctx.offsets.query("G1", "Big", 0) == sum(1 for q, _ in stored if q == 0)
+        committed = await broker.call(lambda node: node.ctx.offsets.query("G1", "Big", 0))
+        assert committed == sum(1 for q, _ in stored if q == 0)
 
 
 async def test_two_consumers_split_the_queues_and_one_takes_over_when_the_other_leaves(
     tmp_path: Path,
 ) -> None:
-    async with running_broker(tmp_path) as node:
-        ns = namesrv(node)
-        await create_topic(ns, "Shared", 4)
+    async with broker_thread(tmp_path) as broker:
+        ns = broker.namesrv
+        await broker.create_topic("Shared", 4)
         first, second = Collector(), Collector()
         a = PushConsumer("G", ns, consume_from="FIRST_OFFSET")
         b = PushConsumer("G", ns, consume_from="FIRST_OFFSET")
@@ -149,9 +151,9 @@ async def test_two_consumers_split_the_queues_and_one_takes_over_when_the_other_
 
 
 async def test_ordered_messages_stay_in_order_per_sharding_key(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as node:
-        ns = namesrv(node)
-        await create_topic(ns, "Orders", 4)
+    async with broker_thread(tmp_path) as broker:
+        ns = broker.namesrv
+        await broker.create_topic("Orders", 4)
         async with Producer("PG", ns) as producer:
             for step in range(30):
                 for order in range(8):
@@ -179,10 +181,14 @@ async def test_ordered_messages_stay_in_order_per_sharding_key(tmp_path: Path) -
         async with consumer.consuming(handle):
             await wait_for(lambda: sum(len(s) for s in seen.values()) >= 240, 30)
             queue = MessageQueue("Orders", "broker-a", 0)
-            assert node.ctx.locks.owner("OG", queue, node.ctx.clock()) == consumer.client_id
+
+            def owner(node: BrokerNode) -> str | None:
+                return node.ctx.locks.owner("OG", queue, node.ctx.clock())
+
+            assert await broker.call(owner) == consumer.client_id
         assert all(steps == list(range(30)) for steps in seen.values())
         assert len(seen) == 8
-        assert node.ctx.locks.owner("OG", queue, node.ctx.clock()) is None  # unlocked at the end
+        assert await broker.call(owner) is None  # unlocked at the end
 
 
 #: delay levels of one second each, so that retries and delays take seconds of real time
@@ -190,20 +196,20 @@ ONE_SECOND_LEVELS = {"message_delay_level": " ".join(["1s"] * 18)}
 
 
 async def test_a_delayed_message_is_delivered_after_its_level(tmp_path: Path) -> None:
-    async with running_broker(tmp_path, store=ONE_SECOND_LEVELS) as node:
-        ns = namesrv(node)
-        await create_topic(ns, "Later", 1)
+    async with broker_thread(tmp_path, store=ONE_SECOND_LEVELS) as broker:
+        ns = broker.namesrv
+        await broker.create_topic("Later", 1)
         got = Collector()
         consumer = PushConsumer("DG", ns, consume_from="FIRST_OFFSET")
         consumer.subscribe("Later")
         async with consumer.consuming(got), Producer("PG", ns) as producer:
-            sent_at, sent_at_ms = trio.current_time(), time.time_ns() // 1_000_000
+            sent_at, sent_at_ms = anyio.current_time(), time.time_ns() // 1_000_000
             await producer.send(Message("Later", b"in a second", delay_level=3))
             await producer.send(Message("Later", b"now"))
             await wait_for(lambda: len(got.messages) == 1, 10)
             assert got.bodies() == [b"now"]
             await wait_for(lambda: len(got.messages) == 2, 10)
-            waited = trio.current_time() - sent_at
+            waited = anyio.current_time() - sent_at
         delayed = got.messages[1]
         assert delayed.body == b"in a second"
         assert waited >= 1.0
@@ -213,9 +219,9 @@ async def test_a_delayed_message_is_delivered_after_its_level(tmp_path: Path) ->
 
 
 async def test_failed_messages_are_retried_then_dead_lettered(tmp_path: Path) -> None:
-    async with running_broker(tmp_path, store=ONE_SECOND_LEVELS) as node:
-        ns = namesrv(node)
-        await create_topic(ns, "Work", 1)
+    async with broker_thread(tmp_path, store=ONE_SECOND_LEVELS) as broker:
+        ns = broker.namesrv
+        await broker.create_topic("Work", 1)
         attempts: list[tuple[str, int]] = []
 
         def handle(messages: list[MessageExt]) -> ConsumeResult:
@@ -230,10 +236,12 @@ async def test_failed_messages_are_retried_then_dead_lettered(tmp_path: Path) ->
         async with consumer.consuming(handle), Producer("PG", ns) as producer:
             await producer.send(Message("Work", b"poison", keys="p1"))
             await producer.send(Message("Work", b"fine"))
-            started = trio.current_time()
-            await wait_for(lambda: node.ctx.topics.get("%DLQ%RG") is not None, 30)
+            started = anyio.current_time()
+            await wait_for(
+                lambda: broker.call(lambda node: node.ctx.topics.get("%DLQ%RG") is not None), 30
+            )
             # retried after delay levels 3 and 4 (a second each here)
-            assert trio.current_time() - started >= 2
+            assert anyio.current_time() - started >= 2
         # delivered once and retried twice, shown under its own topic each time
         assert sorted(attempts) == [("Work", 0), ("Work", 0), ("Work", 1), ("Work", 2)]
         async with PullConsumer("inspect", ns) as puller:
@@ -247,38 +255,25 @@ async def test_failed_messages_are_retried_then_dead_lettered(tmp_path: Path) ->
 
 
 async def test_the_producer_keeps_sending_when_a_nameserver_dies(tmp_path: Path) -> None:
-    async with running_nameserver() as (_, second):
-        first_scope = trio.CancelScope()
-        ready = trio.Event()
-        first: list[str] = []
-
-        async def first_nameserver() -> None:
-            with first_scope:
-                async with running_nameserver() as (_, addr):
-                    first.append(addr)
-                    ready.set()
-                    await trio.sleep_forever()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(first_nameserver)
-            await ready.wait()
-            async with (
-                running_broker(tmp_path, namesrv_addrs=[first[0], second]),
-                Producer("PG", [first[0], second]) as producer,
-            ):
-                producer.instance._namesrv_index = 0
-                assert (await producer.send(Message("A", b"1"))).status is SendStatus.SEND_OK
-                first_scope.cancel()  # the nameserver in use goes away
-                for topic in ("B", "C"):  # new topics: their routes must be looked up
-                    result = await producer.send(Message(topic, b"2"))
-                    assert result.status is SendStatus.SEND_OK
-                assert producer.instance.namesrv_addr == second
-                await producer.instance.refresh_routes()  # the periodic refresh works too
+    async with nameserver_thread() as second, nameserver_thread() as first:
+        addrs = [first.addr, second.addr]
+        async with (
+            broker_thread(tmp_path, namesrv_addrs=addrs),
+            Producer("PG", addrs) as producer,
+        ):
+            producer.instance._namesrv_index = 0
+            assert (await producer.send(Message("A", b"1"))).status is SendStatus.SEND_OK
+            await first.stop()  # the nameserver in use goes away
+            for topic in ("B", "C"):  # new topics: their routes must be looked up
+                result = await producer.send(Message(topic, b"2"))
+                assert result.status is SendStatus.SEND_OK
+            assert producer.instance.namesrv_addr == second.addr
+            await producer.instance.refresh_routes()  # the periodic refresh works too
 
 
 async def test_a_broker_restart_keeps_messages_and_committed_offsets(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as node:
-        ns = namesrv(node)
+    async with broker_thread(tmp_path) as broker:
+        ns = broker.namesrv
         async with Producer("PG", ns) as producer:
             for i in range(100):
                 await producer.send(Message("Kept", f"old {i}"))
@@ -287,8 +282,8 @@ async def test_a_broker_restart_keeps_messages_and_committed_offsets(tmp_path: P
         consumer.subscribe("Kept")
         async with consumer.consuming(got):
             await wait_for(lambda: len(got.messages) == 100)
-    async with running_broker(tmp_path) as node:
-        ns = namesrv(node)
+    async with broker_thread(tmp_path) as broker:
+        ns = broker.namesrv
         async with Producer("PG", ns) as producer:
             for i in range(20):
                 await producer.send(Message("Kept", f"new {i}"))
@@ -299,7 +294,7 @@ async def test_a_broker_restart_keeps_messages_and_committed_offsets(tmp_path: P
             await wait_for(lambda: len(again.messages) == 20)
             # not a wait for something: time for an old message delivered again (its
             # committed offset lost in the restart) to come too
-            await trio.sleep(0.2)
+            await anyio.sleep(0.2)
         assert sorted(again.bodies()) == sorted(f"new {i}".encode() for i in range(20))
         async with PullConsumer("fresh", ns) as puller:
             kept = 0
@@ -309,9 +304,9 @@ async def test_a_broker_restart_keeps_messages_and_committed_offsets(tmp_path: P
 
 
 async def test_send_variants_and_what_consumers_see(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as node:
-        ns = namesrv(node)
-        await create_topic(ns, "V", 2)
+    async with broker_thread(tmp_path) as broker:
+        ns = broker.namesrv
+        await broker.create_topic("V", 2)
         async with Producer("PG", ns) as producer:
             big = bytes(range(256)) * 40  # 10 KiB: goes compressed
             one = await producer.send(
@@ -325,28 +320,31 @@ async def test_send_variants_and_what_consumers_see(tmp_path: Path) -> None:
             )
             assert len(batch.msg_id.split(",")) == 5
             called: list[SendResult | None] = []
-            done = trio.Event()
+            done = anyio.Event()
 
             def callback(result: SendResult | None, error: BaseException | None) -> None:
                 called.append(result)
-                done.set()
+                done.set()  # (a callback runs in the producer's loop)
 
             await producer.send_async(Message("V", b"async", tags="a"), callback)
             await producer.send_oneway(Message("V", b"oneway", tags="o"))
-            with trio.fail_after(5):
+            with anyio.fail_after(5):
                 await done.wait()
             assert called[0] is not None and called[0].status is SendStatus.SEND_OK
 
-        stored = node.store.look_message_by_offset(
-            int(one.offset_msg_id[16:], 16)
+        stored = await broker.call(
+            lambda node: node.store.look_message_by_offset(int(one.offset_msg_id[16:], 16))
         )  # on disk: compressed, flagged
         assert stored.sys_flag & SYSFLAG_COMPRESSED and zlib.decompress(stored.body) == big
 
         async with PullConsumer("PC", ns) as puller:
             await wait_for(
-                lambda: (
-                    node.store.max_offset_in_queue("V", 0) + node.store.max_offset_in_queue("V", 1)
-                    == 8
+                lambda: broker.call(
+                    lambda node: (
+                        node.store.max_offset_in_queue("V", 0)
+                        + node.store.max_offset_in_queue("V", 1)
+                        == 8
+                    )
                 )
             )
             everything = []
@@ -363,14 +361,14 @@ async def test_send_variants_and_what_consumers_see(tmp_path: Path) -> None:
             assert {m.tags for m in only_batch.messages} == {"batch"}
             # long polling from the consumer's side: answered when a message comes
             caught_up = await puller.max_offset(queue0)
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as tasks:
                 results: list[object] = []
 
                 async def wait_pull() -> None:
                     results.append(await puller.pull(queue0, caught_up, wait_s=20))
 
-                nursery.start_soon(wait_pull)
-                await wait_for(lambda: node.statistics().held_pulls == 1)
+                tasks.start_soon(wait_pull)
+                await wait_for(lambda: broker.call(lambda node: node.statistics().held_pulls == 1))
                 async with Producer("PG2", ns) as producer:
                     await producer.send(Message("V", b"late"), queue=queue0)
             [late] = results
@@ -393,28 +391,25 @@ async def test_send_variants_and_what_consumers_see(tmp_path: Path) -> None:
     ],
 )
 async def test_bad_messages_are_refused_before_sending(
-    tmp_path: Path, message: Message, error: str
+    threaded_broker: BrokerThread, message: Message, error: str
 ) -> None:
-    async with (
-        running_broker(tmp_path) as node,
-        Producer("PG", namesrv(node), max_message_size=65536) as producer,
-    ):
+    async with Producer("PG", threaded_broker.namesrv, max_message_size=65536) as producer:
         with pytest.raises(InvalidArgumentError, match=error):
             await producer.send(message)
 
 
 async def test_refusals_and_failures_name_their_cause(tmp_path: Path) -> None:
-    async with running_broker(
+    async with broker_thread(
         tmp_path, auto_create_topic_enable=False, store={"max_message_bytes": 1024}
-    ) as node:
-        ns = namesrv(node)
+    ) as broker:
+        ns = broker.namesrv
         async with Producer("PG", ns, send_timeout_s=2) as producer:
             # sent through TBW102's route, as RocketMQ does, and refused by the broker
             with pytest.raises(SendError, match=r"topic\[Unknown\] not exist") as info:
                 await producer.send(Message("Unknown", b"x"))
             cause = info.value.__cause__
             assert isinstance(cause, BrokerError) and cause.code == ResponseCode.TOPIC_NOT_EXIST
-            await create_topic(ns, "Small", 1)
+            await broker.create_topic("Small", 1)
             with pytest.raises(SendError) as refused:
                 await producer.send(Message("Small", b"x" * 2000))
             illegal = refused.value.__cause__
@@ -465,80 +460,90 @@ async def test_a_consumer_needs_a_subscription_and_a_handler() -> None:
         consumer.subscribe("no such topic")
 
 
-async def test_the_blocking_facade_sends_and_consumes(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as node:
-        ns = namesrv(node)
+async def test_the_blocking_facade_sends_and_consumes(threaded_broker: BrokerThread) -> None:
+    ns = threaded_broker.namesrv
 
-        def blocking_program() -> list[bytes]:
-            with BlockingProducer("PG", ns) as producer:
-                for i in range(10):
-                    assert producer.send(Message("Plain", f"m{i}")).status is SendStatus.SEND_OK
-            got: list[bytes] = []
-            all_in = threading.Event()
+    def blocking_program() -> list[bytes]:
+        with BlockingProducer("PG", ns) as producer:
+            for i in range(10):
+                assert producer.send(Message("Plain", f"m{i}")).status is SendStatus.SEND_OK
+        got: list[bytes] = []
+        all_in = threading.Event()
 
-            def handle(messages: list[MessageExt]) -> None:
-                got.extend(m.body for m in messages)
-                if len(got) >= 10:
-                    all_in.set()
+        def handle(messages: list[MessageExt]) -> None:
+            got.extend(m.body for m in messages)
+            if len(got) >= 10:
+                all_in.set()
 
-            consumer = BlockingPushConsumer("BG", ns, consume_from="FIRST_OFFSET")
-            consumer.subscribe("Plain")
-            consumer.start(handle)
-            try:
-                assert all_in.wait(10), got  # (no Trio in this thread)
-                assert {q.topic for q in consumer.assigned} == {"Plain", "%RETRY%BG"}
-            finally:
-                consumer.shutdown()
-            return got
+        consumer = BlockingPushConsumer("BG", ns, consume_from="FIRST_OFFSET")
+        consumer.subscribe("Plain")
+        consumer.start(handle)
+        try:
+            assert all_in.wait(10), got  # (no event loop in this thread)
+            assert {q.topic for q in consumer.assigned} == {"Plain", "%RETRY%BG"}
+        finally:
+            consumer.shutdown()
+        return got
 
-        got = await trio.to_thread.run_sync(blocking_program)
-        assert sorted(got) == sorted(f"m{i}".encode() for i in range(10))
+    got = await anyio.to_thread.run_sync(blocking_program)
+    assert sorted(got) == sorted(f"m{i}".encode() for i in range(10))
 
 
 async def test_sends_go_to_another_broker_when_one_is_down(tmp_path: Path) -> None:
-    async with running_nameserver() as (_, ns):
-        doomed = trio.CancelScope()
-        up, gone = trio.Event(), trio.Event()
-
-        async def broker_a() -> None:
-            with doomed:
-                async with running_broker(tmp_path / "a", namesrv_addrs=[ns], broker_name="a"):
-                    up.set()
-                    await trio.sleep_forever()
-            gone.set()
-
+    async with nameserver_thread() as nameserver:
+        ns = nameserver.addr
         async with (
-            trio.open_nursery() as nursery,
-            running_broker(tmp_path / "b", namesrv_addrs=[ns], broker_name="b"),
+            broker_thread(tmp_path / "a", namesrv_addrs=[ns], broker_name="a") as a,
+            broker_thread(tmp_path / "b", namesrv_addrs=[ns], broker_name="b"),
         ):
-            nursery.start_soon(broker_a)
-            await up.wait()
             async with AdminClient(ns) as admin:
+
+                async def both_registered() -> bool:
+                    return len(await admin.all_broker_addrs()) == 2
+
+                async def both_route() -> bool:
+                    try:
+                        route = await admin.topic_route("Both")
+                    except NoRouteError:
+                        return False
+                    return {b.broker_name for b in route.broker_datas} == {"a", "b"}
+
+                # a broker registers with the nameserver (once up, and its topics once
+                # changed) in the background: the producer must find both in the route
+                await wait_for(both_registered)
                 await admin.create_topic("Both", 2)
+                await wait_for(both_route)
             async with Producer("PG", ns, latency_fault_tolerance=True) as producer:
                 queues = await producer.queues("Both")
                 assert {q.broker_name for q in queues} == {"a", "b"}
-                doomed.cancel()  # broker a goes away; the producer's route still lists it
-                await gone.wait()
+                await a.stop()  # broker a goes away; the producer's route still lists it
                 results = [await producer.send(Message("Both", f"m{i}")) for i in range(20)]
         assert all(r.status is SendStatus.SEND_OK for r in results)
         assert {r.queue.broker_name for r in results} == {"b"}
         # a failed once and is then avoided for a while
-        assert not producer.faults.available("a", trio.current_time())
+        assert not producer.faults.available("a", anyio.current_time())
 
 
 async def test_where_a_new_group_starts(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as node:
-        ns = namesrv(node)
-        await create_topic(ns, "From", 1)
+    async with broker_thread(tmp_path) as broker:
+        ns = broker.namesrv
+        await broker.create_topic("From", 1)
+
+        async def broker_clock() -> int:
+            return await broker.call(lambda node: node.ctx.clock())
+
         async with Producer("PG", ns) as producer:
             for i in range(3):
                 await producer.send(Message("From", f"old {i}"))
             # the boundary: a time (the broker's clock, ms) after every old message's
             # store time; "recent" is stored at or after it
-            stored_by_ms = node.ctx.clock()
-            await wait_for(lambda: node.ctx.clock() > stored_by_ms)
-            boundary_ms = node.ctx.clock()
+            stored_by_ms = await broker_clock()
+
+            async def later() -> bool:
+                return await broker_clock() > stored_by_ms
+
+            await wait_for(later)
+            boundary_ms = await broker_clock()
             await producer.send(Message("From", b"recent"))
             results: dict[str, Collector] = {}
             for name, options in {
@@ -551,20 +556,25 @@ async def test_where_a_new_group_starts(tmp_path: Path) -> None:
                 consumer.subscribe("From")
                 async with consumer.consuming(collector):
                     await producer.send(Message("From", f"live {name}"))
-                    await wait_for(lambda c=collector, n=name: f"live {n}".encode() in c.bodies())
+                    live = f"live {name}".encode()
+
+                    def arrived(c: Collector = collector, body: bytes = live) -> bool:
+                        return body in c.bodies()
+
+                    await wait_for(arrived)
         assert results["first"].bodies() == [b"old 0", b"old 1", b"old 2", b"recent", b"live first"]
         assert results["last"].bodies() == [b"live last"]  # only what came after it joined
         assert results["stamp"].bodies()[:1] == [b"recent"]
 
 
 async def test_leaving_the_producer_waits_for_async_sends(tmp_path: Path) -> None:
-    async with running_broker(tmp_path, store={"flush_disk_type": "SYNC_FLUSH"}) as node:
+    async with broker_thread(tmp_path, store={"flush_disk_type": "SYNC_FLUSH"}) as broker:
         outcomes: list[SendResult | None] = []
 
         def callback(result: SendResult | None, error: BaseException | None) -> None:
             outcomes.append(result)
 
-        async with Producer("PG", namesrv(node)) as producer:
+        async with Producer("PG", broker.namesrv) as producer:
             for i in range(300):
                 await producer.send_async(Message("Async", f"m{i}"), callback)
         assert len(outcomes) == 300  # every callback ran before the block ended

@@ -1,14 +1,17 @@
 """The client's parts that need no broker: queue allocation, routes to queues, fault
-avoidance, messages, what a send puts on the wire, and the timeouts it accepts."""
+avoidance, messages, what a send puts on the wire, and the timeouts it accepts.
+
+The coroutine tests run on Trio, asyncio and uvloop (``anyio_backend``, tests/conftest.py)."""
 
 from __future__ import annotations
 
 import math
 import zlib
 
+import anyio
 import attrs
 import pytest
-import trio
+from anyio.abc import SocketAttribute
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,6 +25,8 @@ from hamq.protocol import RemotingCommand, RequestCode
 from hamq.protocol.bodies import BrokerData, MessageQueue, QueueData, TopicRouteData
 from hamq.protocol.message import SYSFLAG_COMPRESSED, MessageFormatError, StoredMessage
 from hamq.remoting import RemotingTimeoutError
+
+pytestmark = pytest.mark.anyio
 
 
 @given(st.integers(0, 40), st.integers(1, 12), st.data())
@@ -171,13 +176,13 @@ async def test_a_request_given_no_time_left_times_out_at_once() -> None:
     """``ClientInstance.invoke(..., 0)`` is a deadline already passed (the producer's
     last try may come to it), not the config's request_timeout_s: a peer that never
     answers must not hold it for 30 s."""
-    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     async with listener:  # accepts (the kernel's backlog) and never answers
-        addr = f"127.0.0.1:{listener.socket.getsockname()[1]}"
+        addr = f"127.0.0.1:{listener.extra(SocketAttribute.local_port)}"
         config = client_config("127.0.0.1:1", request_timeout_s=30.0)
         async with ClientInstance(config) as instance:
             request = RemotingCommand.request(RequestCode.HEART_BEAT)
-            with trio.fail_after(5):
+            with anyio.fail_after(5):
                 with pytest.raises(RemotingTimeoutError):
                     await instance.invoke(addr, request, 0)
                 with pytest.raises(RemotingTimeoutError):

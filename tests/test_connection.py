@@ -28,6 +28,7 @@ from hamq.remoting import (
     RemotingTimeoutError,
     Responder,
 )
+from hamq.remoting.trio_stream import TrioByteStream
 
 ECHO = 1
 NEVER = 2
@@ -73,8 +74,12 @@ async def open_pair(
     a, b = trio.testing.memory_stream_pair()
     # only the server side times out idle connections, so it is always the one to close
     client_config = attrs.evolve(config, idle_timeout_s=None)
-    client = Connection(a, peer="server", dispatcher=Dispatcher(), config=client_config)
-    server = Connection(b, peer="client", dispatcher=server_dispatcher(deferred), config=config)
+    client = Connection(
+        TrioByteStream(a), peer="server", dispatcher=Dispatcher(), config=client_config
+    )
+    server = Connection(
+        TrioByteStream(b), peer="client", dispatcher=server_dispatcher(deferred), config=config
+    )
     await nursery.start(client.run)
     await nursery.start(server.run)
     return Pair(client, server)
@@ -159,7 +164,7 @@ async def test_peer_that_stops_reading_pushes_back_on_senders(
 ) -> None:
     config = RemotingConfig(write_buffer_high_water_bytes=64 * 1024)
     a, _never_read = trio.testing.lockstep_stream_pair()
-    conn = Connection(a, peer="stuck", dispatcher=Dispatcher(), config=config)
+    conn = Connection(TrioByteStream(a), peer="stuck", dispatcher=Dispatcher(), config=config)
     await nursery.start(conn.run)
     body = b"x" * 16 * 1024
     sent = 0
@@ -224,7 +229,9 @@ async def test_drain_right_after_data_arrives_still_answers_it(
     client_side, server_side = trio.testing.memory_stream_pair()
     dispatcher = Dispatcher()
     dispatcher.register(ECHO, lambda request, conn: request.response_to(body=b"pong"))
-    conn = Connection(server_side, peer="p", dispatcher=dispatcher, config=RemotingConfig())
+    conn = Connection(
+        TrioByteStream(server_side), peer="p", dispatcher=dispatcher, config=RemotingConfig()
+    )
     await nursery.start(conn.run)
     await trio.testing.wait_all_tasks_blocked()  # the reader waits in receive_some
     request = RemotingCommand(code=ECHO, opaque=7)
@@ -252,8 +259,12 @@ async def test_a_closed_connection_is_closed_at_once_even_if_a_task_is_slow_to_f
 
     dispatcher.register_async(NEVER, slow_cleanup)
     a, b = trio.testing.memory_stream_pair()
-    conn = Connection(a, peer="peer", dispatcher=dispatcher, config=RemotingConfig())
-    peer = Connection(b, peer="me", dispatcher=server_dispatcher([]), config=RemotingConfig())
+    conn = Connection(
+        TrioByteStream(a), peer="peer", dispatcher=dispatcher, config=RemotingConfig()
+    )
+    peer = Connection(
+        TrioByteStream(b), peer="me", dispatcher=server_dispatcher([]), config=RemotingConfig()
+    )
     await nursery.start(conn.run)
     await nursery.start(peer.run)
     await peer.invoke_oneway(RemotingCommand.request(NEVER), 1)
@@ -309,8 +320,12 @@ async def test_an_unencodable_response_becomes_a_system_error(
         lambda request, conn: request.response_to(ext_fields={"queueId": 0}),  # type: ignore[dict-item]
     )
     a, b = trio.testing.memory_stream_pair()
-    server = Connection(b, peer="client", dispatcher=dispatcher, config=RemotingConfig())
-    client = Connection(a, peer="server", dispatcher=Dispatcher(), config=RemotingConfig())
+    server = Connection(
+        TrioByteStream(b), peer="client", dispatcher=dispatcher, config=RemotingConfig()
+    )
+    client = Connection(
+        TrioByteStream(a), peer="server", dispatcher=Dispatcher(), config=RemotingConfig()
+    )
     await nursery.start(server.run)
     await nursery.start(client.run)
     request = RemotingCommand.request(ECHO, serialize_type=SerializeType.ROCKETMQ)

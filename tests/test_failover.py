@@ -7,6 +7,9 @@ sends; every message acknowledged (SEND_OK) before or after the kill must be on 
 new master, once (a retried send may be stored twice under one UNIQ_KEY: counted and
 reported); the old master, started again, must come back as a slave, cut the tail the
 group never acknowledged (its log says so) and end byte-identical to the new master.
+
+The producers run in the test's own loop, on Trio and on asyncio (issue 16);
+tests/support/autoswitch.py starts and kills the processes with AnyIO's API.
 """
 
 from __future__ import annotations
@@ -16,16 +19,18 @@ import re
 import signal
 from pathlib import Path
 
+import anyio
 import pytest
-import trio
 
 from hamq.client import Message, Producer, SendStatus
 from hamq.client.errors import ClientError
 from tests.support.autoswitch import AutoswitchCluster, autoswitch_cluster
+from tests.support.backends import trio_and_asyncio
 from tests.support.brokers import topic_messages
 from tests.support.ha import ha_status, log_prefix
 
-pytestmark = pytest.mark.slow
+# (not on uvloop as well: a cluster of 6 processes for each run; see trio_and_asyncio)
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, trio_and_asyncio]
 
 TOPIC = "failover"
 PRODUCERS = 8
@@ -41,7 +46,7 @@ class Sends:
         self.killed: object = None
 
 
-async def produce(cluster: AutoswitchCluster, k: int, sends: Sends, stop: trio.Event) -> None:
+async def produce(cluster: AutoswitchCluster, k: int, sends: Sends, stop: anyio.Event) -> None:
     async with Producer(f"failover-{k}", namesrv=cluster.namesrv, send_timeout_s=10.0) as producer:
         i = 0
         while not stop.is_set():
@@ -59,7 +64,7 @@ async def produce(cluster: AutoswitchCluster, k: int, sends: Sends, stop: trio.E
                     and sends.killed is not None
                     and cluster.broker_stored(result.offset_msg_id) is not sends.killed
                 ):
-                    sends.first_ok_after = trio.current_time()
+                    sends.first_ok_after = anyio.current_time()
             else:
                 sends.not_ok[result.status.value] += 1
 
@@ -87,14 +92,14 @@ async def test_master_killed_new_master_elected_nothing_acknowledged_lost(
         old_epoch = state["masterEpoch"]
 
         sends = Sends()
-        stop = trio.Event()
-        async with trio.open_nursery() as nursery:
+        stop = anyio.Event()
+        async with anyio.create_task_group() as group:
             for k in range(PRODUCERS):
-                nursery.start_soon(produce, cluster, k, sends, stop)
+                group.start_soon(produce, cluster, k, sends, stop)
             await cluster.wait_until("sends go through", lambda: _count(sends, 200))
 
             # kill -9 the master, then the Raft leader among the controllers
-            sends.kill_time = trio.current_time()
+            sends.kill_time = anyio.current_time()
             sends.killed = old_master
             acked_before_kill = len(sends.acked)
             await old_master.kill(signal.SIGKILL)

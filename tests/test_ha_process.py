@@ -1,8 +1,10 @@
 """Replication with real processes on loopback: kill -9 a master, stop a slave.
 
 A nameserver, a master and a slave run as ``hamq`` processes (free ports, stores under
-tmp_path, small store files); the producers and the checks run here. Every wait is
-bounded; every process is killed by PID at the end.
+tmp_path, small store files); the producers and the checks run here, in the test's
+loop, on Trio and on asyncio (issue 16): the support modules start and kill the
+processes with AnyIO's API. Every wait is bounded; every process is killed by PID at
+the end.
 """
 
 from __future__ import annotations
@@ -12,26 +14,28 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
-import trio
+from anyio.abc import Process
 
 from hamq.client import Message, Producer, PullConsumer, SendError, SendResult, SendStatus
 from hamq.remoting import RemotingError
+from tests.support.backends import trio_and_asyncio
 from tests.support.ha import broker_group, ha_status, log_prefix
 from tests.support.processes import hamq_command
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 async def produce_until_killed(
-    ns: str, master: trio.Process, total: int, kill_after: int
+    ns: str, master: Process, total: int, kill_after: int
 ) -> tuple[dict[bytes, SendResult], int]:
     """8 producers send ``total`` messages; the master is killed (-9) once
     ``kill_after`` are acknowledged. Returns (acknowledged by body, sends cut short)."""
     acked: dict[bytes, SendResult] = {}
     failed = 0
     numbers = iter(range(total))
-    killed = trio.Event()
+    killed = anyio.Event()
 
     async with Producer("PG", ns, send_timeout_s=3, retry_times_when_send_failed=0) as producer:
 
@@ -55,10 +59,10 @@ async def produce_until_killed(
             await killed.wait()
             os.kill(master.pid, signal.SIGKILL)
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(killer)
+        async with anyio.create_task_group() as group:
+            group.start_soon(killer)
             for _ in range(8):
-                nursery.start_soon(sender)
+                group.start_soon(sender)
     return acked, failed
 
 
@@ -66,7 +70,7 @@ async def read_back(ns: str, topic: str) -> dict[bytes, tuple[int, int, str]]:
     """Every message of ``topic`` as the slave serves it: body -> (queue, offset, id)."""
     found = {}
     async with PullConsumer("reader", ns) as puller:
-        with trio.fail_after(60):
+        with anyio.fail_after(60):
             queues = await puller.queues(topic)
             for queue in queues:
                 offset = 0
@@ -74,7 +78,7 @@ async def read_back(ns: str, topic: str) -> dict[bytes, tuple[int, int, str]]:
                     try:
                         result = await puller.pull(queue, offset, max_nums=256)
                     except RemotingError:  # the route still named the killed master
-                        await trio.sleep(0.2)  # (a failed pull looks the route up again)
+                        await anyio.sleep(0.2)  # (a failed pull looks the route up again)
                         continue
                     for m in result.messages:
                         found[m.body] = (m.queue_id, m.queue_offset, m.msg_id)
@@ -84,6 +88,7 @@ async def read_back(ns: str, topic: str) -> dict[bytes, tuple[int, int, str]]:
     return found
 
 
+@trio_and_asyncio  # (20 000 sends through a cluster: not on uvloop as well)
 async def test_a_sync_master_killed_mid_run_loses_no_acknowledged_message(
     tmp_path: Path, report: Any
 ) -> None:
@@ -111,6 +116,7 @@ async def test_a_sync_master_killed_mid_run_loses_no_acknowledged_message(
         )
 
 
+@trio_and_asyncio  # (20 000 sends through a cluster: not on uvloop as well)
 async def test_an_async_master_killed_mid_run_loses_at_most_its_replication_lag(
     tmp_path: Path, report: Any
 ) -> None:
@@ -148,7 +154,7 @@ async def test_a_stopped_slave_means_flush_slave_timeout_until_it_resumes(tmp_pa
             assert {r.status for r in stalled} == {SendStatus.FLUSH_SLAVE_TIMEOUT}
         finally:
             os.kill(slave.pid, signal.SIGCONT)
-        with trio.fail_after(20):
+        with anyio.fail_after(20):
             while True:
                 again = await producer.send(Message("Stop", b"after"))
                 if again.status is SendStatus.SEND_OK:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ import trio
 from tests.support.autoswitch import sync_state_when
 from tests.support.brokers import stored
 from tests.support.cluster import READY_S, STOP_S, cluster_up
-from tests.support.processes import HAMQ, copy_profile
+from tests.support.processes import HAMQ, copy_profile, kill_and_reap, open_child
 from tests.support.timing import wait_for
 
 GROUP = "broker-a"
@@ -52,9 +51,8 @@ async def test_the_readme_failover_walkthrough(tmp_path: Path) -> None:
 
         errors = tmp_path / "produce.err"
         with errors.open("wb") as stderr:
-            producing = await trio.lowlevel.open_process(
+            producing = await open_child(
                 [*HAMQ, "produce", "-n", namesrv, "--topic", "demo", "--count", str(COUNT)],
-                stdout=subprocess.PIPE,
                 stderr=stderr,
             )
         try:
@@ -66,15 +64,12 @@ async def test_the_readme_failover_walkthrough(tmp_path: Path) -> None:
             with trio.fail_after(180):
                 assert producing.stdout is not None
                 out = b""
-                while chunk := await producing.stdout.receive_some(65536):
+                async for chunk in producing.stdout:
                     out += chunk
                 code = await producing.wait()
             err = errors.read_text()
         finally:
-            if producing.returncode is None:
-                producing.kill()
-                with trio.move_on_after(10):
-                    await producing.wait()
+            await kill_and_reap(producing)
         summary = out.decode()
         assert code == 0, summary + err
         acknowledged = re.search(r"(\d+) acknowledged \(SEND_OK\)", summary)

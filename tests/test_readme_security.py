@@ -24,12 +24,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import attrs
 import pytest
 import trio
 
 from tests.support.cluster import child_pids
-from tests.support.processes import ROOT, copy_profile, kill_and_reap, user_env
+from tests.support.processes import ROOT, copy_profile, kill_and_reap, open_child, user_env
 
 README = ROOT / "README.md"
 #: the comment that starts the second terminal's lines (as in the failover walkthrough)
@@ -99,10 +100,9 @@ async def in_shell(
     script: str, cwd: Path, env: dict[str, str]
 ) -> subprocess.CompletedProcess[bytes]:
     with trio.fail_after(COMMAND_S):
-        return await trio.run_process(
-            ["sh", "-c", script], cwd=cwd, env=env, capture_stdout=True, capture_stderr=True,
-            check=False,
-        )  # fmt: skip
+        return await anyio.run_process(
+            ["sh", "-c", script], stdin=subprocess.DEVNULL, cwd=cwd, env=env, check=False
+        )
 
 
 @pytest.mark.slow
@@ -119,22 +119,17 @@ async def test_the_readme_security_walkthrough(tmp_path: Path) -> None:
         "HAMQ_NAMESRV": f"127.0.0.1:{moved[9876]};127.0.0.1:{moved[9877]}",
     }
     command = up_line.command.replace("--profile acl", f"--profile {tmp_path / 'acl'}")
-    out = bytearray()
+    out, ready = bytearray(), b"hamq cluster ready: acl, 2 process(es)"
     with (tmp_path / "up.stderr").open("wb") as stderr:
-        up = await trio.lowlevel.open_process(
-            ["sh", "-c", f"exec {command}"],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-        )
+        up = await open_child(["sh", "-c", f"exec {command}"], cwd=tmp_path, env=env, stderr=stderr)
     try:
         assert up.stdout is not None
         with trio.fail_after(READY_S):
-            while b"hamq cluster ready: acl, 2 process(es)" not in out:
-                chunk = await up.stdout.receive_some(4096)
-                assert chunk, out.decode() + (tmp_path / "up.stderr").read_text()
+            async for chunk in up.stdout:
                 out += chunk
+                if ready in out:
+                    break
+        assert ready in out, out.decode() + (tmp_path / "up.stderr").read_text()
         assert "master and slave with ACL on" in up_line.comment
 
         exports: list[str] = []

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 import struct
 
+import anyio
+import anyio.abc
 import pytest
 import trio
 import trio.testing
@@ -408,12 +410,12 @@ async def test_concurrent_callers_share_one_connect_and_keep_their_timeouts(
 ) -> None:
     attempts = []
 
-    async def never_connects(host: str, port: int, **kwargs: object) -> trio.SocketStream:
+    async def never_connects(host: str, port: int, **kwargs: object) -> anyio.abc.SocketStream:
         attempts.append((host, port))
         await trio.sleep_forever()
         raise AssertionError("unreachable")
 
-    monkeypatch.setattr(trio, "open_tcp_stream", never_connects)
+    monkeypatch.setattr(anyio, "connect_tcp", never_connects)
     finished: list[tuple[float, str]] = []
     async with RemotingClient() as client:
 

@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from anyio.abc import Process
 
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.headers import DeleteTopicRequestHeader, PullMessageResponseHeader
@@ -32,7 +32,15 @@ from tests.support.brokers import (
     running_broker,
     send_request,
 )
-from tests.support.processes import ROOT, free_ports, kill_and_reap, stop, write_toml
+from tests.support.processes import (
+    ROOT,
+    free_ports,
+    kill_and_reap,
+    open_child,
+    read_ready_line,
+    stop,
+    write_toml,
+)
 from tests.support.store import message, open_store, small_config
 from tests.support.timing import wait_for
 
@@ -140,36 +148,18 @@ os.execv(sys.executable, [sys.executable, "-m", "cli.main", "--log-level", "info
 @asynccontextmanager
 async def limited_broker(
     config: Path, log_path: Path, soft: int, hard: int
-) -> AsyncIterator[tuple[trio.Process, str]]:
+) -> AsyncIterator[tuple[Process, str]]:
     """``hamq broker -c config`` under an open-files limit of (soft, hard); yields the
     process and its address once it is ready. Killed by PID at the end."""
+    limited = [sys.executable, "-c", LIMITED.format(soft=soft, hard=hard)]
     with log_path.open("ab") as log_file:
-        proc = await trio.lowlevel.open_process(
-            [
-                sys.executable,
-                "-c",
-                LIMITED.format(soft=soft, hard=hard),
-                "broker",
-                "-c",
-                str(config),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=log_file,
-            cwd=ROOT,
-        )
+        proc = await open_child([*limited, "broker", "-c", str(config)], stderr=log_file, cwd=ROOT)
     try:
-        assert proc.stdout is not None
-        line = b""
-        with trio.fail_after(60):
-            while b" ready: " not in line or not line.endswith(b"\n"):
-                chunk = await proc.stdout.receive_some(1)
-                if not chunk:
-                    raise AssertionError(
-                        f"the broker exited before it was ready:\n{log_tail(log_path)}"
-                    )
-                line = b"" if line.endswith(b"\n") else line
-                line += chunk
-        match = re.search(r" at (\S+), ", line.decode())
+        try:
+            line = await read_ready_line(proc, "the broker", timeout_s=60)
+        except RuntimeError as exc:
+            raise AssertionError(f"{exc}:\n{log_tail(log_path)}") from None
+        match = re.search(r" at (\S+), ", line)
         assert match, line
         yield proc, match.group(1)
     finally:

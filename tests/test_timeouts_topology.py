@@ -5,6 +5,10 @@
   stores the message twice; both sides warn when configured otherwise.
 - ``make run``'s profile: each broker embeds a nameserver and registers with both, so
   that with the master killed clients using the CLI's default list find the slave.
+
+The tests with a client in this process and real processes around it run on every
+AnyIO backend (issue 16): the support modules start and kill their processes with
+AnyIO's API. The others stay plain (Trio) tests: no client runs in them.
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
-import trio
 
 from cli.cluster import CLUSTER_FILE, load_profile, profile_names
 from cli.common import DEFAULT_NAMESRV
@@ -92,6 +96,7 @@ async def test_a_broker_whose_waits_outlast_the_producers_tries_warns_at_start(
     assert "[ha] sync_timeout_s = 9.5" in text and "sync_flush_timeout_s = 5" in text, text
 
 
+@pytest.mark.anyio
 @pytest.mark.slow
 async def test_a_stopped_slave_reaches_a_default_producer_as_flush_slave_timeout(
     tmp_path: Path,
@@ -107,9 +112,9 @@ async def test_a_stopped_slave_reaches_a_default_producer_as_flush_slave_timeout
         assert first.status is SendStatus.SEND_OK
         os.kill(slave.pid, signal.SIGSTOP)
         try:
-            started = trio.current_time()
+            started = anyio.current_time()
             stalled = await producer.send(Message("Stalled", b"while the slave is stopped"))
-            waited = trio.current_time() - started
+            waited = anyio.current_time() - started
         finally:
             os.kill(slave.pid, signal.SIGCONT)
         assert stalled.status is SendStatus.FLUSH_SLAVE_TIMEOUT, stalled
@@ -151,6 +156,7 @@ def test_the_cli_default_names_make_runs_nameservers() -> None:
     assert embedded == set(DEFAULT_NAMESRV.split(";")), embedded
 
 
+@pytest.mark.anyio
 @pytest.mark.slow
 async def test_with_make_runs_master_killed_a_default_client_consumes_from_the_slave(
     tmp_path: Path,

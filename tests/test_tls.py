@@ -1,4 +1,6 @@
-"""TLS on the remoting and HA ports: round trips, refusals, mutual TLS, bad files.
+"""TLS on the remoting and HA ports: the CLI and replication over TLS, refusals, bad
+files. The client's half on every event loop (round trips, an untrusted CA, mutual TLS)
+is tests/test_tls_clients.py.
 
 Certificates are made at test time by trustme (a CA, server and client certificates
 for 127.0.0.1), written as PEM files into the test's directory.
@@ -13,103 +15,21 @@ from typing import Any
 import attrs
 import pytest
 import trio
-import trustme
 from cryptography.hazmat.primitives import serialization
 
 from cli.main import run_command
-from hamq.client import Message, Producer, PullConsumer, PullStatus, SendStatus
-from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
+from hamq.client import Message, Producer
+from hamq.protocol import ResponseCode
 from hamq.remoting import RemotingClient, RemotingConfig, RemotingError
 from hamq.remoting.tls import TlsConfig, TlsConfigError
 from tests.support.brokers import running_broker, running_nameserver
 from tests.support.metrics import scrape, value
 from tests.support.processes import hamq_command
 from tests.support.timing import wait_for
-
-
-@attrs.frozen
-class Pki:
-    ca: Path
-    cert: Path
-    key: Path
-    #: key and certificate chain in one file
-    combined: Path
-    client_cert: Path
-    client_key: Path
-    #: a CA that signed nothing here
-    stranger_ca: Path
-
-    @property
-    def server(self) -> TlsConfig:
-        return TlsConfig(cert_file=self.cert, key_file=self.key, ca_file=self.ca)
-
-    @property
-    def client(self) -> RemotingConfig:
-        return RemotingConfig(tls=TlsConfig(ca_file=self.ca))
-
-    def broker_tls(self) -> dict[str, Any]:
-        """A broker's ``remoting`` table (as its TOML file would have it)."""
-        return {
-            "tls": {"cert_file": str(self.cert), "key_file": str(self.key), "ca_file": str(self.ca)}
-        }
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    directory = tmp_path_factory.mktemp("pki")
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1", "localhost")
-    client = ca.issue_cert("client@hamq.test")
-    paths = Pki(
-        ca=directory / "ca.pem",
-        cert=directory / "server.pem",
-        key=directory / "server.key",
-        combined=directory / "server-and-key.pem",
-        client_cert=directory / "client.pem",
-        client_key=directory / "client.key",
-        stranger_ca=directory / "stranger-ca.pem",
-    )
-    ca.cert_pem.write_to_path(str(paths.ca))
-    paths.cert.write_bytes(b"".join(blob.bytes() for blob in server.cert_chain_pems))
-    server.private_key_pem.write_to_path(str(paths.key))
-    server.private_key_and_cert_chain_pem.write_to_path(str(paths.combined))
-    paths.client_cert.write_bytes(b"".join(blob.bytes() for blob in client.cert_chain_pems))
-    client.private_key_pem.write_to_path(str(paths.client_key))
-    trustme.CA().cert_pem.write_to_path(str(paths.stranger_ca))
-    return paths
-
-
-async def ask_clusters(client: RemotingClient, addr: str) -> RemotingCommand:
-    request = RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO)
-    return await client.invoke(addr, request, timeout_s=5)
+from tests.support.tls import Pki, ask_clusters
 
 
 # ---------------------------------------------------------------- round trips
-@pytest.mark.slow
-async def test_produce_and_consume_over_tls(tmp_path: Path, pki: Pki) -> None:
-    async with (
-        running_nameserver(remoting=RemotingConfig(tls=pki.server)) as (_, ns),
-        running_broker(tmp_path, namesrv_addrs=[ns], remoting=pki.broker_tls()) as node,
-    ):
-        assert node.server.statistics().address == node.address
-        sent = [f"secret {i}".encode() for i in range(20)]
-        async with Producer("PG", ns, remoting=pki.client) as producer:
-            for body in sent:
-                result = await producer.send(Message("Tls", body))
-                assert result.status is SendStatus.SEND_OK
-        received: list[bytes] = []
-        async with PullConsumer("CG", ns, remoting=pki.client) as consumer:
-            for queue in await consumer.queues("Tls"):
-                pulled = await consumer.pull(queue, 0, max_nums=64)
-                if pulled.status is PullStatus.FOUND:
-                    received += [m.body for m in pulled.messages]
-        assert sorted(received) == sorted(sent)
-        # and nothing of it in clear on the broker's port: a plain client gets nothing
-        async with RemotingClient() as plain:
-            with pytest.raises(RemotingError):
-                await ask_clusters(plain, node.address)
-
-
 @pytest.mark.slow
 async def test_every_client_command_speaks_tls_with_hamq_tls_ca(tmp_path: Path, pki: Pki) -> None:
     """``hamq --tls-ca`` is a root option: produce, consume, topic and admin (the real
@@ -237,27 +157,6 @@ async def test_failed_handshakes_show_in_the_metrics_by_listener(tmp_path: Path,
     assert value(shown, failures, "_total", listener="remoting") == 2
     assert value(shown, failures, "_total", listener="ha") == 1
     assert value(shown, "hamq_nameserver_tls_handshake_failures", "_total") == 1
-
-
-async def test_a_client_that_does_not_trust_the_servers_ca_is_refused(pki: Pki) -> None:
-    untrusting = RemotingConfig(tls=TlsConfig(ca_file=pki.stranger_ca))
-    async with (
-        running_nameserver(remoting=RemotingConfig(tls=pki.server)) as (_, ns),
-        RemotingClient(config=untrusting) as client,
-    ):
-        with pytest.raises(RemotingError, match="certificate verify failed"):
-            await ask_clusters(client, ns)
-
-
-async def test_mutual_tls_serves_only_clients_with_a_certificate_of_the_ca(pki: Pki) -> None:
-    server = attrs.evolve(pki.server, verify_client=True)
-    with_cert = TlsConfig(cert_file=pki.client_cert, key_file=pki.client_key, ca_file=pki.ca)
-    async with running_nameserver(remoting=RemotingConfig(tls=server)) as (_, ns):
-        async with RemotingClient(config=pki.client) as anonymous:
-            with pytest.raises(RemotingError):
-                await ask_clusters(anonymous, ns)
-        async with RemotingClient(config=RemotingConfig(tls=with_cert)) as known:
-            assert (await ask_clusters(known, ns)).code == ResponseCode.SUCCESS
 
 
 # ---------------------------------------------------------------- bad files

@@ -1,4 +1,9 @@
-"""hamq's client: producers, consumers and administration, Trio-native.
+"""hamq's client: producers, consumers and administration, on Trio or asyncio.
+
+Written on AnyIO, so the same classes run natively in a Trio program (``trio.run``) and
+in an asyncio one (``asyncio.run``, uvloop too): ``async with Producer(...)`` in either,
+its tasks in the caller's event loop. The broker, nameserver and replication stay on
+Trio; only the client is loop-agnostic.
 
 - producer.py       Producer: send, send_oneway, send_async, send_batch, ordered sends
 - consumer.py       PullConsumer, and the pull/offset requests both consumers make

@@ -54,8 +54,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import anyio
 import attrs
-import trio
 
 from hamq.acl import Credentials, signer
 from hamq.client.consumer import PullCaller
@@ -902,7 +902,7 @@ class AdminClient(InstanceOwner):
             except NETWORK_ERRORS as exc:
                 errors.append(f"{addr}: {exc}")
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             for addr in self.config.namesrv_addrs:
                 nursery.start_soon(forget, addr)
         if errors:

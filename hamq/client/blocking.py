@@ -6,7 +6,7 @@
     with Producer("my-group", namesrv="127.0.0.1:9876") as producer:
         result = producer.send(Message("demo", b"hello"))
 
-Each object runs the Trio client in an event loop of its own, in a background thread;
+Each object runs the async client in a Trio event loop of its own, in a background thread;
 a method call hands the work to that loop (``trio.from_thread.run``) and waits for its
 answer, so errors are the async client's errors, raised in the caller's thread; if the
 client itself fails, the next call (or ``shutdown``) raises ClientError with the cause. A
@@ -283,10 +283,9 @@ class PushConsumer(_Blocking[push_consumer.PushConsumer]):
         consume_thread_max: int = 20,
         **options: Any,
     ) -> None:
-        if consume_thread_max < 1:
-            raise InvalidArgumentError(f"consume_thread_max {consume_thread_max} is below 1")
-        self._async = push_consumer.PushConsumer(group, namesrv, **options)
-        self._threads = consume_thread_max
+        self._async = push_consumer.PushConsumer(
+            group, namesrv, consume_thread_max=consume_thread_max, **options
+        )
         self._handler: Callable[[list[MessageExt]], ConsumeResult | None] | None = None
         self._loop = _LoopThread(f"hamq-push-{group}", self._consuming)
 
@@ -295,18 +294,9 @@ class PushConsumer(_Blocking[push_consumer.PushConsumer]):
 
     @asynccontextmanager
     async def _consuming(self) -> AsyncIterator[push_consumer.PushConsumer]:
-        handler = self._handler
-        assert handler is not None
-        limiter = trio.CapacityLimiter(self._threads)
-
-        async def in_thread(messages: list[MessageExt]) -> ConsumeResult | None:
-            # a handler still running at shutdown is left to finish on its own; its
-            # messages are not committed, so they come again (at least once)
-            return await trio.to_thread.run_sync(
-                handler, messages, limiter=limiter, abandon_on_cancel=True
-            )
-
-        async with self._async.consuming(in_thread) as running:
+        # a plain function: the async consumer runs it in its worker threads
+        assert self._handler is not None
+        async with self._async.consuming(self._handler) as running:
             yield running
 
     def start(  # type: ignore[override]

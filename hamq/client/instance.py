@@ -34,8 +34,9 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Protocol, Self
 
+import anyio
+import anyio.abc
 import attrs
-import trio
 from attrs import validators as v
 
 from hamq.acl import Credentials, credentials_from, signer
@@ -83,6 +84,7 @@ from hamq.remoting import (
     RemotingError,
     parse_address,
 )
+from hamq.remoting.loop import current_loop
 
 log = logging.getLogger(__name__)
 
@@ -181,13 +183,16 @@ class ClientInstance:
         self._namesrv_answered = False
         self._refreshed_after_failure: dict[str, float] = {}
         self._stack: contextlib.AsyncExitStack | None = None
-        self._nursery: trio.Nursery | None = None
+        self._nursery: anyio.abc.TaskGroup | None = None
+        #: the running loop's clock, taken when the instance starts (hamq.remoting.loop)
+        self.clock: Callable[[], float] = anyio.current_time
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> ClientInstance:
+        self.clock = current_loop().current_time
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(self.remoting)
-            self._nursery = await stack.enter_async_context(trio.open_nursery())
+            self._nursery = await stack.enter_async_context(anyio.create_task_group())
             self._nursery.start_soon(
                 self._every, self.config.poll_name_server_interval_s, self.refresh_routes
             )
@@ -212,15 +217,16 @@ class ClientInstance:
         return None
 
     @property
-    def nursery(self) -> trio.Nursery:
-        """Where the instance's owners run their own background tasks."""
+    def nursery(self) -> anyio.abc.TaskGroup:
+        """Where the instance's owners run their own background tasks (an AnyIO task group:
+        a Trio nursery under Trio)."""
         if self._nursery is None:
             raise RuntimeError("the client is not started: use it as `async with`")
         return self._nursery
 
     async def _every(self, interval_s: float, job: Callable[[], Any]) -> None:
         while True:
-            await trio.sleep(interval_s)
+            await anyio.sleep(interval_s)
             await job()
 
     # ------------------------------------------------------------------ nameservers
@@ -325,7 +331,7 @@ class ClientInstance:
     async def refresh_route_after_failure(self, topic: str) -> None:
         """Look a topic's route up again after a broker failed, at most once a second
         (many queues failing at once ask the nameserver once)."""
-        now = trio.current_time()
+        now = self.clock()
         if now - self._refreshed_after_failure.get(topic, -math.inf) < 1.0:
             return
         self._refreshed_after_failure[topic] = now
@@ -444,7 +450,7 @@ class ClientInstance:
             except NETWORK_ERRORS as exc:
                 log.warning("heartbeat to broker %s failed: %s", addr, exc)
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             for addr in self._all_broker_addrs(masters_only=not self.consumers):
                 nursery.start_soon(one, addr)
 
@@ -458,7 +464,7 @@ class ClientInstance:
             except NETWORK_ERRORS as exc:
                 log.info("unregistering from broker %s failed: %s", addr, exc)
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             for addr in self._all_broker_addrs(masters_only=False):
                 nursery.start_soon(one, addr)
 

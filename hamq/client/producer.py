@@ -54,8 +54,8 @@ import zlib
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
+import anyio
 import attrs
-import trio
 
 from hamq.client.errors import (
     NETWORK_ERRORS,
@@ -214,10 +214,10 @@ class Producer(InstanceOwner):
         self.default_topic_queue_nums = default_topic_queue_nums
         self.faults = LatencyFaultTolerance(enabled=latency_fault_tolerance)
         self.timed_out = TimedOutAddresses()
-        self._async_slots = trio.Semaphore(max_async_in_flight)
+        self._async_slots = anyio.Semaphore(max_async_in_flight)
         self._async_pending = 0
         #: set (and replaced) whenever a send_async ends
-        self._async_done = trio.Event()
+        self._async_done = anyio.Event()
         self._ids = MessageIdGenerator(self.config.client_ip)
         self._warn_if_tries_are_short()
 
@@ -259,12 +259,12 @@ class Producer(InstanceOwner):
         instance.producer_groups.add(self.group)
 
     async def _stopping(self, instance: ClientInstance) -> None:
-        with trio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
             # sends started with send_async finish (or time out) and call back first
-            with trio.move_on_after(self.send_timeout_s + self.config.request_timeout_s):
+            with anyio.move_on_after(self.send_timeout_s + self.config.request_timeout_s):
                 while self._async_pending:
                     await self._async_done.wait()
-            with trio.move_on_after(self.config.request_timeout_s):
+            with anyio.move_on_after(self.config.request_timeout_s):
                 await instance.unregister(producer_group=self.group)
 
     @property
@@ -341,7 +341,7 @@ class Producer(InstanceOwner):
                 result = await self.send(message, selector, arg, timeout_s=timeout_s)
             except ClientError as exc:
                 outcome = callback(None, exc)
-            except trio.Cancelled:
+            except anyio.get_cancelled_exc_class():
                 try:
                     cut = callback(None, SendError("the producer closed during the send", []))
                     if isinstance(cut, Coroutine):
@@ -359,7 +359,7 @@ class Producer(InstanceOwner):
             self._async_slots.release()
             self._async_pending -= 1
             self._async_done.set()
-            self._async_done = trio.Event()
+            self._async_done = anyio.Event()
 
     async def send_batch(
         self,
@@ -578,6 +578,7 @@ class _Attempts:
     """
 
     __slots__ = (
+        "clock",
         "deadline",
         "last_broker",
         "last_error",
@@ -612,7 +613,9 @@ class _Attempts:
         self.queue = queue
         self.timeout_s = timeout_s
         self.oneway = oneway
-        self.deadline = trio.current_time() + timeout_s
+        #: the loop's clock (AnyIO's costs a backend lookup per call)
+        self.clock = producer.instance.clock
+        self.deadline = self.clock() + timeout_s
         self.tries = 1 if oneway else 1 + producer.retry_times_when_send_failed
         #: the try under way (0 for the first)
         self.number = -1
@@ -630,7 +633,7 @@ class _Attempts:
             self.number += 1
             if self.number >= self.tries and not await self._failover_pause():
                 raise StopAsyncIteration
-            remaining = self.deadline - trio.current_time()
+            remaining = self.deadline - self.clock()
             if remaining <= 0:
                 raise StopAsyncIteration
             target = await self._target(remaining)
@@ -652,10 +655,10 @@ class _Attempts:
             self.oneway
             or self.last_error is None
             or not _failover_explains(self.last_error)
-            or self.deadline - trio.current_time() <= self.pause_s
+            or self.deadline - self.clock() <= self.pause_s
         ):
             return False
-        await trio.sleep(self.pause_s)
+        await anyio.sleep(self.pause_s)
         self.pause_s = min(self.pause_s * 2, FAILOVER_PAUSE_MAX_S)
         return True
 
@@ -667,12 +670,12 @@ class _Attempts:
         try:
             info = instance.cached_publish_info(topic)
             if info is None:
-                with trio.fail_after(remaining_s):
+                with anyio.fail_after(remaining_s):
                     info = await instance.publish_info(
                         topic, self.producer.default_topic_queue_nums
                     )
             target = self._choose(info)
-        except (NoRouteError, NameServerUnavailableError, trio.TooSlowError) as exc:
+        except (NoRouteError, NameServerUnavailableError, TimeoutError) as exc:
             self._failed(f"route: {exc or 'timed out'}", exc)
             if isinstance(exc, NoRouteError) and instance.routes.get(topic):
                 return None  # a known topic without a master now: a failover under way
@@ -700,7 +703,7 @@ class _Attempts:
         producer = self.producer
         if not producer.faults.enabled and not producer.timed_out:
             return info.select(self.last_broker)  # (the common case: nothing to avoid)
-        now = trio.current_time()
+        now = self.clock()
         instance = producer.instance
 
         def available(broker: str) -> bool:
@@ -717,7 +720,7 @@ class _Attempts:
         failover to name another master (the route is looked up again) or for that
         time out to pass."""
         producer = self.producer
-        started = trio.current_time()
+        started = self.clock()
         addr = producer.instance.broker_addr(target.broker_name)
         if (
             producer.timed_out
@@ -745,7 +748,7 @@ class _Attempts:
         looked up again for the next try."""
         producer = self.producer
         target = attempt.target
-        now = trio.current_time()
+        now = self.clock()
         producer.faults.update(target.broker_name, now - attempt.started, now, failed=True)
         if isinstance(error, RemotingTimeoutError):
             producer.timed_out.add(error.addr, now, now - attempt.started)
@@ -771,7 +774,7 @@ class _Attempts:
         if attempt.addr is not None and producer.timed_out:
             producer.timed_out.discard(attempt.addr)
         if producer.faults.enabled:
-            now = trio.current_time()
+            now = self.clock()
             producer.faults.update(
                 attempt.target.broker_name, now - attempt.started, now, failed=False
             )

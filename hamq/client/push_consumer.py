@@ -45,22 +45,29 @@ How it works (RocketMQ's push consumer, clustering model):
   consuming it (LOCK_BATCH_MQ, renewed every 20 s), and a failed batch is retried in
   place after ``suspend_current_queue_s`` so that order holds; past
   ``max_reconsume_times`` (if set) the messages go to the DLQ.
-- Sync handlers run on the Trio thread: keep them quick (the blocking facade runs
-  them in worker threads instead).
+- Handlers: a coroutine function (``async def``) runs in the event loop, Trio's or
+  asyncio's, as a task of the consumer; any other callable runs in a worker thread,
+  at most ``consume_thread_max`` (20) at once, so a slow or blocking handler never
+  stalls the loop. A sync handler still running when the consumer stops is left to
+  finish on its own; its messages were not committed, so they come again (at least
+  once).
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import inspect
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
+import anyio.abc
 import attrs
-import trio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from hamq.client.consumer import PullCaller, check_expression
 from hamq.client.errors import NETWORK_ERRORS, ClientError, InvalidArgumentError, NoRouteError
@@ -151,23 +158,23 @@ class _QueueState:
     committed: int = -1
     #: (offset, broker address) of the last commit that went through
     committed_at: tuple[int, str | None] | None = None
-    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    finished: trio.Event = attrs.field(factory=trio.Event)
+    scope: anyio.CancelScope = attrs.field(factory=anyio.CancelScope)
+    finished: anyio.Event = attrs.field(factory=anyio.Event)
     locked_until: float = -math.inf
     #: set (and replaced) whenever the lock is renewed
-    relocked: trio.Event = attrs.field(factory=trio.Event)
+    relocked: anyio.Event = attrs.field(factory=anyio.Event)
     #: replaced by a state with reset offsets: its offsets are never committed again
     superseded: bool = False
 
     async def wait_locked(self) -> None:
         """Orderly mode: until this member holds the queue's lock."""
-        while self.locked_until <= trio.current_time():
+        while self.locked_until <= anyio.current_time():
             await self.relocked.wait()
 
     def lock_renewed(self, until: float) -> None:
         self.locked_until = until
         self.relocked.set()
-        self.relocked = trio.Event()
+        self.relocked = anyio.Event()
 
 
 @attrs.frozen
@@ -207,6 +214,7 @@ class PushConsumer:
         suspend_timeout_s: float = 15.0,
         lock_renew_interval_s: float = 20.0,
         suspend_current_queue_s: float = 1.0,
+        consume_thread_max: int = 20,
         **client_options: Any,
     ) -> None:
         if not group:
@@ -226,6 +234,7 @@ class PushConsumer:
             ("pull_batch_size", pull_batch_size, 1, 1024),
             ("consume_batch_size", consume_batch_size, 1, 1024),
             ("max_reconsume_times", max_reconsume_times, -1, 2**31 - 1),
+            ("consume_thread_max", consume_thread_max, 1, 1024),
         ):
             if not low <= value <= high:
                 raise InvalidArgumentError(f"{name} {value} is not in {low}..{high}")
@@ -257,16 +266,20 @@ class PushConsumer:
         self._caller: PullCaller | None = None
         self._states: dict[MessageQueue, _QueueState] = {}
         self._handler: Handler = _no_handler
-        self._nursery: trio.Nursery | None = None
-        self._rebalance_wakeup = trio.Event()
+        self._handler_is_async = False
+        #: worker threads for sync handlers (made in the loop that runs the consumer)
+        self.consume_thread_max = consume_thread_max
+        self._threads: anyio.CapacityLimiter | None = None
+        self._nursery: anyio.abc.TaskGroup | None = None
+        self._rebalance_wakeup = anyio.Event()
         #: held while queues are assigned or reset: they take turns
-        self._assigning = trio.Lock()
+        self._assigning = anyio.Lock()
         #: subscribed topics no nameserver knows yet: looked for every few seconds
         self._missing_topics: set[str] = set()
         self._running = False
         #: sends the retries no broker took back; started when first needed
         self._producer: Producer | None = None
-        self._producer_lock = trio.Lock()
+        self._producer_lock = anyio.Lock()
         self.consumed = 0
         self.sent_back = 0
         self.rebalances = 0
@@ -345,7 +358,7 @@ class PushConsumer:
     @asynccontextmanager
     async def consuming(self, handler: Handler) -> AsyncIterator[PushConsumer]:
         """Consume while the block runs; stop (offsets committed) when it ends."""
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             await nursery.start(self.run, handler)
             try:
                 yield self
@@ -353,7 +366,10 @@ class PushConsumer:
                 nursery.cancel_scope.cancel()
 
     async def run(
-        self, handler: Handler, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+        self,
+        handler: Handler,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Consume until cancelled; ``started()`` after the first rebalance."""
         if not self.subscriptions:
@@ -364,14 +380,16 @@ class PushConsumer:
             raise ClientError("the consumer is already running")
         self._running = True
         self._handler = handler
-        self._sub_version = int(trio.current_time() * 1000)
+        self._handler_is_async = _is_coroutine_function(handler)
+        self._threads = anyio.CapacityLimiter(self.consume_thread_max)
+        self._sub_version = int(anyio.current_time() * 1000)
         try:
             async with ClientInstance(self.config) as instance:
                 self._instance = instance
                 self._caller = PullCaller(instance, self.group)
                 instance.consumers[self.group] = self
                 try:
-                    async with trio.open_nursery() as nursery:
+                    async with anyio.create_task_group() as nursery:
                         self._nursery = nursery
                         for topic in self._all_subscriptions():
                             await self._route(topic)
@@ -383,7 +401,7 @@ class PushConsumer:
                             nursery.start_soon(self._lock_loop)
                         task_status.started()
                 finally:
-                    with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT_S):
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT_S):
                         await self._close(instance)
         finally:
             self._running = False
@@ -417,9 +435,9 @@ class PushConsumer:
             wait_s = self.rebalance_interval_s
             if self._missing_topics:
                 wait_s = min(wait_s, MISSING_TOPIC_RETRY_S)
-            with trio.move_on_after(wait_s):
+            with anyio.move_on_after(wait_s):
                 await self._rebalance_wakeup.wait()
-            self._rebalance_wakeup = trio.Event()
+            self._rebalance_wakeup = anyio.Event()
             await self._rebalance()
 
     async def _client_ids(self, queues: list[MessageQueue]) -> list[str] | None:
@@ -513,7 +531,7 @@ class PushConsumer:
                 continue
             state = _QueueState(queue, wanted[queue], start, start, committed=start)
             if self.orderly:
-                state.locked_until = trio.current_time() + LOCK_VALID_S
+                state.locked_until = anyio.current_time() + LOCK_VALID_S
             self._states[queue] = state
             assert self._nursery is not None
             self._nursery.start_soon(self._serve_queue, state)
@@ -552,7 +570,7 @@ class PushConsumer:
     # ------------------------------------------------------------------ offsets
     async def _persist_loop(self) -> None:
         while True:
-            await trio.sleep(self.persist_offset_interval_s)
+            await anyio.sleep(self.persist_offset_interval_s)
             await self._commit(list(self._states.values()))
 
     async def _commit(self, states: list[_QueueState]) -> None:
@@ -617,10 +635,10 @@ class PushConsumer:
 
     async def _lock_loop(self) -> None:
         while True:
-            await trio.sleep(self.lock_renew_interval_s)
+            await anyio.sleep(self.lock_renew_interval_s)
             states = list(self._states.values())
             locked = await self._lock([s.queue for s in states])
-            now = trio.current_time()
+            now = anyio.current_time()
             for state in states:
                 if state.queue in locked:
                     state.lock_renewed(now + LOCK_VALID_S)
@@ -631,14 +649,14 @@ class PushConsumer:
     async def _serve_queue(self, state: _QueueState) -> None:
         try:
             with state.scope:
-                send, receive = trio.open_memory_channel[_Batch](2)
-                async with trio.open_nursery() as nursery:
+                send, receive = anyio.create_memory_object_stream[_Batch](2)
+                async with anyio.create_task_group() as nursery:
                     nursery.start_soon(self._pull_loop, state, send)
                     nursery.start_soon(self._consume_loop, state, receive)
         finally:
             state.finished.set()
 
-    async def _pull_loop(self, state: _QueueState, send: trio.MemorySendChannel[_Batch]) -> None:
+    async def _pull_loop(self, state: _QueueState, send: MemoryObjectSendStream[_Batch]) -> None:
         assert self._caller is not None
         async with send:
             while True:
@@ -660,7 +678,7 @@ class PushConsumer:
                     )
                 except NETWORK_ERRORS as exc:
                     log.warning("pulling %s failed: %s", state.queue, exc)
-                    await trio.sleep(PULL_BACKOFF_S)
+                    await anyio.sleep(PULL_BACKOFF_S)
                     continue
                 if commit:
                     state.committed = max(state.committed, commit)
@@ -681,7 +699,7 @@ class PushConsumer:
                     await send.send(_Batch(result.messages, result.next_begin_offset))
 
     async def _consume_loop(
-        self, state: _QueueState, receive: trio.MemoryReceiveChannel[_Batch]
+        self, state: _QueueState, receive: MemoryObjectReceiveStream[_Batch]
     ) -> None:
         async with receive:
             async for batch in receive:
@@ -699,9 +717,7 @@ class PushConsumer:
     async def _handle(self, messages: list[MessageExt]) -> ConsumeResult:
         visible = [_original_topic(m) for m in messages]
         try:
-            outcome = self._handler(visible)
-            if isinstance(outcome, Awaitable):
-                outcome = await outcome
+            outcome = await self._call_handler(visible)
         except Exception:
             log.exception("the handler of %s failed; retrying its messages later", self.group)
             return ConsumeResult.RECONSUME_LATER
@@ -712,6 +728,16 @@ class PushConsumer:
             return ConsumeResult.RECONSUME_LATER
         return outcome
 
+    async def _call_handler(self, messages: list[MessageExt]) -> object:
+        if self._handler_is_async:
+            return await self._handler(messages)  # type: ignore[misc]
+        outcome = await anyio.to_thread.run_sync(
+            self._handler, messages, limiter=self._threads, abandon_on_cancel=True
+        )
+        if isinstance(outcome, Awaitable):  # a plain function that returned a coroutine
+            outcome = await outcome
+        return outcome
+
     async def _consume_concurrently(self, queue: MessageQueue, messages: list[MessageExt]) -> None:
         while messages:
             if await self._handle(messages) is ConsumeResult.SUCCESS:
@@ -719,7 +745,7 @@ class PushConsumer:
             # the ones that could not be sent back are handled here again later
             messages = await self._send_back(queue, messages, delay_level=0)
             if messages:
-                await trio.sleep(SEND_BACK_RETRY_S)
+                await anyio.sleep(SEND_BACK_RETRY_S)
 
     async def _consume_orderly(self, state: _QueueState, messages: list[MessageExt]) -> None:
         attempts = 0
@@ -732,7 +758,7 @@ class PushConsumer:
                 messages = await self._send_back(state.queue, messages, delay_level=-1)  # DLQ
                 if not messages:
                     return
-            await trio.sleep(self.suspend_current_queue_s)
+            await anyio.sleep(self.suspend_current_queue_s)
 
     async def _send_back(
         self, queue: MessageQueue, messages: list[MessageExt], *, delay_level: int
@@ -851,10 +877,10 @@ class PushConsumer:
                 self._producer = await self._nursery.start(self._run_producer)
             return self._producer
 
-    async def _run_producer(self, *, task_status: trio.TaskStatus[Producer]) -> None:
+    async def _run_producer(self, *, task_status: anyio.abc.TaskStatus[Producer]) -> None:
         async with Producer(INNER_PRODUCER_GROUP, self.config) as producer:
             task_status.started(producer)
-            await trio.sleep_forever()
+            await anyio.sleep_forever()
 
 
 def _original_topic(message: MessageExt) -> MessageExt:
@@ -863,6 +889,12 @@ def _original_topic(message: MessageExt) -> MessageExt:
     if original and is_retry_topic(message.topic):
         return attrs.evolve(message, topic=original)
     return message
+
+
+def _is_coroutine_function(handler: Handler) -> bool:
+    """An ``async def`` function, a partial of one, or an object whose ``__call__`` is one."""
+    call = type(handler).__call__ if not inspect.isroutine(handler) else None
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
 
 
 def _no_handler(messages: list[MessageExt]) -> ConsumeResult:

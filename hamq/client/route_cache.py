@@ -127,7 +127,7 @@ class LatencyFaultTolerance:
     def __init__(self, *, enabled: bool = False, isolation_s: float = 30.0) -> None:
         self.enabled = enabled
         self.isolation_s = isolation_s
-        #: broker name -> the time (trio clock, s) it may be used again
+        #: broker name -> the time (the event loop's clock, s) it may be used again
         self._until: dict[str, float] = {}
 
     def update(self, broker: str, latency_s: float, now: float, *, failed: bool) -> None:
@@ -153,7 +153,8 @@ def _avoid_for(latency_s: float) -> float:
 
 
 class TimedOutAddresses:
-    """Broker addresses whose last request timed out, avoided until a time (trio clock, s)."""
+    """Broker addresses whose last request timed out, avoided until a time (the event
+    loop's clock, s)."""
 
     def __init__(self) -> None:
         self._until: dict[str, float] = {}

@@ -20,10 +20,12 @@ import contextlib
 import logging
 import math
 import os
+import socket
 from collections.abc import Callable, Iterator
 from types import TracebackType
 
-import trio
+import anyio
+import anyio.abc
 
 from hamq.protocol import RemotingCommand
 from hamq.remoting.address import parse_address
@@ -31,6 +33,7 @@ from hamq.remoting.config import RemotingConfig
 from hamq.remoting.connection import Connection
 from hamq.remoting.dispatch import Dispatcher
 from hamq.remoting.errors import RemotingConnectError, RemotingTimeoutError
+from hamq.remoting.loop import current_loop
 from hamq.remoting.tls import ClientTls, TlsHandshakeError
 
 log = logging.getLogger(__name__)
@@ -55,16 +58,19 @@ class RemotingClient:
         self._tls = ClientTls.of(self._config.tls)
         self._connections: dict[str, Connection] = {}
         self._connecting: dict[str, _Attempt] = {}
-        self._nursery: trio.Nursery | None = None
+        self._nursery: anyio.abc.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
-        self._task_scopes: set[trio.CancelScope] = set()
+        self._task_scopes: set[anyio.CancelScope] = set()
         self._closing = False
+        #: the running loop's clock, taken when the client opens (hamq.remoting.loop)
+        self._clock: Callable[[], float] = anyio.current_time
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> RemotingClient:
         self._closing = False
+        self._clock = current_loop().current_time
         stack = contextlib.AsyncExitStack()
-        self._nursery = await stack.enter_async_context(trio.open_nursery())
+        self._nursery = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack
         return self
 
@@ -102,11 +108,11 @@ class RemotingClient:
         when ``timeout_s`` (connecting included) passes, RemotingConnectionClosed when
         the connection drops first.
         """
-        deadline = trio.current_time() + timeout_s
+        deadline = self._clock() + timeout_s
         if self._rpc_hook is not None:
             self._rpc_hook(addr, request)
         conn = await self.connection(addr, timeout_s=timeout_s)
-        remaining = deadline - trio.current_time()
+        remaining = deadline - self._clock()
         if remaining <= 0:
             raise RemotingTimeoutError(addr, f"connecting used the whole {timeout_s:g}s timeout")
         return await conn.invoke(request, remaining)
@@ -134,7 +140,7 @@ class RemotingClient:
         if attempt is None:
             attempt = self._connecting[addr] = _Attempt()
             self._nursery.start_soon(self._connect, addr, attempt)
-        with trio.move_on_after(math.inf if timeout_s is None else timeout_s) as waited:
+        with anyio.move_on_after(math.inf if timeout_s is None else timeout_s) as waited:
             await attempt.done.wait()
         if waited.cancelled_caught:
             raise RemotingTimeoutError(addr, f"not connected within {timeout_s:g}s")
@@ -169,16 +175,16 @@ class RemotingClient:
             raise RemotingConnectError(addr, str(exc)) from None
         limit_s = self._config.connect_timeout_s
         try:
-            with trio.fail_after(limit_s):
-                stream = await trio.open_tcp_stream(host, port)
-        except trio.TooSlowError:
+            with anyio.fail_after(limit_s):
+                stream = await anyio.connect_tcp(host, port)
+        except TimeoutError:  # an OSError: first
             raise RemotingConnectError(addr, f"connect timed out after {limit_s:g}s") from None
         except OSError as exc:
             raise RemotingConnectError(addr, f"cannot connect: {_reason(exc)}") from None
-        served: trio.abc.Stream = stream
+        served: anyio.abc.ByteStream = stream
         if self._tls is not None:
             try:
-                served = await self._tls.wrap(stream, host=host, peer=addr)
+                served = await self._tls.wrap_anyio(stream, host=host, peer=addr)
             except TlsHandshakeError as exc:
                 raise RemotingConnectError(addr, str(exc).removeprefix(f"{addr}: ")) from None
         if self._closing or self._nursery is None:
@@ -194,7 +200,7 @@ class RemotingClient:
     def _shielded(self) -> Iterator[None]:
         """Shield a connection's task from its owner's cancellation: only the client's
         closing ends it (see the module's comment)."""
-        with trio.CancelScope(shield=True) as scope:
+        with anyio.CancelScope(shield=True) as scope:
             if self._closing:  # started just as the client closed: end at once
                 scope.cancel()
             self._task_scopes.add(scope)
@@ -204,7 +210,10 @@ class RemotingClient:
                 self._task_scopes.discard(scope)
 
     async def _run_connection(
-        self, conn: Connection, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+        self,
+        conn: Connection,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         with self._shielded():
             await conn.run(task_status=task_status)
@@ -216,13 +225,20 @@ class RemotingClient:
 
 def _reason(exc: OSError) -> str:
     """Why a connect failed, in the system's words: 'connection refused' rather than
-    trio's 'all attempts to connect to host:port failed' (the reasons are its cause)."""
+    'all connection attempts failed' (the reasons are its cause: one error, or a group
+    of them when the name has several addresses)."""
     errors = [exc]
-    if isinstance(exc.__cause__, BaseExceptionGroup):
-        errors = [e for e in exc.__cause__.exceptions if isinstance(e, OSError)] or errors
+    cause = exc.__cause__
+    if isinstance(cause, BaseExceptionGroup):
+        errors = [e for e in cause.exceptions if isinstance(e, OSError)] or errors
+    elif isinstance(cause, OSError):
+        errors = [cause]
     reasons = []
     for error in errors:
-        reason = os.strerror(error.errno).lower() if error.errno else str(error)
+        if isinstance(error, socket.gaierror) or not error.errno or error.errno < 0:
+            reason = (error.strerror or str(error)).lower()
+        else:
+            reason = os.strerror(error.errno).lower()
         if reason not in reasons:
             reasons.append(reason)
     return "; ".join(reasons)
@@ -234,6 +250,6 @@ class _Attempt:
     __slots__ = ("connection", "done", "error")
 
     def __init__(self) -> None:
-        self.done = trio.Event()
+        self.done = anyio.Event()
         self.connection: Connection | None = None
         self.error = "connect failed"

@@ -27,8 +27,12 @@ Tasks and invariants (all inside ``run``'s nursery):
 - a watchdog task closes the connection once nothing has been received for
   ``idle_timeout_s``, or once a frame begun ``frame_timeout_s`` ago is still
   incomplete (a peer trickling bytes is never idle; no timer per receive).
-- the stream may be TLS (trio.SSLStream): then every send goes through the writer
-  task (no direct write on the descriptor) and drain() cancels the receive.
+- the stream is an AnyIO byte stream, so the same class runs under Trio (the broker,
+  and Trio clients) and asyncio (asyncio clients); the server hands it Trio's socket
+  streams through hamq.remoting.trio_stream. The reader writes straight to the
+  descriptor only under Trio on plain TCP: an asyncio transport buffers writes of its
+  own, and TLS encrypts, so there every send goes through the writer task, and drain()
+  cancels the receive instead of shutting the socket's read side.
 - warnings a peer can provoke at will (malformed frames, slowloris cuts) go through
   a RateLimitedLog (the server's, shared by its connections).
 - when the connection ends (EOF, error, bad frame, idle timeout, close()), every
@@ -43,11 +47,13 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, cast
 
+import anyio
+import anyio.abc
 import attrs
-import trio
+from anyio.streams.tls import TLSAttribute
 
 from hamq.protocol import (
     FLAG_ONEWAY,
@@ -65,6 +71,7 @@ from hamq.remoting.errors import (
     RemotingFrameTooLarge,
     RemotingTimeoutError,
 )
+from hamq.remoting.loop import EventLike, current_loop
 from hamq.remoting.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -94,8 +101,8 @@ class ConnectionStatistics:
 class _Pending:
     __slots__ = ("done", "error", "response")
 
-    def __init__(self) -> None:
-        self.done = trio.Event()
+    def __init__(self, event: Callable[[], EventLike]) -> None:
+        self.done = event()
         self.response: RemotingCommand | None = None
         self.error: Exception | None = None
 
@@ -143,7 +150,7 @@ class Responder:
 class Connection:
     def __init__(
         self,
-        stream: trio.abc.Stream,
+        stream: anyio.abc.ByteStream,
         *,
         peer: str,
         dispatcher: Dispatcher,
@@ -154,8 +161,11 @@ class Connection:
         #: free for the layers above (client ids, group names) to tag a connection
         self.attributes: dict[str, Any] = {}
         self._stream = stream
+        #: the running loop's Event, timeout scope and clock (hamq.remoting.loop says why)
+        self._loop = current_loop()
+        self._event = self._loop.event
         # the socket, and its descriptor (non-blocking under Trio) for the reader's writes
-        self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
+        self._socket = _direct_socket(stream, self._loop.name)
         self._fd = self._socket.fileno() if self._socket is not None else -1
         self._dispatcher = dispatcher
         self._config = config
@@ -168,19 +178,19 @@ class Connection:
         self._sending = 0
         self._send_busy = False
         self._in_read_batch = False
-        self._writer_wakeup: trio.Event | None = None
-        self._write_progress: trio.Event | None = None
+        self._writer_wakeup: EventLike | None = None
+        self._write_progress: EventLike | None = None
         # our requests, by opaque
         self._pending: dict[int, _Pending] = {}
         self._next_opaque = 0
         # received requests answered later
         self._in_flight = 0
-        self._idle: trio.Event | None = None
+        self._idle: EventLike | None = None
         # lifecycle
-        self._nursery: trio.Nursery | None = None
-        # for streams that are not sockets: a scope around each receive, and nothing
-        # else, so that drain() cancels a receive and never a send
-        self._receive_scope: trio.CancelScope | None = None
+        self._nursery: anyio.abc.TaskGroup | None = None
+        # for streams without a direct socket (TLS, asyncio, test doubles): a scope
+        # around each receive, and nothing else, so drain() cancels a receive, never a send
+        self._receive_scope: anyio.CancelScope | None = None
         self._draining = False
         self._closed = False
         self._close_reason = ""
@@ -229,13 +239,15 @@ class Connection:
         return f"<Connection {self.peer} {state}>"
 
     # ------------------------------------------------------------------ lifecycle
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Serve the connection until it ends; never raises for network trouble."""
         try:
             if self._close_reason:  # closed before it started
                 task_status.started()
                 return
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write_loop)
                 idle_s, frame_s = self._config.idle_timeout_s, self._config.frame_timeout_s
@@ -248,8 +260,8 @@ class Connection:
                 self._abort(reason)
         finally:
             self._abort("connection ended")
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(self._stream)
+            with anyio.CancelScope(shield=True):
+                await anyio.aclose_forcefully(self._stream)
             log.debug("connection %s closed: %s", self.peer, self._close_reason)
             for listener in self._close_listeners:
                 try:
@@ -290,7 +302,7 @@ class Connection:
 
     async def _finish_in_flight(self) -> None:
         while self._in_flight > 0:
-            self._idle = trio.Event()
+            self._idle = self._event()
             await self._idle.wait()
         await self._wait_flushed(0)
 
@@ -300,11 +312,12 @@ class Connection:
         or a frame has been arriving for ``frame_s`` seconds without being complete.
         Checks four times per the shorter period: a deadline is kept within a quarter."""
         seen = self._bytes_received
-        quiet_since = trio.current_time()
+        clock = self._loop.current_time
+        quiet_since = clock()
         period = min(t for t in (idle_s, frame_s) if t is not None) / 4
         while True:
-            await trio.sleep(period)
-            now = trio.current_time()
+            await anyio.sleep(period)
+            now = clock()
             started = self._frame_started
             if frame_s is not None and started is not None and now - started >= frame_s:
                 reason = (
@@ -333,12 +346,14 @@ class Connection:
         while not self._draining:
             try:
                 data = await self._receive(stream, size)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                return f"receive failed: {exc}"
-            if not data:
+            except anyio.EndOfStream:
                 if self._draining:
-                    break  # drain() cancelled the receive before anything arrived
+                    break  # drain() shut the socket's read side
                 return "closed by peer"
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                return f"receive failed: {_describe(exc)}"
+            if not data:
+                break  # drain() cancelled the receive before anything arrived
             self._bytes_received += len(data)
             decoder.feed(data)
             try:
@@ -348,7 +363,7 @@ class Connection:
             if not decoder.buffered:
                 self._frame_started = None
             elif commands or self._frame_started is None:  # a new frame began in this chunk
-                self._frame_started = trio.current_time()
+                self._frame_started = self._loop.current_time()
             self._in_read_batch = True
             try:
                 for cmd in commands:
@@ -378,13 +393,15 @@ class Connection:
                     return self._protocol_error(exc)
         return "drained"
 
-    async def _receive(self, stream: trio.abc.Stream, size: int) -> bytes | bytearray:
+    async def _receive(self, stream: anyio.abc.ByteStream, size: int) -> bytes:
+        """The next bytes received; b"" only when drain() cancelled the receive, EndOfStream
+        when the peer closed."""
         if self._socket is not None:  # drain() wakes this receive by shutting the read side
-            return await stream.receive_some(size)
-        # another kind of stream (test doubles): a scope around the receive alone
-        data: bytes | bytearray = b""
-        with trio.CancelScope() as self._receive_scope:
-            data = await stream.receive_some(size)
+            return await stream.receive(size)
+        # TLS, asyncio, test doubles: a scope around the receive alone
+        data = b""
+        with anyio.CancelScope() as self._receive_scope:
+            data = await stream.receive(size)
         self._receive_scope = None
         return data
 
@@ -454,7 +471,7 @@ class Connection:
             self._idle.set()
             self._idle = None
 
-    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+    def spawn(self, fn: Callable[..., Coroutine[Any, Any, object]], *args: object) -> None:
         """Run ``fn(*args)`` as a task that lives no longer than this connection."""
         if self._closed:
             raise RemotingConnectionClosed(self.peer, f"connection closed ({self._close_reason})")
@@ -472,10 +489,10 @@ class Connection:
         request.flag &= ~FLAG_ONEWAY
         frame = self._request_frame(request)
         opaque = request.opaque
-        pending = _Pending()
+        pending = _Pending(self._event)
         self._pending[opaque] = pending
         try:
-            with trio.move_on_after(timeout_s):
+            with self._loop.move_on_after(timeout_s):
                 await self._send_request(frame)
                 await pending.done.wait()
             if pending.response is not None:
@@ -492,7 +509,7 @@ class Connection:
         """Send ``request`` with the oneway bit; waits only for room in the send buffer."""
         request.flag |= FLAG_ONEWAY
         frame = self._request_frame(request)
-        with trio.move_on_after(timeout_s) as scope:
+        with self._loop.move_on_after(timeout_s) as scope:
             await self._send_request(frame)
         if scope.cancelled_caught:
             raise RemotingTimeoutError(
@@ -570,7 +587,8 @@ class Connection:
         self._send_busy = True
         self._sending = len(data)
         try:
-            await self._stream.send_all(data)
+            # a bytearray handed over whole (never touched again): every backend takes it
+            await self._stream.send(cast(bytes, data))
             self._bytes_sent += len(data)
         finally:
             self._send_busy = False
@@ -583,7 +601,7 @@ class Connection:
         """Wait until at most ``limit`` bytes are left to send (or the connection ends)."""
         while len(self._out) + self._sending > limit and not self._closed:
             if self._write_progress is None:
-                self._write_progress = trio.Event()
+                self._write_progress = self._event()
             await self._write_progress.wait()
 
     def _wake_progress(self) -> None:
@@ -596,9 +614,28 @@ class Connection:
         try:
             while True:
                 if not self._out or self._send_busy:
-                    self._writer_wakeup = trio.Event()
+                    self._writer_wakeup = self._event()
                     await self._writer_wakeup.wait()
                     continue
                 await self._send_out()
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._abort(f"send failed: {exc}")
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            self._abort(f"send failed: {_describe(exc)}")
+
+
+def _direct_socket(stream: anyio.abc.ByteStream, loop: str) -> socket.socket | None:
+    """The socket the reader may write to directly: a plain TCP stream under Trio (whose
+    sockets are non-blocking and unbuffered), else None."""
+    if loop != "trio":
+        return None
+    sock = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+    if sock is None or stream.extra(TLSAttribute.ssl_object, None) is not None:
+        return None
+    return sock
+
+
+def _describe(exc: BaseException) -> str:
+    """A failed receive or send in words; the cause when the stream wrapped it."""
+    text = str(exc)
+    if not text and exc.__cause__ is not None:
+        text = str(exc.__cause__) or type(exc.__cause__).__name__
+    return text or type(exc).__name__

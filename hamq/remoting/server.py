@@ -36,6 +36,7 @@ from hamq.remoting.connection import Connection
 from hamq.remoting.dispatch import Dispatcher
 from hamq.remoting.ratelimit import RateLimitedLog
 from hamq.remoting.tls import TlsHandshakeError, make_server_context, server_handshake
+from hamq.remoting.trio_stream import TrioByteStream
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +275,7 @@ class RemotingServer:
 
     async def _serve(self, stream: trio.abc.Stream, peer: str) -> None:
         conn = Connection(
-            stream,
+            TrioByteStream(stream),
             peer=peer,
             dispatcher=self.dispatcher,
             config=self._config,

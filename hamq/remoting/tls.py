@@ -25,8 +25,11 @@ import re
 import ssl
 from pathlib import Path
 
+import anyio
+import anyio.abc
 import attrs
 import trio
+from anyio.streams.tls import TLSStream
 from attrs import validators as v
 
 #: by default a peer has this long to complete the TLS handshake (a slowloris guard)
@@ -40,8 +43,11 @@ class TlsConfigError(ValueError):
     """A TLS configuration that cannot be used; the text names the file and the fault."""
 
 
-class TlsHandshakeError(trio.BrokenResourceError):
-    """A TLS handshake failed or timed out; the text names the peer and why."""
+class TlsHandshakeError(trio.BrokenResourceError, anyio.BrokenResourceError):
+    """A TLS handshake failed or timed out; the text names the peer and why.
+
+    Both Trio's and AnyIO's BrokenResourceError: the listeners and the HA slave run on
+    Trio, clients on AnyIO."""
 
 
 @attrs.frozen
@@ -229,6 +235,26 @@ class ClientTls:
         """
         tls = trio.SSLStream(stream, self.context, server_hostname=host)
         return await _handshake(tls, peer, self.handshake_timeout_s)
+
+    async def wrap_anyio(
+        self, stream: anyio.abc.SocketStream, *, host: str, peer: str
+    ) -> TLSStream:
+        """``wrap`` for an AnyIO stream (the client, under Trio or asyncio)."""
+        timeout_s = self.handshake_timeout_s
+        try:
+            with anyio.fail_after(timeout_s):
+                return await TLSStream.wrap(stream, hostname=host, ssl_context=self.context)
+        except TimeoutError:
+            error = TlsHandshakeError(f"{peer}: TLS handshake not completed within {timeout_s:g}s")
+        except (ssl.SSLError, anyio.EndOfStream, anyio.BrokenResourceError, OSError) as exc:
+            if isinstance(exc, anyio.EndOfStream | ssl.SSLEOFError):
+                reason = "the peer closed the connection"
+            else:
+                reason = _handshake_reason(exc) if exc.__cause__ else _ssl_reason(exc)
+            error = TlsHandshakeError(f"{peer}: TLS handshake failed: {reason}")
+        with anyio.CancelScope(shield=True):
+            await anyio.aclose_forcefully(stream)
+        raise error
 
 
 async def open_stream(host: str, port: int, tls: ClientTls | None, *, peer: str) -> trio.abc.Stream:

@@ -4,7 +4,9 @@ and one group of brokers in controller mode, on ports chosen free at run time.
 
 Every process can be killed (SIGKILL, by PID) and started again on the same ports and
 store; every wait is bounded; ``autoswitch_cluster`` kills whatever is left at the end.
-Each process's stderr (its log) goes to a file under the cluster's directory.
+Each process's stderr (its log) goes to a file under the cluster's directory. All of it
+is on AnyIO (AnyIO processes, task groups; the remoting client is AnyIO's too): the
+tests drive the cluster from Trio or from asyncio.
 """
 
 from __future__ import annotations
@@ -13,19 +15,27 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import attrs
-import trio
+from anyio.abc import Process
 
 from hamq.protocol import RemotingCommand, RequestCode
 from hamq.remoting import RemotingClient, RemotingError
 from tests.support.brokers import SMALL_STORE
-from tests.support.processes import HAMQ, free_ports, hamq_command, read_ready_line, write_toml
+from tests.support.processes import (
+    HAMQ,
+    free_ports,
+    hamq_command,
+    kill_and_reap,
+    open_child,
+    read_ready_line,
+    write_toml,
+)
 from tests.support.timing import wait_for
 
 READY_S = 30
@@ -39,7 +49,7 @@ class Server:
     args: list[str]
     log_path: Path
     address: str
-    proc: trio.Process | None = None
+    proc: Process | None = None
     starts: int = 0
 
     @property
@@ -51,9 +61,7 @@ class Server:
         with self.log_path.open("ab") as log:
             log.write(f"---- start {self.starts}\n".encode())
             log.flush()
-            proc = await trio.lowlevel.open_process(
-                [*HAMQ_INFO, *self.args], stdout=subprocess.PIPE, stderr=log
-            )
+            proc = await open_child([*HAMQ_INFO, *self.args], stderr=log)
         self.proc = proc
         await read_ready_line(proc, f"{self.name} (log: {self.log_path})", READY_S)
 
@@ -62,16 +70,20 @@ class Server:
         os.kill(self.proc.pid, sig)
 
     async def kill(self, sig: int = signal.SIGKILL) -> None:
+        """``sig`` by PID, then wait (bounded) for the exit; SIGKILLed and reaped
+        whatever happens (a ``sig`` that did not end it in time, a cancellation)."""
         proc = self.proc
         if proc is None:
             return
         if proc.returncode is None:
-            os.kill(proc.pid, sig)
-        with trio.fail_after(30):
-            await proc.wait()
-        if proc.stdout is not None:
-            await proc.stdout.aclose()
-        self.proc = None
+            with contextlib.suppress(ProcessLookupError):  # (ended meanwhile)
+                os.kill(proc.pid, sig)
+        try:
+            with anyio.fail_after(30):
+                await proc.wait()
+        finally:
+            await kill_and_reap(proc)
+            self.proc = None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -192,12 +204,12 @@ async def sync_state_when(
 async def autoswitch_cluster(
     root: Path, *, brokers: int = 3, broker_config: dict[str, Any] | None = None
 ) -> AsyncIterator[AutoswitchCluster]:
-    await trio.Path(root).mkdir(parents=True, exist_ok=True)
+    await anyio.Path(root).mkdir(parents=True, exist_ok=True)
     ports = free_ports(6 + 2 * brokers)
     ns_ports, raft_ports, broker_ports = ports[:3], ports[3:6], ports[6:]
     peers = ";".join(f"127.0.0.1:{p}" for p in raft_ports)
     secret = root / "raft.secret"
-    await trio.Path(secret).write_text("autoswitch-test-secret\n")
+    await anyio.Path(secret).write_text("autoswitch-test-secret\n")
     nameservers = [
         Server(
             f"nameserver-{i}",
@@ -249,15 +261,15 @@ async def autoswitch_cluster(
         )
     cluster = AutoswitchCluster(root, nameservers, servers, stores)
     try:
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as group:
             for server in nameservers:
-                nursery.start_soon(server.start)
-        async with trio.open_nursery() as nursery:
+                group.start_soon(server.start)
+        async with anyio.create_task_group() as group:
             for server in servers:
-                nursery.start_soon(server.start)
+                group.start_soon(server.start)
         yield cluster
     finally:
-        with trio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
             for server in [*servers, *nameservers]:
                 if server.running:
                     server.send_signal(signal.SIGCONT)  # (a test may have stopped it)

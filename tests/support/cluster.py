@@ -2,7 +2,8 @@
 handle on the running ``up`` (its output, its children's PIDs).
 
 ``cluster_up`` kills every process ``up`` started (seen in /proc while it runs, or in
-the table it prints) by PID at the end, whatever happens; every wait is bounded.
+the table it prints) by PID at the end, whatever happens; every wait is bounded. On
+AnyIO (``up`` an AnyIO process): for tests on any backend.
 """
 
 from __future__ import annotations
@@ -11,16 +12,16 @@ import contextlib
 import os
 import re
 import signal
-import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 import attrs
-import trio
+from anyio.abc import Process
 
 from tests.support.brokers import SMALL_STORE
-from tests.support.processes import HAMQ, write_toml
+from tests.support.processes import HAMQ, kill_and_reap, open_child, write_toml
 
 READY_S = 30
 STOP_S = 30
@@ -84,7 +85,7 @@ def alive(pid: int) -> bool:
 
 @attrs.define
 class ClusterUp:
-    proc: trio.Process
+    proc: Process
     stderr: Path
     out: bytearray = attrs.Factory(bytearray)
 
@@ -96,32 +97,33 @@ class ClusterUp:
         """Read stdout until ``pattern`` matches a whole line (bounded)."""
         stream = self.proc.stdout
         assert stream is not None
-        with trio.fail_after(timeout_s):
+        with anyio.fail_after(timeout_s):
             while True:
                 match = re.search(pattern, self.text, re.MULTILINE)
                 if match:
                     return match
-                chunk = await stream.receive_some(4096)
-                if not chunk:
+                try:
+                    chunk = await stream.receive(4096)
+                except anyio.EndOfStream:
                     raise AssertionError(
                         f"cluster up ended before {pattern!r}:\n{self.text}\n"
                         + self.stderr.read_text()
-                    )
+                    ) from None
                 self.out += chunk
 
     async def stderr_until(self, pattern: str, timeout_s: float) -> re.Match[str]:
         """Poll ``up``'s stderr (a file) until ``pattern`` matches a whole line (bounded)."""
-        with trio.fail_after(timeout_s):
+        with anyio.fail_after(timeout_s):
             while True:
                 match = re.search(pattern, self.stderr.read_text(), re.MULTILINE)
                 if match:
                     return match
-                await trio.sleep(0.05)
+                await anyio.sleep(0.05)
 
     async def read_to_end(self, timeout_s: float) -> str:
         stream = self.proc.stdout
         assert stream is not None
-        with trio.fail_after(timeout_s):
+        with anyio.fail_after(timeout_s):
             async for chunk in stream:
                 self.out += chunk
         return self.text
@@ -141,48 +143,36 @@ async def cluster_up(profile: Path, log_dir: Path, *options: str) -> AsyncIterat
     """``hamq cluster up --profile <profile> --log-dir <log_dir> <options>``; every process
     it started (seen in /proc while it runs, or in its table) is killed by PID at the end."""
     stderr_path = log_dir.parent / "cluster-up.stderr"
+    command = [*HAMQ, "cluster", "up", "--profile", str(profile), "--log-dir", str(log_dir)]
     with stderr_path.open("wb") as stderr:
-        proc = await trio.lowlevel.open_process(
-            [
-                *HAMQ,
-                *("cluster", "up", "--profile", str(profile), "--log-dir", str(log_dir)),
-                *options,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-        )
+        proc = await open_child([*command, *options], stderr=stderr)
     up = ClusterUp(proc, stderr_path)
     spawned: set[int] = set()
 
     async def note_children() -> None:
         while True:
             spawned.update(child_pids(proc.pid))
-            await trio.sleep(0.05)
+            await anyio.sleep(0.05)
 
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(note_children)
+        async with anyio.create_task_group() as group:
+            group.start_soon(note_children)
             yield up
-            nursery.cancel_scope.cancel()
+            group.cancel_scope.cancel()
     finally:
-        with trio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
             spawned |= child_pids(proc.pid) | set(up.table_pids().values())
-            if proc.returncode is None:
-                proc.kill()
-            with trio.move_on_after(10):
-                await proc.wait()
+            await kill_and_reap(proc)
             for pid in spawned:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            if proc.stdout is not None:
-                await proc.stdout.aclose()
 
 
 async def wait_gone(pids: list[int], timeout_s: float = 5) -> list[int]:
     """The pids still alive after ``timeout_s`` (children of ``up`` are reaped by it)."""
-    with trio.move_on_after(timeout_s):
+    with anyio.move_on_after(timeout_s):
         while True:
             if not any(alive(pid) for pid in pids):
                 break
-            await trio.sleep(0.05)
+            await anyio.sleep(0.05)
     return [pid for pid in pids if alive(pid)]

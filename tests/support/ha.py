@@ -1,5 +1,6 @@
 """HA test support: a master/slave group of real ``hamq`` processes (free ports, tmp
-stores), and ``FakeSlave``, a hostile peer on a master's HA port."""
+stores; AnyIO processes, for tests on any backend), and ``FakeSlave``, a hostile peer on
+a master's HA port (Trio sockets: the HA tests that use it run on Trio)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from anyio.abc import Process
 
 from hamq.protocol import RemotingCommand, RequestCode
 from hamq.remoting import RemotingClient
@@ -45,8 +47,9 @@ def broker_addr(line: str) -> str:
 @asynccontextmanager
 async def broker_group(
     tmp_path: Path, role: str, ha: dict[str, Any] | None = None
-) -> AsyncIterator[tuple[str, tuple[trio.Process, str], tuple[trio.Process, str]]]:
-    """(nameserver, (master process, address), (slave process, address))."""
+) -> AsyncIterator[tuple[str, tuple[Process, str], tuple[Process, str]]]:
+    """(nameserver, (master process, address), (slave process, address)), once the
+    slave is in sync."""
     async with hamq_server("nameserver", "--port", "0") as (_, ns_line):
         ns = ns_line.rsplit(" ", 1)[1]
         configs = {}

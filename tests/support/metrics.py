@@ -1,11 +1,12 @@
 """Metrics as a scraper sees them: raw HTTP to a metrics port, parsed with
-prometheus-client's own parser, and checks against README.md's metrics table."""
+prometheus-client's own parser, and checks against README.md's metrics table. On
+AnyIO: for tests on any backend."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-import trio
+import anyio
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -14,12 +15,11 @@ from tests.support.processes import ROOT
 
 async def http(port: int, request: bytes, host: str = "127.0.0.1") -> bytes:
     """Send ``request`` raw; the whole answer (the server closes after one)."""
-    with trio.fail_after(10):
-        stream = await trio.open_tcp_stream(host, port)
-        async with stream:
-            await stream.send_all(request)
+    with anyio.fail_after(10):
+        async with await anyio.connect_tcp(host, port) as stream:
+            await stream.send(request)
             answer = b""
-            while chunk := await stream.receive_some(65536):
+            async for chunk in stream:
                 answer += chunk
     return answer
 

@@ -1,6 +1,8 @@
 """Real processes for fault tests: start on loopback, learn the port, kill by PID.
 
 Every wait is bounded, and ``running`` always kills its process, whatever happens.
+The processes are AnyIO's (``anyio.abc.Process``): one implementation for the plain
+Trio tests and for the client tests on every AnyIO backend (Trio, asyncio, uvloop).
 """
 
 from __future__ import annotations
@@ -16,36 +18,56 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-import trio
+import anyio
+from anyio.abc import Process
+
+#: how long a killed process may take to be reaped
+REAP_S = 10
 
 
-async def kill_and_reap(proc: trio.Process) -> None:
-    """For ``finally``: kill ``proc`` by PID unless it has ended, wait for it (bounded),
-    close our end of its stdout. Shielded: it runs even in a cancelled scope."""
-    with trio.CancelScope(shield=True):
+async def open_child(
+    args: list[str],
+    *,
+    stdout: int | IO[Any] = subprocess.PIPE,
+    stderr: int | IO[Any] | None = None,
+    **options: Any,
+) -> Process:
+    """``args`` as a child process: stdin nothing, stdout a pipe unless given, stderr
+    inherited unless given (AnyIO's defaults are pipes, and a pipe nobody reads would
+    block a chatty child). ``options``: ``anyio.open_process``'s (cwd, env)."""
+    return await anyio.open_process(
+        args, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, **options
+    )
+
+
+async def kill_and_reap(proc: Process) -> None:
+    """For ``finally``: SIGKILL ``proc`` by PID unless it has ended, close our ends of
+    its pipes and reap it (bounded). Shielded: it runs even in a cancelled scope."""
+    with anyio.CancelScope(shield=True):
         if proc.returncode is None:
-            os.kill(proc.pid, signal.SIGKILL)
-        with trio.move_on_after(10):
-            await proc.wait()
-        if proc.stdout is not None:
-            await proc.stdout.aclose()
+            with contextlib.suppress(ProcessLookupError):  # (ended meanwhile)
+                os.kill(proc.pid, signal.SIGKILL)
+        with anyio.move_on_after(REAP_S):
+            await proc.aclose()  # (closes the pipes, then waits for the exit)
 
 
 @asynccontextmanager
 async def running(code: str, *, ready_timeout_s: float = 30) -> AsyncIterator[tuple[int, int]]:
     """Run ``python -c code``; it must print its port on the first line. Yields (pid, port)."""
-    proc = await trio.lowlevel.open_process([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    proc = await open_child([sys.executable, "-c", code])
     try:
         assert proc.stdout is not None
         line = b""
-        with trio.fail_after(ready_timeout_s):
+        with anyio.fail_after(ready_timeout_s):
             while not line.endswith(b"\n"):
-                chunk = await proc.stdout.receive_some(1)
-                if not chunk:
-                    raise RuntimeError(f"process exited before printing its port: {code!r}")
-                line += chunk
+                try:
+                    line += await proc.stdout.receive(1)
+                except anyio.EndOfStream:
+                    raise RuntimeError(
+                        f"process exited before printing its port: {code!r}"
+                    ) from None
         yield proc.pid, int(line)
     finally:
         await kill_and_reap(proc)
@@ -54,17 +76,18 @@ async def running(code: str, *, ready_timeout_s: float = 30) -> AsyncIterator[tu
 HAMQ = [sys.executable, "-m", "cli.main", "--log-level", "warning"]
 
 
-async def read_ready_line(proc: trio.Process, what: str, timeout_s: float = 30) -> str:
+async def read_ready_line(proc: Process, what: str, timeout_s: float = 30) -> str:
     """Read ``proc``'s stdout, a byte at a time (nothing past it is taken), up to its
     ``hamq ... ready: ...`` line (bounded); that line. RuntimeError naming ``what`` if
     the process ends first."""
     assert proc.stdout is not None
     line = b""
-    with trio.fail_after(timeout_s):
+    with anyio.fail_after(timeout_s):
         while b" ready: " not in line or not line.endswith(b"\n"):
-            chunk = await proc.stdout.receive_some(1)
-            if not chunk:
-                raise RuntimeError(f"{what} exited before it was ready")
+            try:
+                chunk = await proc.stdout.receive(1)
+            except anyio.EndOfStream:
+                raise RuntimeError(f"{what} exited before it was ready") from None
             line = b"" if line.endswith(b"\n") else line
             line += chunk
     return line.decode().strip()
@@ -84,10 +107,10 @@ def ready_addresses(line: str) -> tuple[str, str]:
 @asynccontextmanager
 async def hamq_server(
     *args: str, ready_timeout_s: float = 30
-) -> AsyncIterator[tuple[trio.Process, str]]:
+) -> AsyncIterator[tuple[Process, str]]:
     """Run ``hamq <args>`` (a broker or nameserver) until its ``hamq ... ready:`` line;
     yields (process, that line). The process is killed by PID at the end."""
-    proc = await trio.lowlevel.open_process([*HAMQ, *args], stdout=subprocess.PIPE)
+    proc = await open_child([*HAMQ, *args])
     try:
         yield proc, await read_ready_line(proc, f"hamq {' '.join(args)}", ready_timeout_s)
     finally:
@@ -95,17 +118,16 @@ async def hamq_server(
 
 
 async def hamq_command(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[bytes]:
-    """Run ``hamq <args>`` to the end (bounded); its output captured."""
-    with trio.fail_after(timeout_s):
-        return await trio.run_process(
-            [*HAMQ, *args], capture_stdout=True, capture_stderr=True, check=False
-        )
+    """Run ``hamq <args>`` to the end (bounded: killed when it runs longer); its output
+    captured."""
+    with anyio.fail_after(timeout_s):
+        return await anyio.run_process([*HAMQ, *args], stdin=subprocess.DEVNULL, check=False)
 
 
-async def stop(proc: trio.Process, sig: int = signal.SIGTERM, timeout_s: float = 20) -> int:
+async def stop(proc: Process, sig: int = signal.SIGTERM, timeout_s: float = 20) -> int:
     """Signal ``proc`` and wait (bounded) for it to exit; its return code."""
     os.kill(proc.pid, sig)
-    with trio.fail_after(timeout_s):
+    with anyio.fail_after(timeout_s):
         return await proc.wait()
 
 
@@ -203,7 +225,7 @@ def user_env() -> dict[str, str]:
 @asynccontextmanager
 async def hamq_process(
     *args: str, stdout: int | Path = subprocess.PIPE, stderr: Path | None = None
-) -> AsyncIterator[trio.Process]:
+) -> AsyncIterator[Process]:
     """``hamq <args>`` at its default log level, running while the block runs; its
     stdout a pipe (``proc.stdout``), a file descriptor or a file, its stderr a file
     (so that much logging cannot block it). Killed by PID at the end."""
@@ -212,7 +234,7 @@ async def hamq_process(
             files.enter_context(stdout.open("wb")) if isinstance(stdout, Path) else stdout
         )
         err = files.enter_context(stderr.open("wb")) if stderr is not None else None
-        proc = await trio.lowlevel.open_process(
+        proc = await open_child(
             [*HAMQ_AS_RUN, *args], stdout=out, stderr=err, cwd=ROOT, env=user_env()
         )
     try:
@@ -224,14 +246,9 @@ async def hamq_process(
 async def hamq_as_run(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[bytes]:
     """Run ``hamq <args>`` at its default log level to the end (bounded; killed if it
     runs longer); its output captured."""
-    with trio.fail_after(timeout_s):
-        return await trio.run_process(
-            [*HAMQ_AS_RUN, *args],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            cwd=ROOT,
-            env=user_env(),
+    with anyio.fail_after(timeout_s):
+        return await anyio.run_process(
+            [*HAMQ_AS_RUN, *args], stdin=subprocess.DEVNULL, check=False, cwd=ROOT, env=user_env()
         )
 
 

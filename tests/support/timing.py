@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
+import anyio
 import trio
 
 T = TypeVar("T")
@@ -23,25 +24,46 @@ def virtual_clock(base_ms: int = 1_700_000_000_000) -> Callable[[], int]:
     return lambda: base_ms + int(trio.current_time() * 1000)
 
 
+@overload
 async def wait_for(
-    condition: Callable[[], T | Awaitable[T]],
+    condition: Callable[[], Awaitable[T]],
+    timeout_s: float = ...,
+    *,
+    every_s: float = ...,
+    what: str | Callable[[], str] = ...,
+) -> T: ...
+
+
+@overload
+async def wait_for(
+    condition: Callable[[], T],
+    timeout_s: float = ...,
+    *,
+    every_s: float = ...,
+    what: str | Callable[[], str] = ...,
+) -> T: ...
+
+
+async def wait_for(
+    condition: Callable[[], Any],
     timeout_s: float = 10.0,
     *,
     every_s: float = 0.01,
     what: str | Callable[[], str] = "",
-) -> T:
+) -> Any:
     """Poll ``condition`` (a function, or an async one) every ``every_s`` until it
     returns something true, and return that. After ``timeout_s`` the test fails with an
     AssertionError naming ``what`` (a text, or a function making one from what was last
-    seen) or else the condition — never a hang."""
-    with trio.move_on_after(timeout_s):
+    seen) or else the condition — never a hang. On AnyIO: for tests on any event loop
+    (on Trio, AnyIO's timeouts are Trio's, so MockClock drives them too)."""
+    with anyio.move_on_after(timeout_s):
         while True:
             found = condition()
             if inspect.isawaitable(found):
                 found = await found
             if found:
-                return found  # type: ignore[return-value]
-            await trio.sleep(every_s)
+                return found
+            await anyio.sleep(every_s)
     said = what() if callable(what) else what
     raise AssertionError(f"not within {timeout_s:g} s: {said or _name(condition)}")
 

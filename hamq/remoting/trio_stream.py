@@ -1,0 +1,62 @@
+"""Trio's streams seen as AnyIO byte streams, for the Trio side of hamq.
+
+``Connection`` is written on AnyIO so that clients run under asyncio as well as Trio;
+the broker, the nameserver and the controller accept connections with Trio's own
+listeners (hamq.remoting.server) and hand each stream to a Connection through
+``TrioByteStream``. Semantics follow AnyIO: the peer's EOF raises ``anyio.EndOfStream``
+(Trio returns b""), Trio's BrokenResourceError and ClosedResourceError become AnyIO's,
+and a plain socket stream offers its socket (``SocketAttribute.raw_socket``) so that
+the connection's reader may write to it directly. A TLS stream offers none: its bytes
+must go through the TLS layer.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+import anyio
+import anyio.abc
+import trio
+
+
+class TrioByteStream(anyio.abc.ByteStream):
+    """One Trio stream (socket, TLS or an in-memory test stream) as an AnyIO ByteStream."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        try:
+            data = await self.stream.receive_some(max_bytes)
+        except trio.BrokenResourceError as exc:
+            raise anyio.BrokenResourceError(str(exc)) from exc
+        except trio.ClosedResourceError as exc:
+            raise anyio.ClosedResourceError(str(exc)) from exc
+        if not data:
+            raise anyio.EndOfStream
+        return bytes(data)
+
+    async def send(self, item: bytes) -> None:
+        try:
+            await self.stream.send_all(item)
+        except trio.BrokenResourceError as exc:
+            raise anyio.BrokenResourceError(str(exc)) from exc
+        except trio.ClosedResourceError as exc:
+            raise anyio.ClosedResourceError(str(exc)) from exc
+
+    async def send_eof(self) -> None:
+        if isinstance(self.stream, trio.abc.HalfCloseableStream):
+            await self.stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+    @property
+    def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
+        if not isinstance(self.stream, trio.SocketStream):
+            return {}
+        # Trio's socket offers what a Connection uses of one (fileno, shutdown)
+        sock = cast(socket.socket, self.stream.socket)
+        return {anyio.abc.SocketAttribute.raw_socket: lambda: sock}
