@@ -47,7 +47,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
@@ -161,6 +161,17 @@ class Connection:
         #: free for the layers above (client ids, group names) to tag a connection
         self.attributes: dict[str, Any] = {}
         self._stream = stream
+        # the reader's receive: a stream may offer its own, one call layer less per chunk
+        # (hamq.remoting.trio_stream: Trio's receive_some, b"" at EOF, and its errors)
+        self._receive_some: Callable[[int], Awaitable[bytes | bytearray]] = getattr(
+            stream, "raw_receive", stream.receive
+        )
+        self._receive_errors: tuple[type[Exception], ...] = (
+            anyio.BrokenResourceError,
+            anyio.ClosedResourceError,
+            OSError,
+            *getattr(stream, "raw_errors", ()),
+        )
         #: the running loop's Event, timeout scope and clock (hamq.remoting.loop says why)
         self._loop = current_loop()
         self._event = self._loop.event
@@ -338,22 +349,23 @@ class Connection:
                 return
 
     async def _read_loop(self) -> str:
-        stream = self._stream
         decoder = self._decoder
         size = self._config.receive_size_bytes
         max_unsent = self._config.max_send_buffer_bytes
         dispatch = self._dispatcher.dispatch
         while not self._draining:
             try:
-                data = await self._receive(stream, size)
+                data = await self._receive(size)
             except anyio.EndOfStream:
+                data = b""
+            except self._receive_errors as exc:
+                return f"receive failed: {_describe(exc)}"
+            if data is None:
+                break  # drain() cancelled the receive before anything arrived
+            if not data:
                 if self._draining:
                     break  # drain() shut the socket's read side
                 return "closed by peer"
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                return f"receive failed: {_describe(exc)}"
-            if not data:
-                break  # drain() cancelled the receive before anything arrived
             self._bytes_received += len(data)
             decoder.feed(data)
             try:
@@ -393,15 +405,15 @@ class Connection:
                     return self._protocol_error(exc)
         return "drained"
 
-    async def _receive(self, stream: anyio.abc.ByteStream, size: int) -> bytes:
-        """The next bytes received; b"" only when drain() cancelled the receive, EndOfStream
-        when the peer closed."""
+    async def _receive(self, size: int) -> bytes | bytearray | None:
+        """The next bytes received: None when drain() cancelled the receive; at the
+        peer's EOF b"" or EndOfStream (a stream's raw receive, or AnyIO's)."""
         if self._socket is not None:  # drain() wakes this receive by shutting the read side
-            return await stream.receive(size)
+            return await self._receive_some(size)
         # TLS, asyncio, test doubles: a scope around the receive alone
-        data = b""
+        data = None
         with anyio.CancelScope() as self._receive_scope:
-            data = await stream.receive(size)
+            data = await self._receive_some(size)
         self._receive_scope = None
         return data
 

@@ -7,7 +7,8 @@ listeners (hamq.remoting.server) and hand each stream to a Connection through
 (Trio returns b""), Trio's BrokenResourceError and ClosedResourceError become AnyIO's,
 and a plain socket stream offers its socket (``SocketAttribute.raw_socket``) so that
 the connection's reader may write to it directly. A TLS stream offers none: its bytes
-must go through the TLS layer.
+must go through the TLS layer. The connection's reader takes ``raw_receive`` (Trio's
+receive, unwrapped) when a stream offers it.
 """
 
 from __future__ import annotations
@@ -24,8 +25,14 @@ import trio
 class TrioByteStream(anyio.abc.ByteStream):
     """One Trio stream (socket, TLS or an in-memory test stream) as an AnyIO ByteStream."""
 
+    #: what Trio's streams raise (``raw_receive`` lets them through)
+    raw_errors = (trio.BrokenResourceError, trio.ClosedResourceError)
+
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
+        #: Trio's own receive (b"" at EOF, raw_errors), for a Connection's reader: one
+        #: call layer less per received chunk than ``receive`` (a broker's hot path)
+        self.raw_receive = stream.receive_some
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         try:
