@@ -251,8 +251,16 @@ async def test_a_running_push_consumer_goes_back_after_a_reset(tmp_path: Path) -
             assert Counter(got) - Counter(f"a{i}" for i in range(6)) - Counter(later) == Counter(
                 later
             )
-            held = consumer.consume_offsets("Rewind")
-            assert sum(held.values()) == 12
+            # (the handler runs in a worker thread: the offsets move once it has returned)
+            held = await wait_for(
+                lambda: (
+                    (offsets := consumer.consume_offsets("Rewind"))
+                    and sum(offsets.values()) == 12
+                    and offsets
+                ),
+                10,
+                what=lambda: f"offsets back at 12: {consumer.consume_offsets('Rewind')}",
+            )
             # and the broker asks it for them (INVOKE_BROKER_TO_GET_CONSUMER_STATUS)
             header = GetConsumerStatusRequestHeader("Rewind", "rewinders")
             asked = RemotingCommand.request(
