@@ -84,7 +84,7 @@ from hamq.remoting import (
     RemotingError,
     parse_address,
 )
-from hamq.remoting.loop import current_loop
+from hamq.remoting.loop import ANY_LOOP, LoopPrimitives, current_loop
 
 log = logging.getLogger(__name__)
 
@@ -184,12 +184,13 @@ class ClientInstance:
         self._refreshed_after_failure: dict[str, float] = {}
         self._stack: contextlib.AsyncExitStack | None = None
         self._nursery: anyio.abc.TaskGroup | None = None
-        #: the running loop's clock, taken when the instance starts (hamq.remoting.loop)
-        self.clock: Callable[[], float] = anyio.current_time
+        #: the running loop's Event and clock, taken when the instance starts
+        #: (hamq.remoting.loop)
+        self.loop: LoopPrimitives = ANY_LOOP
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> ClientInstance:
-        self.clock = current_loop().current_time
+        self.loop = current_loop()
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(self.remoting)
             self._nursery = await stack.enter_async_context(anyio.create_task_group())
@@ -331,7 +332,7 @@ class ClientInstance:
     async def refresh_route_after_failure(self, topic: str) -> None:
         """Look a topic's route up again after a broker failed, at most once a second
         (many queues failing at once ask the nameserver once)."""
-        now = self.clock()
+        now = self.loop.current_time()
         if now - self._refreshed_after_failure.get(topic, -math.inf) < 1.0:
             return
         self._refreshed_after_failure[topic] = now

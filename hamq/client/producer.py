@@ -106,6 +106,7 @@ from hamq.protocol.send_timing import (
     send_wait_too_short,
 )
 from hamq.remoting import RemotingTimeoutError
+from hamq.remoting.loop import EventLike
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +218,7 @@ class Producer(InstanceOwner):
         self._async_slots = anyio.Semaphore(max_async_in_flight)
         self._async_pending = 0
         #: set (and replaced) whenever a send_async ends
-        self._async_done = anyio.Event()
+        self._async_done: EventLike = anyio.Event()
         self._ids = MessageIdGenerator(self.config.client_ip)
         self._warn_if_tries_are_short()
 
@@ -359,7 +360,7 @@ class Producer(InstanceOwner):
             self._async_slots.release()
             self._async_pending -= 1
             self._async_done.set()
-            self._async_done = anyio.Event()
+            self._async_done = self.instance.loop.event()
 
     async def send_batch(
         self,
@@ -614,7 +615,7 @@ class _Attempts:
         self.timeout_s = timeout_s
         self.oneway = oneway
         #: the loop's clock (AnyIO's costs a backend lookup per call)
-        self.clock = producer.instance.clock
+        self.clock = producer.instance.loop.current_time
         self.deadline = self.clock() + timeout_s
         self.tries = 1 if oneway else 1 + producer.retry_times_when_send_failed
         #: the try under way (0 for the first)

@@ -33,7 +33,7 @@ from hamq.remoting.config import RemotingConfig
 from hamq.remoting.connection import Connection
 from hamq.remoting.dispatch import Dispatcher
 from hamq.remoting.errors import RemotingConnectError, RemotingTimeoutError
-from hamq.remoting.loop import current_loop
+from hamq.remoting.loop import ANY_LOOP, current_loop
 from hamq.remoting.tls import ClientTls, TlsHandshakeError
 
 log = logging.getLogger(__name__)
@@ -63,12 +63,12 @@ class RemotingClient:
         self._task_scopes: set[anyio.CancelScope] = set()
         self._closing = False
         #: the running loop's clock, taken when the client opens (hamq.remoting.loop)
-        self._clock: Callable[[], float] = anyio.current_time
+        self._loop = ANY_LOOP
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> RemotingClient:
         self._closing = False
-        self._clock = current_loop().current_time
+        self._loop = current_loop()
         stack = contextlib.AsyncExitStack()
         self._nursery = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack
@@ -108,11 +108,11 @@ class RemotingClient:
         when ``timeout_s`` (connecting included) passes, RemotingConnectionClosed when
         the connection drops first.
         """
-        deadline = self._clock() + timeout_s
+        deadline = self._loop.current_time() + timeout_s
         if self._rpc_hook is not None:
             self._rpc_hook(addr, request)
         conn = await self.connection(addr, timeout_s=timeout_s)
-        remaining = deadline - self._clock()
+        remaining = deadline - self._loop.current_time()
         if remaining <= 0:
             raise RemotingTimeoutError(addr, f"connecting used the whole {timeout_s:g}s timeout")
         return await conn.invoke(request, remaining)

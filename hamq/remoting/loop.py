@@ -46,6 +46,11 @@ class LoopPrimitives:
     current_time: Callable[[], float]
 
 
+#: AnyIO's own primitives (a backend lookup per call), for an object made before it knows
+#: the loop it will run in: it takes ``current_loop()`` when it starts
+ANY_LOOP = LoopPrimitives("", anyio.Event, anyio.move_on_after, anyio.current_time)
+
+
 def current_loop() -> LoopPrimitives:
     """The primitives of the event loop running this task."""
     name = sniffio.current_async_library()
