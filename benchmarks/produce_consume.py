@@ -15,6 +15,11 @@ queues:
   send, 64 in flight   64 tasks awaiting Producer.send, sharing one counter
   send_batch of 32     one task awaiting Producer.send_batch of 32 messages
                        (messages/s counts messages; latencies are per batch)
+  transaction, 1       one task awaiting TransactionProducer.send_in_transaction in a
+                       loop, its (async) local transaction committing at once: a half
+                       message sent and stored, then END_TRANSACTION (oneway), and the
+                       broker stores the committed copy (compare with "send, 1 in flight")
+  transaction, 64      the same with 64 tasks (compare with "send, 64 in flight")
   push consume         a PushConsumer of a fresh group, FIRST_OFFSET, consuming every
                        message the round stored (timed from its start to the last one)
                        with an async handler (a coroutine of the loop, no thread hop)
@@ -51,13 +56,16 @@ from support import can_pin, cpu_seconds, create_topic, percentile, start_broker
 
 from hamq.client import (
     ConsumeFrom,
+    LocalTransactionState,
     Message,
     MessageExt,
     MessageQueue,
     Producer,
     PullConsumer,
     PushConsumer,
+    SendResult,
     SendStatus,
+    TransactionProducer,
 )
 
 MIB = 1024 * 1024
@@ -70,9 +78,11 @@ PULL_BATCH = 32
 SEQUENTIAL = "send, 1 in flight"
 CONCURRENT = f"send, {IN_FLIGHT} in flight"
 BATCHED = f"send_batch of {BATCH}"
+TX_SEQUENTIAL = "transaction, 1"
+TX_CONCURRENT = f"transaction, {IN_FLIGHT}"
 PUSH = "push consume"
 PULL = "pull consume"
-SCENARIOS = (SEQUENTIAL, CONCURRENT, BATCHED, PUSH, PULL)
+SCENARIOS = (SEQUENTIAL, CONCURRENT, BATCHED, TX_SEQUENTIAL, TX_CONCURRENT, PUSH, PULL)
 
 #: --backend: the event loop the clients run on (anyio.run's backend and its options)
 BACKENDS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -129,7 +139,31 @@ async def send_sequential(producer: Producer, topic: str, count: int) -> Outcome
     return time.perf_counter(), latencies
 
 
+class Committing:
+    """The transactions' listener: every local transaction commits at once (so the
+    figure is the messaging's cost, not a database's)."""
+
+    async def execute(self, message: Message, arg: Any) -> LocalTransactionState:
+        return LocalTransactionState.COMMIT_MESSAGE
+
+    async def check(self, message: MessageExt) -> LocalTransactionState:
+        return LocalTransactionState.COMMIT_MESSAGE
+
+
+async def send_in_transactions(
+    producer: TransactionProducer, topic: str, count: int, in_flight: int
+) -> Outcome:
+    """``count`` transactional sends by ``in_flight`` tasks sharing one counter."""
+    return await _send_many(producer.send_in_transaction, topic, count, in_flight)
+
+
 async def send_concurrent(producer: Producer, topic: str, count: int) -> Outcome:
+    return await _send_many(producer.send, topic, count, IN_FLIGHT)
+
+
+async def _send_many(
+    send: Callable[[Message], Awaitable[SendResult]], topic: str, count: int, in_flight: int
+) -> Outcome:
     messages = _messages(topic, count)
     latencies: list[float] = []
     next_index = 0
@@ -140,12 +174,12 @@ async def send_concurrent(producer: Producer, topic: str, count: int) -> Outcome
             message = messages[next_index]
             next_index += 1
             start = time.perf_counter()
-            result = await producer.send(message)
+            result = await send(message)
             latencies.append(time.perf_counter() - start)
             _check(result.status)
 
     async with anyio.create_task_group() as tasks:
-        for _ in range(IN_FLIGHT):
+        for _ in range(in_flight):
             tasks.start_soon(sender)
     return time.perf_counter(), latencies
 
@@ -244,7 +278,21 @@ async def run_round(
         await timed(
             BATCHED, BATCH * sizes.batches, lambda: send_batches(producer, topic, sizes.batches)
         )
-    stored = warm_up + sizes.sequential + sizes.concurrent + BATCH * sizes.batches
+    async with TransactionProducer(f"{topic}-tx", namesrv, Committing()) as tx_producer:
+        await send_in_transactions(tx_producer, topic, IN_FLIGHT, IN_FLIGHT)  # (warm up)
+        await timed(
+            TX_SEQUENTIAL,
+            sizes.sequential,
+            lambda: send_in_transactions(tx_producer, topic, sizes.sequential, 1),
+        )
+        await timed(
+            TX_CONCURRENT,
+            sizes.concurrent,
+            lambda: send_in_transactions(tx_producer, topic, sizes.concurrent, IN_FLIGHT),
+        )
+    # (every transaction committed: its message is in the topic too)
+    sent = sizes.sequential + sizes.concurrent
+    stored = warm_up + IN_FLIGHT + 2 * sent + BATCH * sizes.batches
     await timed(PUSH, stored, lambda: push_consume(namesrv, topic, f"{topic}-push", stored))
     await timed(PULL, stored, lambda: pull_consume(namesrv, topic, stored))
     return figures
@@ -366,6 +414,11 @@ def main() -> None:
         f"{IN_FLIGHT} in flight: {rates[CONCURRENT] / rates[SEQUENTIAL]:.1f}x the sends/s of 1 in"
         f" flight; batches of {BATCH}: {rates[BATCHED] / rates[CONCURRENT]:.1f}x the msgs/s of"
         f" {IN_FLIGHT} in flight; push consumer at {rates[PUSH] / rates[PULL]:.0%} of plain pulls."
+    )
+    print(
+        f"Transactional sends: {rates[TX_SEQUENTIAL] / rates[SEQUENTIAL]:.2f}x the sends/s of"
+        f" plain sends with 1 in flight, {rates[TX_CONCURRENT] / rates[CONCURRENT]:.2f}x with"
+        f" {IN_FLIGHT} in flight."
     )
     if exit_code not in (0, None) or broker_stderr:
         print(f"\nThe broker exited with code {exit_code}; its stderr:\n{broker_stderr}")

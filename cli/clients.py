@@ -11,7 +11,10 @@ concurrency) whether it finished, gave up on a request (then no new request star
 those under way end, and one ``error:`` line follows, exit code 1) or was
 interrupted (exit code 130); exit code 1 too when a message was stored short of
 SEND_OK. A batch too large for the broker (``max_message_size``) is refused before
-anything is sent.
+anything is sent. ``--transaction commit|rollback|unknown`` sends each message in a
+transaction whose local state is that (a TransactionProducer); with ``unknown`` the
+command then stays until the broker has checked every message back (answering
+``--check-answer``) or ``--check-wait`` has passed.
 
 consume: prints each message as it is handled, and commits only what it printed:
 with ``--count N`` exactly N, the next run of the group starts right after them. A
@@ -23,6 +26,7 @@ Both draw their count and rate live on stderr when it is a terminal (LiveCount).
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections import Counter
@@ -46,6 +50,7 @@ from hamq.client import (
     AdminClient,
     ConsumeFrom,
     InvalidArgumentError,
+    LocalTransactionState,
     Message,
     MessageExt,
     NoRouteError,
@@ -54,6 +59,8 @@ from hamq.client import (
     SendError,
     SendResult,
     SendStatus,
+    TransactionProducer,
+    TransactionSendResult,
 )
 from hamq.client.message import DEFAULT_MAX_MESSAGE_SIZE, check_message, check_topic
 from hamq.protocol import send_timing
@@ -162,29 +169,84 @@ class _Messages:
         return f"message #{first}"
 
 
+class Transaction(enum.Enum):
+    """produce --transaction: the local transaction's state each message reports."""
+
+    commit = "commit"
+    rollback = "rollback"
+    unknown = "unknown"
+
+
+class CheckAnswer(enum.Enum):
+    """produce --check-answer: what the broker's check-backs are answered."""
+
+    commit = "commit"
+    rollback = "rollback"
+
+
+_STATES = {
+    "commit": LocalTransactionState.COMMIT_MESSAGE,
+    "rollback": LocalTransactionState.ROLLBACK_MESSAGE,
+    "unknown": LocalTransactionState.UNKNOW,
+}
+
+
+@attrs.define
+class _Listener:
+    """produce --transaction's local transactions: each one ends as ``state``; a
+    check-back is answered ``answer`` and counted."""
+
+    state: LocalTransactionState
+    answer: LocalTransactionState
+    echo: bool
+    checked: set[str] = attrs.field(factory=set)
+    all_checked: trio.Event = attrs.field(factory=trio.Event)
+    expected: int = 0
+
+    async def execute(self, message: Message, arg: Any) -> LocalTransactionState:
+        return self.state
+
+    async def check(self, message: MessageExt) -> LocalTransactionState:
+        self.checked.add(message.msg_id)
+        if self.echo:
+            typer.echo(f"checked back: id {message.msg_id}, answered {self.answer.name}")
+        if len(self.checked) >= self.expected:
+            self.all_checked.set()
+        return self.answer
+
+
 def _checked_producer(
     messages: _Messages,
     group: str,
     namesrv: str,
     send_timeout_s: float,
     attempt_timeout_s: float,
+    listener: _Listener | None = None,
 ) -> Producer:
     """The producer for ``messages``, once they are known to be valid: bad input ends the
-    command here (exit code 2), before anything is sent."""
+    command here (exit code 2), before anything is sent. With a ``listener`` it is a
+    TransactionProducer."""
     if messages.batch > 1 and messages.delay_level > 0:
         raise fail("--batch cannot be used with --delay-level (a batch has no delay level)", 2)
+    if listener is not None and messages.batch > 1:
+        raise fail("--transaction cannot be used with --batch: each is sent on its own", 2)
+    if listener is not None and messages.delay_level > 0:
+        raise fail("--transaction cannot be used with --delay-level: not delayed", 2)
     try:
         check_topic(messages.topic)
         # '{i}' grows with i: the last message is the longest, the last two requests
         # hold the largest batch
         for i in (0, messages.count - 1):
             check_message(messages.message(i), DEFAULT_MAX_MESSAGE_SIZE)
-        producer = Producer(
-            group,
-            namesrv,
-            send_timeout_s=send_timeout_s,
-            send_attempt_timeout_s=min(attempt_timeout_s, send_timeout_s),
+        options = {
+            "send_timeout_s": send_timeout_s,
+            "send_attempt_timeout_s": min(attempt_timeout_s, send_timeout_s),
             **client_options(),
+        }
+        producer = (
+            Producer(group, namesrv, **options)
+            if listener is None
+            else TransactionProducer(group, namesrv, listener, **options)
         )
     except InvalidArgumentError as exc:
         raise fail(str(exc), 2) from None
@@ -208,6 +270,9 @@ class _Sending:
     tally: _Tally
     meter: LiveCount
     failure: str | None = None
+    #: --transaction's listener, and how long to wait for check-backs (unknown)
+    listener: _Listener | None = None
+    check_wait_s: float = 0.0
 
     async def main(self, concurrency: int) -> None:
         async with self.producer:
@@ -226,6 +291,33 @@ class _Sending:
                 typer.echo(self.tally.summary(self.messages.topic))
             if self.failure is not None:
                 raise CommandError(self.failure)
+            await self._checked_back()
+
+    async def _checked_back(self) -> None:
+        """--transaction unknown: wait until the broker checked back every message."""
+        listener = self.listener
+        if listener is None or listener.state is not LocalTransactionState.UNKNOW:
+            return
+        listener.expected = self.tally.sent
+        if len(listener.checked) < listener.expected:
+            typer.echo(
+                f"waiting for the broker to check back {listener.expected} transaction(s) "
+                f"(at most {self.check_wait_s:g}s; the broker's transaction_timeout_s and "
+                "transaction_check_interval_s say when)",
+                err=True,
+            )
+            with trio.move_on_after(self.check_wait_s):
+                await listener.all_checked.wait()
+        checked = len(listener.checked)
+        typer.echo(
+            f"checked back {checked} of {listener.expected} transaction(s), answered "
+            f"{listener.answer.name}"
+        )
+        if checked < listener.expected:
+            raise CommandError(
+                f"the broker did not check back {listener.expected - checked} "
+                f"transaction(s) within {self.check_wait_s:g}s (--check-wait)"
+            )
 
     async def _sender(self, next_request: Iterator[int]) -> None:
         for first in next_request:
@@ -244,6 +336,8 @@ class _Sending:
                 _echo_sent(self.meter, result, numbers)
 
     async def _send(self, first: int) -> SendResult:
+        if isinstance(self.producer, TransactionProducer):
+            return await self.producer.send_in_transaction(self.messages.message(first))
         if self.messages.batch == 1:
             return await self.producer.send(self.messages.message(first))
         return await self.producer.send_batch(self.messages.of_request(first))
@@ -294,6 +388,27 @@ ConcurrencyOption = Annotated[
         help="How many requests are under way at once (COUNT stays the total).",
     ),
 ]
+TransactionOption = Annotated[
+    Transaction | None,
+    typer.Option(
+        "--transaction",
+        help="Send each message in a transaction whose local state is this: commit (the "
+        "message is delivered), rollback (never delivered), unknown (the broker checks "
+        "back later: the command waits and answers --check-answer).",
+    ),
+]
+CheckAnswerOption = Annotated[
+    CheckAnswer,
+    typer.Option("--check-answer", help="What the broker's check-backs are answered."),
+]
+CheckWaitOption = Annotated[
+    float,
+    typer.Option(
+        "--check-wait",
+        min=0.1,
+        help="Seconds --transaction unknown waits for the broker to check back every message.",
+    ),
+]
 BatchOption = Annotated[
     int,
     typer.Option(
@@ -322,6 +437,9 @@ def produce(
     attempt_timeout_s: AttemptTimeoutOption = ATTEMPT_TIMEOUT_S,
     concurrency: ConcurrencyOption = 1,
     batch: BatchOption = 1,
+    transaction: TransactionOption = None,
+    check_answer: CheckAnswerOption = CheckAnswer.commit,
+    check_wait_s: CheckWaitOption = 90.0,
     namesrv: NamesrvOption = DEFAULT_NAMESRV,
 ) -> None:
     """Send COUNT messages to TOPIC and report where they went (Ctrl-C stops; the
@@ -335,10 +453,23 @@ def produce(
         count,
         batch,
     )
-    producer = _checked_producer(messages, group, namesrv, send_timeout_s, attempt_timeout_s)
+    listener = None
+    if transaction is not None:
+        listener = _Listener(
+            _STATES[transaction.value], _STATES[check_answer.value], count <= ECHO_EACH_UP_TO
+        )
+    producer = _checked_producer(
+        messages, group, namesrv, send_timeout_s, attempt_timeout_s, listener
+    )
     tally = _Tally(count)
     sending = _Sending(
-        producer, messages, send_timeout_s, tally, LiveCount(f"produce {topic}", total=count)
+        producer,
+        messages,
+        send_timeout_s,
+        tally,
+        LiveCount(f"produce {topic}", total=count),
+        listener=listener,
+        check_wait_s=check_wait_s,
     )
     run(sending.main, concurrency, interruptible=True)
     if tally.acknowledged < count:
@@ -490,13 +621,17 @@ class _Consuming:
 
 
 def _echo_sent(meter: LiveCount, result: SendResult, numbers: range) -> None:
-    """One line per message of a request: a batch's are stored one after the other."""
+    """One line per message of a request: a batch's are stored one after the other. A
+    transactional send says its local state (its queue offset is the half message's)."""
     ids = result.msg_id.split(",") if len(numbers) > 1 else [result.msg_id]
+    offset, state = "offset", ""
+    if isinstance(result, TransactionSendResult):
+        offset, state = "half offset", f" {result.local_transaction_state.name}"
     for k, i in enumerate(numbers):
         msg_id = ids[k] if k < len(ids) else "?"
         meter.echo(
-            f"#{i} {result.status.value} {result.queue} offset {result.queue_offset + k} "
-            f"id {msg_id}"
+            f"#{i} {result.status.value} {result.queue} {offset} {result.queue_offset + k} "
+            f"id {msg_id}{state}"
         )
 
 

@@ -70,6 +70,7 @@ from hamq.protocol.headers import (
     CreateTopicRequestHeader,
     DeleteTopicRequestHeader,
     ElectMasterRequestHeader,
+    EndTransactionRequestHeader,
     QueryConsumerOffsetRequestHeader,
     RegisterBrokerRequestHeader,
     ResetOffsetRequestHeader,
@@ -508,6 +509,31 @@ def test_a_send_back_needs_sub_on_the_topic_of_the_message_it_copies(
         assert found is not None and refusal in found.remark, found
     unknowable = check(table, BROKER_POLICY, request, LOCAL)  # no store to ask
     assert unknowable is not None and "cannot be checked here" in unknowable.remark
+
+
+@pytest.mark.parametrize(
+    ("offset", "refusal"),
+    [
+        (0, "No PUB permission for topic Secret"),  # a half message of another topic
+        (100, None),  # a half message of Demo
+        (300, None),  # no message there: the processor refuses it
+    ],
+)
+def test_an_end_transaction_needs_pub_on_the_topic_of_its_half_message(
+    offset: int, refusal: str | None
+) -> None:
+    """Committing or rolling back another topic's transaction is publishing to it (the
+    broker names a half message's real topic: BrokerNode._message_topic)."""
+    topics = {0: "Secret", 100: "Demo"}
+    table = parse_acl(acl_text(), "test")
+    header = EndTransactionRequestHeader("PG", 0, offset, 8, "ID")
+    request = RemotingCommand.request(RequestCode.END_TRANSACTION, header)
+    sign(request, APP)
+    found = check(table, BROKER_POLICY, request, LOCAL, topics.get)
+    if refusal is None:
+        assert found is None, found
+    else:
+        assert found is not None and refusal in found.remark, found
 
 
 def test_what_a_peer_wrote_shows_escaped_and_cut_in_a_refusal() -> None:

@@ -52,7 +52,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(broker address, nameserver address) of one broker and its embedded nameserver."""
-    with broker_process(tmp_path_factory.mktemp("cli-clients-broker")) as addresses:
+    # (transactions checked back within a second or two: produce --transaction unknown)
+    fast_checks = "transaction_timeout_s = 1.0\ntransaction_check_interval_s = 0.5"
+    with broker_process(tmp_path_factory.mktemp("cli-clients-broker"), fast_checks) as addresses:
         yield addresses
 
 
@@ -295,6 +297,31 @@ async def test_produce_batches_echo_each_message(namesrv: str) -> None:
         assert len(queues) == 1 and offsets == list(range(offsets[0], offsets[0] + 3)), lines
 
 
+async def test_produce_in_transactions_commits_rolls_back_and_answers_check_backs(
+    namesrv: str,
+) -> None:
+    """--transaction commit: delivered; rollback: never; unknown: the command stays until
+    the broker checked each one back, answers --check-answer (commit), and they are
+    delivered then."""
+    outputs = {}
+    for state, body in (("commit", "c{i}"), ("rollback", "r{i}"), ("unknown", "u{i}")):
+        done = await hamq_as_run(
+            "produce", "-t", "InTx", "-c", "3", "--transaction", state, "-n", namesrv, body
+        )
+        assert done.returncode == 0, done.stderr
+        outputs[state] = done.stdout.decode()
+    assert outputs["commit"].count(" COMMIT_MESSAGE\n") == 3, outputs["commit"]
+    assert outputs["rollback"].count(" ROLLBACK_MESSAGE\n") == 3, outputs["rollback"]
+    unknown = outputs["unknown"]
+    assert unknown.count(" UNKNOW\n") == 3 and unknown.count("checked back: id") == 3, unknown
+    assert "checked back 3 of 3 transaction(s), answered COMMIT_MESSAGE" in unknown
+    got = await hamq_as_run(
+        "consume", "-t", "InTx", "-g", "in-tx", "--idle-exit", "2", "-n", namesrv
+    )
+    assert got.returncode == 0, got.stderr
+    assert sorted(printed_bodies(got.stdout)) == ["c0", "c1", "c2", "u0", "u1", "u2"]
+
+
 # ---------------------------------------------------------------- progress at a terminal
 
 
@@ -487,6 +514,10 @@ async def test_a_negative_delay_level_is_refused_by_the_producer() -> None:
         (["--batch", "1025"], "--batch"),
         (["--batch", "2", "--delay-level", "3"], "--batch cannot be used with --delay-level"),
         (["-c", "1000", "--batch", "1000", "x" * 5000], "--batch 1000: the batch of 1000"),
+        (["--transaction", "commit", "--batch", "2"], "--transaction cannot be used with --batch"),
+        (["--transaction", "unknown", "--delay-level", "2"], "cannot be used with --delay-level"),
+        (["--transaction", "maybe"], "'maybe' is not one of 'commit', 'rollback', 'unknown'"),
+        (["--transaction", "unknown", "--check-answer", "unknown"], "--check-answer"),
     ],
 )
 async def test_bad_produce_flags_are_refused(flags: list[str], error: str) -> None:

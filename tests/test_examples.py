@@ -65,8 +65,10 @@ def test_remoting_echo_example_runs() -> None:
 
 @pytest.fixture(scope="module")
 def broker_namesrv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A ``hamq broker`` process (embedded nameserver on a free port) for the examples."""
-    with broker_process(tmp_path_factory.mktemp("examples-broker")) as (_, namesrv):
+    """A ``hamq broker`` process (embedded nameserver on a free port) for the examples;
+    it checks transactions back within seconds (make run's brokers: every 5 s)."""
+    fast_checks = "transaction_timeout_s = 1.0\ntransaction_check_interval_s = 0.5"
+    with broker_process(tmp_path_factory.mktemp("examples-broker"), fast_checks) as (_, namesrv):
         yield namesrv
 
 
@@ -108,6 +110,27 @@ def test_delayed_example_delivers_after_its_level(broker_namesrv: str) -> None:
     match = re.search(r"delivered at \S+, ([\d.]+)s after sending", out)
     assert match, out
     assert float(match.group(1)) >= 4.5
+
+
+@pytest.mark.slow
+def test_transaction_example_delivers_the_committed_and_the_checked_back_order(
+    broker_namesrv: str,
+) -> None:
+    out = run_example("transaction.py", broker_namesrv)
+    assert re.search(r"A-\w+: COMMIT_MESSAGE", out) and re.search(r"B-\w+: ROLLBACK_MESSAGE", out)
+    assert re.search(r"C-\w+: UNKNOW", out), out
+    assert re.search(r"broker asks about C-\w+: answered COMMIT_MESSAGE", out), out
+    delivered = re.findall(r"delivered: order (\w)-", out)
+    assert sorted(delivered) == ["A", "C"], out
+    assert "not the failed one" in out
+
+
+@pytest.mark.slow
+def test_readme_transaction_snippet_runs(broker_namesrv: str) -> None:
+    code = readme_snippet('TransactionProducer("order-service"')
+    assert run_python(code.replace("127.0.0.1:9876", broker_namesrv)).strip() == (
+        "SEND_OK COMMIT_MESSAGE"
+    )
 
 
 @pytest.mark.slow

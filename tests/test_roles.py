@@ -24,10 +24,11 @@ CONTROLLED = {"enable_controller_mode": True, "controller_addrs": ["127.0.0.1:1"
 
 @asynccontextmanager
 async def node_parts(tmp_path: Path, **overrides: Any) -> AsyncIterator[BrokerNode]:
-    """A broker whose store runs; nothing else of it does."""
+    """A broker whose store and transaction service run; nothing else of it does."""
     node = BrokerNode(broker_config(tmp_path / "store", **overrides))
     async with trio.open_nursery() as nursery:
         await nursery.start(node.store.run)
+        await nursery.start(node.transactions.run)
         yield node
         nursery.cancel_scope.cancel()
 
@@ -72,7 +73,7 @@ async def test_controlled_moves_switch_store_replication_and_id_together(tmp_pat
         await move(Role.SLAVE)  # a new master
         await move(Role.MASTER, epoch=2, members=frozenset({3}))
         assert roles.broker_id == 0 and roles.broker_role is BrokerRole.ASYNC_MASTER
-        assert takes_puts(node) and serves_slaves(node)
+        assert takes_puts(node) and serves_slaves(node) and node.transactions.checking
         assert node.epochs.last_epoch == 2
         assert policy(node) is ReplicaPolicy.SYNC_STATE_SET
         assert roles.sends_refused is not None  # the set {3} is below min_in_sync_replicas 2
@@ -83,7 +84,7 @@ async def test_controlled_moves_switch_store_replication_and_id_together(tmp_pat
         assert node.epochs.last_epoch == 3 and takes_puts(node)
         await move(Role.SLAVE)
         assert roles.broker_id == 3 and roles.sends_refused is None
-        assert not takes_puts(node) and not serves_slaves(node)
+        assert not takes_puts(node) and not serves_slaves(node) and not node.transactions.checking
         assert policy(node) is ReplicaPolicy.NONE
         await move(Role.MASTER, epoch=4)
         assert takes_puts(node)

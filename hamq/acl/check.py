@@ -13,7 +13,8 @@
    topic and group the request touches needs its permission (the account's entry for
    it, else its default): the first one missing is refused. A request that reads a
    stored message by its offset (a send-back) needs SUB on that message's topic too,
-   which ``message_topic`` (the broker's store) tells; no message there: nothing more
+   and an END_TRANSACTION PUB on its half message's real topic, which
+   ``message_topic`` (the broker's store) tells; no message there: nothing more
    (the processor refuses it); no ``message_topic``: refused, it cannot be checked.
 
 A refusal is a ``Refusal``: its ``reason`` (what kind of failure, for counting: a
@@ -138,7 +139,8 @@ def check(
                 f"the topic of the message at offset {needs.message_offset} cannot be checked here",
             )
         topic = message_topic(needs.message_offset)
-        resources += tuple(topic_resources(topic, Perm.SUB)) if topic is not None else ()
+        if topic is not None:
+            resources += tuple(topic_resources(topic, needs.message_perm))
     missing = _missing(account, resources)
     if missing is not None:
         return Refusal(

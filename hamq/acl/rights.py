@@ -16,6 +16,10 @@ Resources, by request code (wire field names in quotes):
                                  check.py asks the broker for the topic)
     PULL_MESSAGE 11              SUB on the topic ("topic"; a retry topic: its group) and
                                  on the group ("consumerGroup")
+    END_TRANSACTION 37 (hamq)    PUB on the topic of the half message at
+                                 "commitLogOffset" (its real topic: the broker tells,
+                                 ``message_offset``); RocketMQ checks only the signature,
+                                 so any account could commit another's transaction
     QUERY_MESSAGE 12             SUB on the topic
     HEART_BEAT 34                SUB on every consumer group of the body and on each topic
                                  it subscribes to
@@ -62,7 +66,11 @@ from hamq.protocol.bodies import (
     UnlockBatchRequestBody,
     decode_body,
 )
-from hamq.protocol.headers import ConsumerSendMsgBackRequestHeader, decode_send_header
+from hamq.protocol.headers import (
+    ConsumerSendMsgBackRequestHeader,
+    EndTransactionRequestHeader,
+    decode_send_header,
+)
 from hamq.protocol.message import RETRY_GROUP_TOPIC_PREFIX
 
 #: RocketMQ's TopicValidator.RMQ_SYS_TRACE_TOPIC: anyone signed may publish traces
@@ -116,7 +124,9 @@ class Needs:
     admin: bool = False
     resources: tuple[Resource, ...] = ()
     #: the commit-log offset of a stored message the request reads (SUB on its topic)
+    #: or ends the transaction of (PUB on its real topic): ``message_perm``
     message_offset: int | None = None
+    message_perm: Perm = Perm.SUB
 
 
 @attrs.frozen
@@ -131,7 +141,8 @@ class AclPolicy:
         admin = request.code in ADMIN_CODES
         if not admin and not self.check_all:
             return None
-        return Needs(admin, tuple(_resources(request)), _message_offset(request))
+        message_perm = Perm.PUB if request.code == RequestCode.END_TRANSACTION else Perm.SUB
+        return Needs(admin, tuple(_resources(request)), _message_offset(request), message_perm)
 
 
 BROKER_POLICY = AclPolicy("broker", check_all=True)
@@ -185,12 +196,14 @@ def _lock(request: RemotingCommand) -> list[Resource]:
 
 
 def _message_offset(request: RemotingCommand) -> int | None:
-    if request.code != RequestCode.CONSUMER_SEND_MSG_BACK:
-        return None
     try:
-        return request.header(ConsumerSendMsgBackRequestHeader).offset
+        if request.code == RequestCode.CONSUMER_SEND_MSG_BACK:
+            return request.header(ConsumerSendMsgBackRequestHeader).offset
+        if request.code == RequestCode.END_TRANSACTION:
+            return request.header(EndTransactionRequestHeader).commit_log_offset
     except RequestError:  # (the processor says what is wrong with it)
         return None
+    return None
 
 
 def _resources(request: RemotingCommand) -> list[Resource]:

@@ -15,6 +15,7 @@ client of a group, renewed by locking again, and lapses after
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable, Iterable
 
 import attrs
@@ -144,6 +145,12 @@ class ProducerManager:
 
     def register(self, group: str, channel: ClientChannel) -> None:
         self.groups.setdefault(group, {})[channel.client_id] = channel
+
+    def available_channel(self, group: str) -> ClientChannel | None:
+        """A connected producer of ``group`` to ask about its transactions (any one:
+        they share the group's listener), None if none is connected."""
+        members = self.groups.get(group)
+        return random.choice(list(members.values())) if members else None
 
     def unregister(self, group: str, client_id: str) -> None:
         members = self.groups.get(group)

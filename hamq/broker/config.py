@@ -124,6 +124,14 @@ class BrokerConfig:
     #: how long a long-polling pull may wait at most, whatever the client asks
     long_polling_max_s: float = attrs.field(default=30.0, validator=v.gt(0.0))
     consumer_offset_persist_interval_s: float = attrs.field(default=5.0, validator=v.gt(0.0))
+    #: transactions (hamq/broker/transactions.py): a half message is first checked back
+    #: this long after it was stored (transactionTimeOut)
+    transaction_timeout_s: float = attrs.field(default=6.0, validator=v.gt(0.0))
+    #: how often the master looks for half messages to check back (transactionCheckInterval:
+    #: 30 s since RocketMQ 5.1.1, 60 s before)
+    transaction_check_interval_s: float = attrs.field(default=30.0, validator=v.gt(0.0))
+    #: a half message checked this often without an answer goes to TRANS_CHECK_MAX_TIME_TOPIC
+    transaction_check_max: int = attrs.field(default=15, validator=v.ge(1))
     #: queue locks of orderly consumers last this long unless renewed (RocketMQ: 60 s)
     rebalance_lock_max_live_s: float = attrs.field(default=60.0, validator=v.gt(0.0))
     remoting: RemotingConfig = attrs.field(factory=RemotingConfig)

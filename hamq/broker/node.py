@@ -4,8 +4,9 @@ Start-up, in order: the message store (recovery first; it takes no sends yet), t
 managers' JSON state, an embedded nameserver when no nameserver address is
 configured or ``embed_namesrv`` asks for one, replication (a master's HA service on the
 HA port), the remoting server (reporting its port), the background services (long
-polling, notifications, client housekeeping, persisting state), registration with
-every nameserver (a warning if sends wait longer than producers do); then the broker
+polling, notifications, transactions, client housekeeping, persisting state),
+registration with every nameserver (a warning if sends wait longer than producers
+do); then the broker
 takes its configured role (roles.py: a master starts a new epoch at the end of its log
 and takes sends), and a slave starts its HA client and the metadata sync, which follow
 the master the registration names.
@@ -49,18 +50,20 @@ from hamq.broker.processors.admin import AdminProcessor
 from hamq.broker.processors.clients import ClientProcessor
 from hamq.broker.processors.pull import PullProcessor
 from hamq.broker.processors.send import SendProcessor
+from hamq.broker.processors.transaction import EndTransactionProcessor
 from hamq.broker.registration import Notifier, Registrar
 from hamq.broker.replicas import ReplicasManager
 from hamq.broker.roles import Roles
 from hamq.broker.slave_sync import SlaveSync
 from hamq.broker.subscriptions import SubscriptionGroupManager
 from hamq.broker.topics import TopicConfigManager
+from hamq.broker.transactions import TransactionService
 from hamq.ha import EpochFile, HAClient, HAService
 from hamq.ha.epoch import FILE_NAME as EPOCH_FILE_NAME
 from hamq.ha.membership import nameserver_registry
 from hamq.metrics import MetricsServer, new_registry
 from hamq.protocol.ha_wire import HAProtocol
-from hamq.protocol.message import MessageIdGenerator
+from hamq.protocol.message import PROPERTY_REAL_TOPIC, TRANS_HALF_TOPIC, MessageIdGenerator
 from hamq.remoting import (
     Connection,
     Dispatcher,
@@ -125,8 +128,18 @@ class BrokerNode:
             self.acl = AclGuard(config.acl_file, BROKER_POLICY, message_topic=self._message_topic)
         self.dispatcher = Dispatcher(guard=self.acl)
         self.pull = PullProcessor(self.ctx)
+        self.transactions = TransactionService(
+            config,
+            self.store,
+            self.ctx.offsets,
+            self.ctx.producers,
+            clock=self._clock,
+            store_host=lambda: self.ctx.store_host,
+        )
+        self.roles.master_services.append(self.transactions)
         for processor in (
             SendProcessor(self.ctx),
+            EndTransactionProcessor(self.ctx, self.transactions),
             self.pull,
             ClientProcessor(self.ctx),
             AdminProcessor(self.ctx),
@@ -238,12 +251,16 @@ class BrokerNode:
         return self.store.commitlog_max_offset
 
     def _message_topic(self, offset: int) -> str | None:
-        """The topic of the message at commit-log ``offset``, None if none starts there
-        (the ACL checks a send-back against it)."""
+        """The topic of the message at commit-log ``offset`` (a half message's: its real
+        topic), None if none starts there (the ACL checks a send-back and an
+        END_TRANSACTION against it)."""
         try:
-            return self.store.look_message_by_offset(offset).topic
+            message = self.store.look_message_by_offset(offset)
         except StoreError:
             return None
+        if message.topic == TRANS_HALF_TOPIC:
+            return message.properties.get(PROPERTY_REAL_TOPIC)
+        return message.topic
 
     def _confirm_offset(self) -> int:
         if self.ha_service is not None and self.roles.is_master:
@@ -347,7 +364,7 @@ class BrokerNode:
 
     async def _start_services(self, nursery: trio.Nursery) -> None:
         """The ACL, the remoting server (its port is the broker's), metrics, long
-        polling, notifications, client housekeeping, persisting state."""
+        polling, notifications, transactions, client housekeeping, persisting state."""
         ctx = self.ctx
         if self.acl is not None:
             await nursery.start(self.acl.run)
@@ -359,6 +376,7 @@ class BrokerNode:
         assert ctx.pull_holds is not None
         await nursery.start(ctx.pull_holds.run)
         await nursery.start(self.notifier.run)
+        await nursery.start(self.transactions.run)
         nursery.start_soon(self._housekeeping)
         nursery.start_soon(self._persist_loop)
 

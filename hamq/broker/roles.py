@@ -26,7 +26,9 @@ is the role MASTER — sends pass the processors from here — and the listeners
 (registration with the nameservers) hear of it. Becoming slave undoes it in reverse:
 the role first (sends are refused), then the store's puts and scheduler, then the HA
 service's slaves and replica policy; the HA client then follows the new master.
-(The transaction check service, when it comes, starts and stops with the scheduler.)
+The master's own services (``master_services``: the transaction check-back,
+hamq/broker/transactions.py) start right after the store's scheduler and stop right
+before it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 import attrs
 
@@ -71,6 +74,12 @@ MOVES: dict[tuple[Role, Role], Move] = {
 }
 
 
+class MasterService(Protocol):
+    """A service that runs on a master only (RocketMQ's startProcessorByHa)."""
+
+    async def set_master(self, master: bool) -> None: ...
+
+
 class IllegalRoleChange(RuntimeError):
     """A move ``MOVES`` does not allow (a bug: nothing is changed)."""
 
@@ -101,6 +110,8 @@ class Roles:
         self.sends_refused: str | None = None
         #: called after every move (the registrar registers the new role)
         self.listeners: list[Callable[[], None]] = []
+        #: started on becoming master, stopped on becoming slave, next to the scheduler
+        self.master_services: list[MasterService] = []
         self.changes = 0
         if ha_service is not None:
             # a configured master's slaves may catch up while it starts (its log is
@@ -184,6 +195,8 @@ class Roles:
             self.ha_service.active = True
         self.adopt_sync_state_set(sync_state_set)
         await store.set_master(True)  # (waits until the reput task dispatched everything)
+        for service in self.master_services:
+            await service.set_master(True)
         self._moved(
             before, Role.MASTER, f"{why}; epoch {epoch} from offset {store.commitlog_max_offset}"
         )
@@ -194,6 +207,8 @@ class Roles:
         self._check(Role.SLAVE, why)
         before, self.role = self.role, Role.SLAVE  # (sends are refused from here on)
         self.sends_refused = None
+        for service in self.master_services:
+            await service.set_master(False)
         await self.store.set_master(False)
         if self.ha_service is not None:
             self.ha_service.transfer.set_policy(ReplicaPolicy.NONE)

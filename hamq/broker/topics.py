@@ -4,9 +4,11 @@ Persisted as ``config/topics.json`` (RocketMQ's TopicConfigSerializeWrapper). Th
 version changes with every change, and every change calls the ``on_change``
 listeners (the registration service re-registers with the nameservers at once).
 System topics exist from the start: TBW102 (the template auto-created topics copy;
-inheritable while auto-creation is on) and SCHEDULE_TOPIC_XXXX (one queue per delay
-level). Retry (``%RETRY%group``) and dead-letter (``%DLQ%group``) topics are created
-when first needed, with one queue.
+inheritable while auto-creation is on), SCHEDULE_TOPIC_XXXX (one queue per delay
+level), and the transactions' RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF_TOPIC and
+TRANS_CHECK_MAX_TIME_TOPIC (one queue each; hamq/broker/transactions.py). Retry
+(``%RETRY%group``) and dead-letter (``%DLQ%group``) topics are created when first
+needed, with one queue.
 
 ``max_topics`` caps how many topics the broker holds (each costs consume-queue files
 and route entries): creating one more — auto-created on a send, retry and dead-letter
@@ -34,7 +36,14 @@ from hamq.protocol.bodies import (
     TopicConfig,
     TopicConfigSerializeWrapper,
 )
-from hamq.protocol.message import DEFAULT_TOPIC, SCHEDULE_TOPIC, topic_error
+from hamq.protocol.message import (
+    DEFAULT_TOPIC,
+    SCHEDULE_TOPIC,
+    TRANS_CHECK_MAX_TIME_TOPIC,
+    TRANS_HALF_TOPIC,
+    TRANS_OP_HALF_TOPIC,
+    topic_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +87,10 @@ class TopicConfigManager(StateFile[TopicConfigSerializeWrapper]):
                 PERM_READ | PERM_WRITE | (PERM_INHERIT if auto_create else 0),
             ),
             SCHEDULE_TOPIC: TopicConfig(SCHEDULE_TOPIC, delay_levels, delay_levels),
+            **{
+                topic: TopicConfig(topic, 1, 1, PERM_READ | PERM_WRITE)
+                for topic in (TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC)
+            },
         }
 
     def restore(self, saved: TopicConfigSerializeWrapper | None) -> None:

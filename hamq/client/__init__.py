@@ -6,6 +6,7 @@ its tasks in the caller's event loop. The broker, nameserver and replication sta
 Trio; only the client is loop-agnostic.
 
 - producer.py       Producer: send, send_oneway, send_async, send_batch, ordered sends
+- transaction.py    TransactionProducer: send_in_transaction, check-backs
 - consumer.py       PullConsumer, and the pull/offset requests both consumers make
 - push_consumer.py  PushConsumer: a consumer group member with rebalancing
 - admin.py          AdminClient: topics, routes, clusters
@@ -46,6 +47,12 @@ from hamq.client.message import (
 )
 from hamq.client.producer import Producer, hash_selector
 from hamq.client.push_consumer import ConsumeFrom, PushConsumer, PushConsumerStatistics
+from hamq.client.transaction import (
+    LocalTransactionState,
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
+)
 from hamq.protocol.bodies import MASTER_ID, MessageQueue
 from hamq.remoting import RemotingConfig, RemotingError
 from hamq.remoting.tls import TlsConfig
@@ -60,6 +67,7 @@ __all__ = [
     "ConsumeResult",
     "Credentials",
     "InvalidArgumentError",
+    "LocalTransactionState",
     "Message",
     "MessageExt",
     "MessageQueue",
@@ -78,6 +86,9 @@ __all__ = [
     "SendResult",
     "SendStatus",
     "TlsConfig",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionSendResult",
     "credentials_from",
     "hash_selector",
 ]

@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 
 import trio
 
-from hamq.client import admin, consumer, producer, push_consumer
+from hamq.client import admin, consumer, producer, push_consumer, transaction
 from hamq.client.errors import ClientError, InvalidArgumentError
 from hamq.client.instance import ClientConfig
 from hamq.client.message import (
@@ -212,6 +212,28 @@ class Producer(_Blocking[producer.Producer]):
 
     def queues(self, topic: str) -> list[MessageQueue]:
         return self._call(self._value.queues, topic)
+
+
+class TransactionProducer(Producer):
+    """hamq.client.TransactionProducer, blocking. Same arguments; a listener of plain
+    functions runs in worker threads of the client's loop (``check`` in at most
+    ``check_thread_pool_max_size`` of them)."""
+
+    def __init__(
+        self,
+        group: str,
+        namesrv: str | Sequence[str] | ClientConfig,
+        listener: transaction.TransactionListener,
+        **options: Any,
+    ) -> None:
+        self._transactions = transaction.TransactionProducer(group, namesrv, listener, **options)
+        self._async = self._transactions
+        self._loop = _LoopThread(f"hamq-transaction-producer-{group}", lambda: self._async)
+
+    def send_in_transaction(
+        self, message: Message, arg: Any = None, timeout_s: float | None = None
+    ) -> transaction.TransactionSendResult:
+        return self._call(self._transactions.send_in_transaction, message, arg, timeout_s=timeout_s)
 
 
 class PullConsumer(_Blocking[consumer.PullConsumer]):

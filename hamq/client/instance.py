@@ -19,7 +19,12 @@ What brokers ask of a client (over the client's own connections):
   topic, e.g. ``hamq admin reset-offset``): the group's consumer goes on from the
   offsets given in the queues it holds (the broker has committed them already);
 - GET_CONSUMER_STATUS_FROM_CLIENT: the group's consumer's offsets in a topic
-  (GetConsumerStatusBody; empty when no consumer of the group runs here).
+  (GetConsumerStatusBody; empty when no consumer of the group runs here);
+- CHECK_TRANSACTION_STATE (oneway): what became of a half message's local transaction;
+  decoded here (header, and the message in the body) and handed, without blocking, to
+  the TransactionProducer of the message's PGROUP group, which answers END_TRANSACTION
+  over the same connection (hamq.client.transaction); dropped with a log line when no
+  such producer runs here or the body does not decode.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from hamq.client.errors import (
     NameServerUnavailableError,
     NoRouteError,
 )
+from hamq.client.message import inflate
 from hamq.client.route_cache import (
     PublishInfo,
     broker_table,
@@ -55,7 +61,13 @@ from hamq.client.route_cache import (
     publish_info,
     subscribe_queues,
 )
-from hamq.protocol import RemotingCommand, RequestCode, ResponseCode, SerializeType
+from hamq.protocol import (
+    RemotingCommand,
+    RequestCode,
+    RequestError,
+    ResponseCode,
+    SerializeType,
+)
 from hamq.protocol.bodies import (
     MASTER_ID,
     ConsumerData,
@@ -69,13 +81,19 @@ from hamq.protocol.bodies import (
     encode_body,
 )
 from hamq.protocol.headers import (
+    CheckTransactionStateRequestHeader,
     GetConsumerStatusRequestHeader,
     GetRouteInfoRequestHeader,
     NotifyConsumerIdsChangedRequestHeader,
     ResetOffsetRequestHeader,
     UnregisterClientRequestHeader,
 )
-from hamq.protocol.message import DEFAULT_TOPIC
+from hamq.protocol.message import (
+    DEFAULT_TOPIC,
+    PROPERTY_PRODUCER_GROUP,
+    StoredMessage,
+    decode_message,
+)
 from hamq.remoting import (
     Connection,
     Dispatcher,
@@ -84,6 +102,7 @@ from hamq.remoting import (
     RemotingError,
     parse_address,
 )
+from hamq.remoting.client import RpcHook
 from hamq.remoting.loop import ANY_LOOP, LoopPrimitives, current_loop
 
 log = logging.getLogger(__name__)
@@ -158,6 +177,16 @@ class GroupMember(Protocol):
         """Its offsets (next to consume) in the queues of ``topic`` it holds."""
 
 
+class TransactionChecker(Protocol):
+    """A transaction producer as the instance sees it."""
+
+    def check_requested(
+        self, header: CheckTransactionStateRequestHeader, message: StoredMessage, conn: Connection
+    ) -> None:
+        """Take a broker's check of a half message of its group (in the connection's
+        reader: it must not block)."""
+
+
 class ClientInstance:
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
@@ -167,17 +196,19 @@ class ClientInstance:
         dispatcher.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._notified)
         dispatcher.register(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, self._reset_offsets)
         dispatcher.register(RequestCode.GET_CONSUMER_STATUS_FROM_CLIENT, self._consumer_status)
+        dispatcher.register(RequestCode.CHECK_TRANSACTION_STATE, self._check_transaction)
         credentials = config.credentials
+        self._rpc_hook: RpcHook | None = signer(credentials) if credentials is not None else None
         self.remoting = RemotingClient(
-            dispatcher=dispatcher,
-            config=config.remoting,
-            rpc_hook=signer(credentials) if credentials is not None else None,
+            dispatcher=dispatcher, config=config.remoting, rpc_hook=self._rpc_hook
         )
         self.routes: dict[str, TopicRouteData] = {}
         self.brokers: dict[str, dict[int, str]] = {}
         self._publish: dict[str, PublishInfo] = {}
         self.producer_groups: set[str] = set()
         self.consumers: dict[str, GroupMember] = {}
+        #: transaction producers by group: who answers a broker's CHECK_TRANSACTION_STATE
+        self.transaction_producers: dict[str, TransactionChecker] = {}
         self._namesrv_index = random.randrange(len(config.namesrv_addrs))
         #: the nameserver in use has answered once (a later failure is worth a warning)
         self._namesrv_answered = False
@@ -417,6 +448,17 @@ class ClientInstance:
             timeout_s = self.config.request_timeout_s
         return await self.remoting.invoke(addr, request, timeout_s)
 
+    async def invoke_oneway_on(
+        self, conn: Connection, request: RemotingCommand, timeout_s: float | None = None
+    ) -> None:
+        """``request`` oneway over ``conn`` (a connection a broker's request came on),
+        signed as every request is; RemotingError as Connection.invoke_oneway."""
+        if self._rpc_hook is not None:
+            self._rpc_hook(conn.peer, request)
+        if timeout_s is None:
+            timeout_s = self.config.request_timeout_s
+        await conn.invoke_oneway(request, timeout_s)
+
     async def invoke_ok(
         self, addr: str, request: RemotingCommand, timeout_s: float | None = None
     ) -> RemotingCommand:
@@ -495,6 +537,34 @@ class ClientInstance:
             )
             member.reset_offsets(header.topic, offsets)
         return None if request.is_oneway else request.response_to()
+
+    def _check_transaction(
+        self, request: RemotingCommand, conn: Connection
+    ) -> RemotingCommand | None:
+        answer = None if request.is_oneway else request.response_to()
+        try:
+            header = request.header(CheckTransactionStateRequestHeader)
+            message = inflate(decode_message(request.body, check_crc=False))
+        except (RequestError, ValueError) as exc:  # (MessageFormatError is a ValueError)
+            log.warning(
+                "broker %s sent a transaction check that does not decode (dropped): %s",
+                conn.peer,
+                exc,
+            )
+            return answer
+        group = message.properties.get(PROPERTY_PRODUCER_GROUP)
+        producer = self.transaction_producers.get(group) if group else None
+        if producer is None:
+            log.info(
+                "broker %s asked about transaction %s of producer group %s: no such "
+                "transaction producer here (dropped)",
+                conn.peer,
+                message.msg_id,
+                group or "(none given)",
+            )
+            return answer
+        producer.check_requested(header, message, conn)
+        return answer
 
     def _consumer_status(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         header = request.header(GetConsumerStatusRequestHeader)

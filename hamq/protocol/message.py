@@ -72,6 +72,10 @@ PROPERTY_REAL_TOPIC = "REAL_TOPIC"
 PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 PROPERTY_PRODUCER_GROUP = "PGROUP"
+#: how often the broker asked the producer about a half message (transactions)
+PROPERTY_TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+#: seconds before a half message's first check-back, set by the producer (transactions)
+PROPERTY_CHECK_IMMUNITY_TIME = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 PROPERTY_MIN_OFFSET = "MIN_OFFSET"
 PROPERTY_MAX_OFFSET = "MAX_OFFSET"
 PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
@@ -130,7 +134,21 @@ def group_error(group: str) -> str | None:
 #: topics with a meaning of their own
 DEFAULT_TOPIC = "TBW102"  # the template auto-created topics copy
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"  # delayed messages wait here, a queue per level
-SYSTEM_TOPICS = frozenset({DEFAULT_TOPIC, SCHEDULE_TOPIC})
+#: transactions: prepared (half) messages wait here, one queue, until committed
+TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+#: transactions: one record per half message that is done with (its half queue offset)
+TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+#: transactions: half messages no producer settled after transaction_check_max checks
+TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+SYSTEM_TOPICS = frozenset(
+    {
+        DEFAULT_TOPIC,
+        SCHEDULE_TOPIC,
+        TRANS_HALF_TOPIC,
+        TRANS_OP_HALF_TOPIC,
+        TRANS_CHECK_MAX_TIME_TOPIC,
+    }
+)
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 

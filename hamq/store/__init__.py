@@ -28,6 +28,7 @@ from hamq.store.message_store import (
     MessageToStore,
     PutMessageResult,
     StoreStatistics,
+    copy_to_store,
 )
 from hamq.store.reput import DispatchRequest
 from hamq.store.segment import StoreCorruptionError, StoreError
@@ -49,5 +50,6 @@ __all__ = [
     "StoreCorruptionError",
     "StoreError",
     "StoreStatistics",
+    "copy_to_store",
     "parse_delay_levels",
 ]

@@ -582,21 +582,7 @@ class MessageStore:
     ) -> int | None:
         """Store a due delayed message under its real topic: the copy's end offset, -1 if
         it can never be stored, None if the store refused it for now."""
-        result = self.put_message_nowait(
-            MessageToStore(
-                topic=topic,
-                queue_id=queue_id,
-                body=message.body,
-                flag=message.flag,
-                properties=properties,
-                sys_flag=message.sys_flag,
-                born_timestamp=message.born_timestamp,
-                born_host=_split_host(message.born_host),
-                store_host=_split_host(message.store_host),
-                reconsume_times=message.reconsume_times,
-                prepared_transaction_offset=message.prepared_transaction_offset,
-            )
-        )
+        result = self.put_message_nowait(copy_to_store(message, topic, queue_id, properties))
         if result.append is not None:
             return result.append.end_offset
         permanent = result.status in (
@@ -926,6 +912,37 @@ class MessageStore:
             damaged_records_dispatched=self.reput.damaged.count,
             damaged_records_read=self.commitlog.damaged.count,
         )
+
+
+def copy_to_store(
+    message: StoredMessage,
+    topic: str,
+    queue_id: int,
+    properties: Mapping[str, str],
+    *,
+    sys_flag: int | None = None,
+    prepared_transaction_offset: int | None = None,
+) -> MessageToStore:
+    """A stored message to store again under ``topic`` and ``queue_id`` with
+    ``properties`` (a delayed message coming due, a transaction's half message put back
+    or committed): born time and hosts, flag and reconsume times are kept."""
+    return MessageToStore(
+        topic=topic,
+        queue_id=queue_id,
+        body=message.body,
+        flag=message.flag,
+        properties=properties,
+        sys_flag=message.sys_flag if sys_flag is None else sys_flag,
+        born_timestamp=message.born_timestamp,
+        born_host=_split_host(message.born_host),
+        store_host=_split_host(message.store_host),
+        reconsume_times=message.reconsume_times,
+        prepared_transaction_offset=(
+            message.prepared_transaction_offset
+            if prepared_transaction_offset is None
+            else prepared_transaction_offset
+        ),
+    )
 
 
 def _split_host(address: str) -> tuple[str, int]:

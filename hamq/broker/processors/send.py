@@ -13,8 +13,11 @@ permission).
 
 What is checked, each refusal with RocketMQ's code and a remark that names it: the
 topic's name, sending to system topics, the topic's existence (auto-created from
-TBW102 when allowed), its write permission, the queue id, the body's size,
-transactions (not supported: NO_PERMISSION). The broker adds CLUSTER and, when the
+TBW102 when allowed), its write permission, the queue id, the body's size; a
+transactional (half) message in a batch or with a delay level (MESSAGE_ILLEGAL). A half
+message (``TRAN_MSG=true``) is stored under RMQ_SYS_TRANS_HALF_TOPIC with its real topic
+and queue in its properties (hamq/broker/transactions.py); it waits for its fsync and
+replicas like any other send. The broker adds CLUSTER and, when the
 producer sent none, a UNIQ_KEY. A batch (code 320, or code 10 with ``batch`` "1" or
 "true" as the C++ client sends it) is split and each entry stored as its own message.
 A send to a retry topic takes its reconsume times from the header, else from the
@@ -32,6 +35,7 @@ import trio
 from hamq.broker.context import BrokerContext
 from hamq.broker.roles import Role
 from hamq.broker.stats import code_name
+from hamq.broker.transactions import half_message, is_transactional
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import PERM_WRITE
 from hamq.protocol.headers import (
@@ -51,8 +55,6 @@ from hamq.protocol.message import (
     PROPERTY_RETRY_TOPIC,
     PROPERTY_UNIQ_KEY,
     RETRY_GROUP_TOPIC_PREFIX,
-    SYSFLAG_TRANSACTION_MASK,
-    SYSFLAG_TRANSACTION_PREPARED,
     SYSTEM_TOPICS,
     MessageFormatError,
     decode_batch,
@@ -178,12 +180,9 @@ class SendProcessor:
         batch = request.code == RequestCode.SEND_BATCH_MESSAGE or bool(header.batch)
         topic, queue_id = self._check(header)
         properties = decode_properties(header.properties or "")
-        if header.sys_flag & SYSFLAG_TRANSACTION_MASK == SYSFLAG_TRANSACTION_PREPARED:
-            raise RequestError(
-                ResponseCode.NO_PERMISSION,
-                "the broker sending transaction message is forbidden: transactions are not "
-                "supported by this broker",
-            )
+        transactional = is_transactional(properties, header.sys_flag)
+        if transactional:
+            self._check_half(properties, batch)
         reconsume_times = _reconsume_times(topic, header, properties)
         topic, queue_id = self._retry_or_dead_letter(
             topic, queue_id, header, properties, reconsume_times
@@ -215,7 +214,23 @@ class SendProcessor:
                     header, topic, queue_id, request.body, properties, born_host, reconsume_times
                 )
             ]
-        return self._store(request, conn, messages, started)
+        if transactional:
+            half_message(messages[0], header.producer_group)
+        return self._store(request, conn, messages, started, queue_id)
+
+    @staticmethod
+    def _check_half(properties: dict[str, str], batch: bool) -> None:
+        """What a half message may not be (hamq/broker/transactions.py)."""
+        if batch:
+            raise RequestError(
+                ResponseCode.MESSAGE_ILLEGAL, "a batch cannot hold transactional messages"
+            )
+        if properties.get(PROPERTY_DELAY, "0").strip() not in ("", "0"):
+            raise RequestError(
+                ResponseCode.MESSAGE_ILLEGAL,
+                f"a transactional message cannot have a delay level "
+                f"({PROPERTY_DELAY}={properties[PROPERTY_DELAY]})",
+            )
 
     def _check(self, header: SendMessageRequestHeader) -> tuple[str, int]:
         topic = header.topic
@@ -325,6 +340,7 @@ class SendProcessor:
         conn: Connection,
         messages: list[MessageToStore],
         started: float,
+        queue_id: int,
     ) -> RemotingCommand | None:
         # A send that waits (for its fsync, for a slave's ack) takes its place in flight
         # first: refused for being one too many (SYSTEM_BUSY), it must not be stored.
@@ -358,7 +374,7 @@ class SendProcessor:
             responder.send(request.response_to(refusal.code, str(refusal)))
             stats.refused(code_name(refusal.code))
             return None
-        response = self._response(request, messages, results)
+        response = self._response(request, messages, results, queue_id)
         if responder is None:
             self._answered(response, started)
             return response
@@ -379,14 +395,17 @@ class SendProcessor:
         request: RemotingCommand,
         messages: list[MessageToStore],
         results: list[PutMessageResult],
+        queue_id: int,
     ) -> RemotingCommand:
-        """SUCCESS with the offset message id(s) (comma-joined for a batch), the queue and
-        the first queue offset, and the UNIQ_KEY as transaction id, as Java answers."""
+        """SUCCESS with the offset message id(s) (comma-joined for a batch), the queue it
+        was sent to (a half message's real one) and the first queue offset (a half
+        message's in the half queue: END_TRANSACTION names it), and the UNIQ_KEY as
+        transaction id, as Java answers."""
         first = results[0].append
         assert first is not None
         header = SendMessageResponseHeader(
             msg_id=",".join(r.append.offset_msg_id for r in results if r.append is not None),
-            queue_id=messages[0].queue_id,
+            queue_id=queue_id,
             queue_offset=first.queue_offset,
             transaction_id=messages[0].properties.get(PROPERTY_UNIQ_KEY),
             msg_region="DefaultRegion",
