@@ -62,6 +62,8 @@ class PublishInfo:
             raise LookupError(f"topic {self.topic} has no writable queue")
         n = len(self.queues)
         start = next(self._next)
+        if last_broker is None and available is None:
+            return self.queues[start % n]  # (a first try with nothing to avoid)
         candidates = [self.queues[(start + i) % n] for i in range(n)]
         for queue in candidates:
             if queue.broker_name != last_broker and (
