@@ -431,8 +431,8 @@ class MessageStore:
                 return [outcome]
             prepared.append(outcome)
         results = []
-        for topic, template in prepared:
-            result = self._append(topic, template)
+        for topic, template, properties in prepared:
+            result = self._append(topic, template, properties)
             self._count(result)
             results.append(result)
             if not result.stored:
@@ -498,9 +498,11 @@ class MessageStore:
     def _refuse(self, status: PutMessageStatus, remark: str) -> PutMessageResult:
         return PutMessageResult(status, None, remark)
 
-    def _prepare(self, message: MessageToStore) -> tuple[str, RecordTemplate] | PutMessageResult:
-        """Check a message and encode its record: (the topic it goes to, the record), or
-        the refusal."""
+    def _prepare(
+        self, message: MessageToStore
+    ) -> tuple[str, RecordTemplate, Mapping[str, str]] | PutMessageResult:
+        """Check a message and encode its record: (the topic it goes to, the record, the
+        properties it holds), or the refusal."""
         if not self._running:
             return self._refuse(PutMessageStatus.SERVICE_NOT_AVAILABLE, "the store is not running")
         if not self._master:
@@ -564,14 +566,17 @@ class MessageStore:
             return self._refuse(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, str(exc))
         except MessageFormatError as exc:
             return self._refuse(PutMessageStatus.MESSAGE_ILLEGAL, str(exc))
-        return topic, template
+        return topic, template, properties
 
-    def _append(self, topic: str, template: RecordTemplate) -> PutMessageResult:
+    def _append(
+        self, topic: str, template: RecordTemplate, properties: Mapping[str, str]
+    ) -> PutMessageResult:
         try:
             appended = self.commitlog.append(topic, template)
         except (StoreError, OSError) as exc:
             log.error("append to the commitlog failed: %s", exc)
             return self._refuse(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
+        self.reput.appended(appended.physical_offset, properties)  # (decoded once)
         self.reput.wake()
         for listener in self.append_listeners:
             listener()

@@ -39,7 +39,7 @@ import math
 import mmap
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import attrs
@@ -87,6 +87,9 @@ MAX_MAPPED_QUEUE_FILES = 8192
 #: the longest one deferral (``defer_for``) holds dispatching: while a replica catches
 #: up, its queues are still brought up to date at least this often
 MAX_DEFERRAL_S = 5.0
+#: most records whose properties wait for their dispatch (``appended``): a dispatch far
+#: behind the puts decodes the rest itself
+DECODED_KEPT = 4096
 
 
 @attrs.define(slots=True)
@@ -102,7 +105,7 @@ class DispatchRequest:
     store_timestamp: int
     queue_offset: int
     sys_flag: int
-    properties: dict[str, str]
+    properties: Mapping[str, str]
 
 
 @attrs.define
@@ -192,6 +195,10 @@ class ReputService:
         #: store time of the last record dispatched (for the checkpoint)
         self.last_store_timestamp = 0
         self.listeners: list[Callable[[DispatchRequest], None]] = []
+        #: the properties of records this process appended and has not dispatched yet, by
+        #: physical offset (``appended``): the put decoded them already, dispatching need
+        #: not decode them again
+        self._decoded: dict[int, Mapping[str, str]] = {}
         self.failure: str | None = None
         self.failure_is_transient = False
         #: how many times dispatching was tried again after a disk error (for statistics)
@@ -349,7 +356,9 @@ class ReputService:
             problem = topic_error(topic)
             if problem is not None or queue_id < 0:
                 return f"it names no queue: {problem or f'queue id {queue_id}'}"
-        properties = decode_properties(text)
+        properties = self._decoded.pop(offset, None)
+        if properties is None:
+            properties = decode_properties(text)
         if topic == SCHEDULE_TOPIC:
             code = store_timestamp + self._delay_ms(properties)
         else:
@@ -431,9 +440,16 @@ class ReputService:
             queue_offset,
         )
 
+    def appended(self, physical_offset: int, properties: Mapping[str, str]) -> None:
+        """A put appended a record with ``properties`` (as encoded) at ``physical_offset``:
+        its dispatch takes them from here (at most DECODED_KEPT wait; beyond, it decodes)."""
+        if len(self._decoded) < DECODED_KEPT:
+            self._decoded[physical_offset] = properties
+
     def truncated(self, offset: int) -> None:
         """The CommitLog was cut at ``offset``: dispatching goes on from there at most,
         and a failure at a record that is gone is forgotten."""
+        self._decoded.clear()
         if offset <= self.offset:
             self.offset = offset
             if self.failure is not None:
@@ -467,7 +483,7 @@ class ReputService:
         else:
             log.error("dispatching paused, sends refused until it succeeds: %s", failure)
 
-    def _delay_ms(self, properties: dict[str, str]) -> int:
+    def _delay_ms(self, properties: Mapping[str, str]) -> int:
         try:
             level = int(properties.get(PROPERTY_DELAY, "1"))
         except ValueError:
