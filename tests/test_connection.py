@@ -319,7 +319,8 @@ async def test_an_unencodable_response_becomes_a_system_error(
         ECHO,
         lambda request, conn: request.response_to(ext_fields={"queueId": 0}),  # type: ignore[dict-item]
     )
-    a, b = trio.testing.memory_stream_pair()
+    left, right = trio.socket.socketpair()  # (a real socket: one write, one read)
+    a, b = trio.SocketStream(left), trio.SocketStream(right)
     server = Connection(
         TrioByteStream(b), peer="client", dispatcher=dispatcher, config=RemotingConfig()
     )
@@ -342,3 +343,47 @@ async def test_invoke_clears_a_oneway_bit_left_on_the_request(
     request = RemotingCommand.request(ECHO, body=b"x", oneway=True)
     response = await pair.client.invoke(request, timeout_s=5)
     assert response.body == b"x"
+
+
+async def test_a_burst_of_requests_lets_other_tasks_run_as_it_is_handled() -> None:
+    """64 requests read at once are handled inline, but other tasks run every
+    YIELD_EVERY_COMMANDS of them: a master's HA writer ships the first sends of a burst
+    while the rest are appended (no lockstep)."""
+    from hamq.remoting.connection import YIELD_EVERY_COMMANDS
+
+    seen: list[str] = []
+    first, all_seen = trio.Event(), trio.Event()
+
+    def record(request: RemotingCommand, conn: Connection) -> None:
+        seen.append(f"request {request.body.decode()}")
+        first.set()
+        if len(seen) == 65:
+            all_seen.set()
+
+    dispatcher = Dispatcher()
+    dispatcher.register(ECHO, record)
+    left, right = trio.socket.socketpair()  # (a real socket: one write, one read)
+    a, b = trio.SocketStream(left), trio.SocketStream(right)
+    server = Connection(
+        TrioByteStream(b), peer="client", dispatcher=dispatcher, config=RemotingConfig()
+    )
+    frames = [
+        encode_frame(RemotingCommand.request(ECHO, body=str(i).encode(), oneway=True))
+        for i in range(64)
+    ]
+
+    async def other_task() -> None:
+        await first.wait()
+        seen.append("other task")
+        if len(seen) == 65:
+            all_seen.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other_task)
+        await nursery.start(server.run)
+        await a.send_all(b"".join(frames))  # (one write: one read on the other side)
+        with trio.fail_after(5):
+            await all_seen.wait()
+        nursery.cancel_scope.cancel()
+    # (Trio runs the two in either order after a checkpoint: the other task within two)
+    assert seen.index("other task") <= 2 * YIELD_EVERY_COMMANDS < 64, seen
