@@ -21,6 +21,7 @@ from hamq.protocol.message import (
     MessageFormatError,
     MessageIdGenerator,
     PropertiesTooLong,
+    StoredMessage,
     decode_batch,
     decode_message,
     decode_messages,
@@ -34,6 +35,7 @@ from hamq.protocol.message import (
     pack_host,
     parse_offset_msg_id,
     read_record,
+    stored_message,
     tags_code,
 )
 from tests.support.strategies import TEXT
@@ -267,6 +269,90 @@ def test_pull_body_of_several_records_decodes() -> None:
         for i in range(3)
     )
     assert [m.body for m in decode_messages(records)] == [b"0", b"1", b"2"]
+
+
+def decode_field_by_field(body: bytes) -> list[StoredMessage]:
+    """A pull body decoded record by record through ``read_record`` (what
+    ``decode_messages``'s one-struct path must agree with)."""
+    messages, pos = [], 0
+    while pos < len(body):
+        info = read_record(body, pos)
+        messages.append(stored_message(info))
+        pos += info.size
+    return messages
+
+
+@given(
+    records=st.lists(
+        st.tuples(
+            st.sampled_from(["T", "topic-" + "x" * 130]),  # MAGIC V1 and V2
+            st.binary(max_size=64),
+            st.sampled_from([IPV4_HOST, pack_host("::1", 1)]),
+            st.sampled_from([pack_host("10.0.0.9", 7), pack_host("fe80::2", 2)]),
+            st.dictionaries(st.sampled_from(["UNIQ_KEY", "TAGS", "a"]), st.text("abc"), max_size=3),
+        ),
+        max_size=5,
+    ),
+    damage=st.one_of(st.none(), st.tuples(st.integers(0, 10_000), st.integers(1, 255))),
+)
+def test_a_pull_body_decodes_as_read_record_reads_it_record_by_record(
+    records: list[tuple[str, bytes, bytes, bytes, dict[str, str]]],
+    damage: tuple[int, int] | None,
+) -> None:
+    body = bytearray()
+    for i, (topic, data, born, store, properties) in enumerate(records):
+        body += make_record_template(
+            topic=topic,
+            queue_id=i,
+            body=data,
+            properties=encode_properties(properties),
+            born_host=born,
+            store_host=store,
+            born_timestamp=i,
+        ).encode(queue_offset=i, physical_offset=len(body), store_timestamp=7)
+    if damage is not None and body:
+        body[damage[0] % len(body)] ^= damage[1]
+    assert_decoded_as_read_record_reads_it(bytes(body))
+
+
+@pytest.mark.parametrize(
+    ("at", "value"),
+    [
+        (4, b"\x00"),  # magic
+        (8, b"\x7f"),  # BODYCRC
+        (84, b"\x7f"),  # BODY length: past the record
+        (84 + 4 + 5, b"\x00"),  # TOPIC length 0
+        (84 + 4 + 5, b"\x7f"),  # TOPIC length past the record
+        (84 + 4 + 5 + 1 + 1, b"\xff"),  # PROPERTIES length negative
+        (84 + 4 + 5 + 1 + 1, b"\x01"),  # PROPERTIES length past the record
+        (84 + 4 + 5 + 1 + 1 + 2, b"\xff"),  # PROPERTIES not UTF-8
+        (0, b"\x01"),  # TOTALSIZE too large
+        (3, b"\x10"),  # TOTALSIZE too small
+    ],
+)
+def test_a_damaged_field_is_named_as_read_record_names_it(at: int, value: bytes) -> None:
+    record = bytearray(
+        make_record_template(topic="T", queue_id=0, body=b"hello", properties="a\x01b\x02").encode(
+            queue_offset=0, physical_offset=0, store_timestamp=0
+        )
+    )
+    assert record[84:88] == b"\x00\x00\x00\x05" and record[93:95] == b"\x01T"
+    record[at : at + len(value)] = value
+    with pytest.raises(MessageFormatError):
+        decode_field_by_field(bytes(record) * 2)
+    assert_decoded_as_read_record_reads_it(bytes(record) * 2)
+
+
+def assert_decoded_as_read_record_reads_it(body: bytes) -> None:
+    try:
+        expected: list[StoredMessage] | str = decode_field_by_field(body)
+    except MessageFormatError as exc:
+        expected = str(exc)
+    try:
+        got: list[StoredMessage] | str = decode_messages(body)
+    except MessageFormatError as exc:
+        got = str(exc)
+    assert got == expected
 
 
 def test_blank_marker() -> None:

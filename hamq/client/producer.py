@@ -42,6 +42,11 @@
 - ``send_oneway``: no answer is waited for; ``send_batch``: messages of one topic in one
   request (SEND_BATCH_MESSAGE), stored as separate messages in one queue
   (``check_batch`` says beforehand whether a batch would be refused, and its size).
+- ``auto_batch`` (on): while ``auto_batch_in_flight`` (4) sends to a topic are under way,
+  the next ones wait and go together as one SEND_BATCH_MESSAGE of at most
+  ``auto_batch_max_bytes`` (32 KiB), each still with its own SendResult, failure and
+  time out (hamq/client/auto_batch.py). One send at a time is never held back; sends
+  with a selector or queue, a delay level or a compressed body always go alone.
 - Bodies over ``compress_over_bytes`` (4 KiB) go zlib-compressed (level 5, sysflag bits
   0 and 8-10); bodies over ``max_message_size`` (4 MiB) are refused before sending.
 """
@@ -57,6 +62,14 @@ from typing import Any
 import anyio
 import attrs
 
+from hamq.client.auto_batch import (
+    AUTO_BATCH_IN_FLIGHT,
+    AUTO_BATCH_MAX_BYTES,
+    ENTRY_OVERHEAD,
+    Lane,
+    Waiter,
+    split_results,
+)
 from hamq.client.errors import (
     NETWORK_ERRORS,
     BrokerError,
@@ -87,13 +100,18 @@ from hamq.protocol.bodies import MessageQueue
 from hamq.protocol.headers import SendMessageRequestHeader, decode_send_response, send_v2_fields
 from hamq.protocol.message import (
     DEFAULT_TOPIC,
+    PROPERTY_DELAY,
+    PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_KEY,
+    PROPERTY_WAIT,
     SYSFLAG_COMPRESSED,
     SYSTEM_TOPICS,
     BatchEntry,
+    MessageFormatError,
     MessageIdGenerator,
     encode_batch,
     encode_properties,
+    is_retry_topic,
     java_string_hash,
 )
 from hamq.protocol.send_timing import (
@@ -183,6 +201,9 @@ class Producer(InstanceOwner):
         latency_fault_tolerance: bool = False,
         max_async_in_flight: int = 10000,
         send_attempt_timeout_s: float | None = SEND_ATTEMPT_TIMEOUT_S,
+        auto_batch: bool = True,
+        auto_batch_in_flight: int = AUTO_BATCH_IN_FLIGHT,
+        auto_batch_max_bytes: int = AUTO_BATCH_MAX_BYTES,
         **client_options: Any,
     ) -> None:
         if not group:
@@ -194,9 +215,16 @@ class Producer(InstanceOwner):
             ("max_message_size", max_message_size, 1),
             ("default_topic_queue_nums", default_topic_queue_nums, 1),
             ("max_async_in_flight", max_async_in_flight, 1),
+            ("auto_batch_in_flight", auto_batch_in_flight, 1),
+            ("auto_batch_max_bytes", auto_batch_max_bytes, 1),
         ):
             if value < low:
                 raise InvalidArgumentError(f"{name} {value} is below {low}")
+        if auto_batch_max_bytes > max_message_size:
+            raise InvalidArgumentError(
+                f"auto_batch_max_bytes {auto_batch_max_bytes} is over max_message_size "
+                f"{max_message_size}"
+            )
         if not 0 <= compress_level <= 9:
             raise InvalidArgumentError(f"compress_level {compress_level} is not in 0..9")
         if send_attempt_timeout_s is not None and send_attempt_timeout_s <= 0:
@@ -220,6 +248,11 @@ class Producer(InstanceOwner):
         #: set (and replaced) whenever a send_async ends
         self._async_done: EventLike = anyio.Event()
         self._ids = MessageIdGenerator(self.config.client_ip)
+        self.auto_batch = auto_batch
+        self.auto_batch_in_flight = auto_batch_in_flight
+        self.auto_batch_max_bytes = auto_batch_max_bytes
+        #: (topic, WAIT) -> the sends that may go as one batch (auto_batch.py)
+        self._lanes: dict[tuple[str, bool], Lane] = {}
         self._warn_if_tries_are_short()
 
     @property
@@ -293,9 +326,123 @@ class Producer(InstanceOwner):
         ``send_timeout_s``); InvalidArgumentError unless it is positive."""
         timeout = self._timeout(timeout_s)
         request = self._request(message)
-        result = await self._send(request, selector, arg, queue, timeout, oneway=False)
+        if self.auto_batch and selector is None and queue is None and request.batchable:
+            return await self._send_in_lane(request, timeout)
+        return await self._send_alone(request, selector, arg, queue, timeout)
+
+    async def _send_alone(
+        self,
+        request: _Request,
+        selector: Selector | None,
+        arg: Any,
+        queue: MessageQueue | None,
+        timeout_s: float,
+    ) -> SendResult:
+        result = await self._send(request, selector, arg, queue, timeout_s, oneway=False)
         assert result is not None
         return result
+
+    # ------------------------------------------------------------------ auto batch
+    async def _send_in_lane(self, request: _Request, timeout_s: float) -> SendResult:
+        """``send`` of a message that may go in a batch (auto_batch.py): it leads a batch
+        at once while its lane has a place in flight, else waits for one to take it."""
+        key = (request.topic, request.properties.get(PROPERTY_WAIT) != "false")
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = Lane()
+        loop = self.instance.loop
+        properties = encode_properties(request.properties)
+        waiter = Waiter(
+            BatchEntry(request.body, request.message.flag, properties),
+            request.ids[0],
+            len(request.body) + len(properties) + ENTRY_OVERHEAD,
+            loop.current_time() + timeout_s,
+            loop.event(),
+        )
+        try:
+            if lane.free(self.auto_batch_in_flight):
+                # it leads at once, after the tasks ready to run now: sends they start
+                # meanwhile (those woken by one batch's end) go with it
+                lane.in_flight += 1
+                waiter.lead = True
+                await loop.checkpoint()
+            else:
+                lane.waiting.append(waiter)
+                await waiter.event.wait()
+        except BaseException:
+            if waiter.lead:
+                self._lane_ended(key, lane)  # its place goes to the next one waiting
+            elif not waiter.done:
+                lane.forget(waiter)
+            raise
+        if waiter.lead:
+            await self._send_batch_of(key, lane, waiter, request)
+        if waiter.result is not None:
+            return waiter.result
+        return await self._send_again_alone(request, waiter, timeout_s)
+
+    def _lane_ended(self, key: tuple[str, bool], lane: Lane) -> None:
+        lane.ended(self.auto_batch_in_flight)
+        if not lane.in_flight and not lane.waiting:
+            del self._lanes[key]
+
+    async def _send_batch_of(
+        self, key: tuple[str, bool], lane: Lane, leader: Waiter, request: _Request
+    ) -> None:
+        """``leader`` holds a place in flight: send it and the sends waiting after it as
+        one batch, and give each its outcome (a batch cut short, by a failure or the
+        leader's cancellation, leaves each send to go again alone)."""
+        members = lane.take(leader, self.auto_batch_max_bytes)
+        try:
+            if len(members) == 1:
+                leader.result = await self._send_alone(
+                    request, None, None, None, self._time_left(leader)
+                )
+                return
+            time_left = min(self._time_left(member) for member in members)
+            if time_left <= 0:
+                return  # (each goes alone, with whatever time it has)
+            ids = [member.uniq_key for member in members]
+            try:
+                body = encode_batch(member.entry for member in members)
+            except MessageFormatError:
+                return  # (properties too long for a batch entry: each goes alone)
+            batch = _Request(request.message, request.topic, body, 0, {}, ids, batch=True)
+            try:
+                result = await self._send_alone(batch, None, None, None, time_left)
+            except SendError as exc:
+                log.info(
+                    "a batch of %d sends to %s failed, each goes again alone: %s",
+                    len(members),
+                    request.topic,
+                    exc,
+                )
+                for member in members:
+                    member.failure = exc
+                return
+            for member, own in zip(members, split_results(result, ids), strict=True):
+                member.result = own
+        finally:
+            self._lane_ended(key, lane)
+            for member in members[1:]:
+                member.done = True
+                member.event.set()
+
+    def _time_left(self, waiter: Waiter) -> float:
+        return waiter.deadline - self.instance.loop.current_time()
+
+    async def _send_again_alone(
+        self, request: _Request, waiter: Waiter, timeout_s: float
+    ) -> SendResult:
+        """A send whose batch failed or was not sent goes alone in the time it has left."""
+        time_left = self._time_left(waiter)
+        if time_left <= 0:
+            raise SendError(
+                f"sending to topic {request.topic} took longer than {timeout_s:g}s "
+                "(it waited to go in a batch)",
+                [] if waiter.failure is None else waiter.failure.attempts,
+            ) from waiter.failure
+        return await self._send_alone(request, None, None, None, time_left)
 
     async def send_oneway(
         self,
@@ -546,6 +693,19 @@ class _Request:
     #: SEND_BATCH_MESSAGE (``body`` is encoded entries, see ``encode_batch``), not one
     #: message: said here, never guessed from ``properties``
     batch: bool = attrs.field(kw_only=True)
+
+    @property
+    def batchable(self) -> bool:
+        """Whether this single message may go in an automatic batch: not compressed,
+        no delay level, not transactional, not to a retry topic (RocketMQ's canBatch)."""
+        properties = self.properties
+        return (
+            not self.batch
+            and not self.sys_flag
+            and PROPERTY_DELAY not in properties
+            and PROPERTY_TRANSACTION_PREPARED not in properties
+            and not is_retry_topic(self.topic)
+        )
 
 
 @attrs.frozen

@@ -280,7 +280,13 @@ def pack_host(host: str, port: int) -> bytes:
 
 def unpack_host(data: bytes | memoryview) -> str:
     """``ip:port`` of packed host bytes (8 for IPv4, 20 for IPv6)."""
-    raw = bytes(data)
+    return _unpack_host(bytes(data))
+
+
+@functools.lru_cache(maxsize=4096)
+def _unpack_host(raw: bytes) -> str:
+    """(Memoized: every record has two hosts, a pull body few distinct ones, and
+    formatting one through ipaddress costs microseconds.)"""
     port = int.from_bytes(raw[-4:], "big")
     address = ipaddress.ip_address(raw[:-4])
     return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
@@ -769,16 +775,80 @@ def decode_message(
     return stored_message(read_record(buffer, pos, check_crc=check_crc))
 
 
+#: a MAGIC V1 record with IPv4 hosts up to its BODY: the head, BORNHOST, STORETIMESTAMP,
+#: STOREHOST, RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET, BODY length (most records)
+_V1_IPV4_HEAD = struct.Struct(_FIXED_HEAD.format + "8sq8siqi")
+
+
 def decode_messages(
     buffer: bytes | bytearray | memoryview, *, check_crc: bool = True
 ) -> list[StoredMessage]:
-    """Every record of a pull body (records back to back)."""
+    """Every record of a pull body (records back to back); MessageFormatError names the
+    first that is wrong (``read_record``).
+
+    Consumers decode every message they get, so the common record (MAGIC V1, IPv4 hosts)
+    is read with one struct; any other, or one that does not add up, goes through
+    ``read_record``, which checks it field by field."""
+    view = memoryview(buffer)
     messages = []
     pos = 0
-    while pos < len(buffer):
-        info = read_record(buffer, pos, check_crc=check_crc)
-        messages.append(stored_message(info))
-        pos += info.size
+    total = len(view)
+    head = _V1_IPV4_HEAD
+    head_size = head.size
+    v6 = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
+    while pos < total:
+        message = None
+        if total - pos >= head_size + 3:
+            (size, magic, crc, queue_id, flag, queue_offset, physical_offset, sys_flag, born_ts,
+             born_host, store_ts, store_host, reconsume_times, prepared, body_len) = (
+                head.unpack_from(view, pos)
+            )  # fmt: skip
+            end = pos + size
+            at = pos + head_size
+            body_end = at + body_len
+            if (
+                magic == MAGIC_V1
+                and not sys_flag & v6
+                and end <= total
+                and body_len >= 0
+                and body_end + 3 <= end
+            ):
+                topic_end = body_end + 1 + view[body_end]
+                if topic_end + 2 <= end and topic_end > body_end + 1:
+                    (properties_len,) = TEXT_LENGTH.unpack_from(view, topic_end)
+                    body = view[at:body_end]
+                    if topic_end + 2 + properties_len == end and (
+                        not check_crc or zlib.crc32(body) & 0x7FFFFFFF == crc
+                    ):
+                        try:
+                            topic = str(view[body_end + 1 : topic_end], "utf-8")
+                            properties = str(view[topic_end + 2 : end], "utf-8")
+                        except UnicodeDecodeError:
+                            pass
+                        else:
+                            message = StoredMessage(
+                                topic,
+                                queue_id,
+                                queue_offset,
+                                physical_offset,
+                                flag,
+                                sys_flag,
+                                born_ts,
+                                _unpack_host(born_host),
+                                store_ts,
+                                _unpack_host(store_host),
+                                reconsume_times,
+                                prepared,
+                                bytes(body),
+                                decode_properties(properties),
+                                offset_msg_id(store_host, physical_offset),
+                            )
+        if message is None:
+            info = read_record(view, pos, check_crc=check_crc)
+            message = stored_message(info)
+            size = info.size
+        messages.append(message)
+        pos += size
     return messages
 
 

@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 import anyio
+import anyio.lowlevel
 import attrs
 import sniffio
 
@@ -44,11 +45,15 @@ class LoopPrimitives:
     move_on_after: Callable[[float], AbstractContextManager[ScopeLike]]
     #: the loop's clock, seconds
     current_time: Callable[[], float]
+    #: let the other tasks ready to run go first (a cancellation point)
+    checkpoint: Callable[[], Awaitable[None]]
 
 
 #: AnyIO's own primitives (a backend lookup per call), for an object made before it knows
 #: the loop it will run in: it takes ``current_loop()`` when it starts
-ANY_LOOP = LoopPrimitives("", anyio.Event, anyio.move_on_after, anyio.current_time)
+ANY_LOOP = LoopPrimitives(
+    "", anyio.Event, anyio.move_on_after, anyio.current_time, anyio.lowlevel.checkpoint
+)
 
 
 def current_loop() -> LoopPrimitives:
@@ -56,5 +61,13 @@ def current_loop() -> LoopPrimitives:
     name = sniffio.current_async_library()
     if name == "trio":
         trio = sys.modules["trio"]  # (imported: it is running)
-        return LoopPrimitives(name, trio.Event, trio.move_on_after, trio.current_time)
-    return LoopPrimitives(name, type(anyio.Event()), anyio.move_on_after, anyio.current_time)
+        return LoopPrimitives(
+            name, trio.Event, trio.move_on_after, trio.current_time, trio.lowlevel.checkpoint
+        )
+    return LoopPrimitives(
+        name,
+        type(anyio.Event()),
+        anyio.move_on_after,
+        anyio.current_time,
+        anyio.lowlevel.checkpoint,
+    )
