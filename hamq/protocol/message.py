@@ -233,15 +233,14 @@ def tags_code(tags: str | None) -> int:
 def encode_properties(properties: Mapping[str, str]) -> str:
     """``key 0x01 value 0x02`` for each pair; keys or values holding 0x01/0x02 are refused."""
     try:
+        # (joining the keys, then the values, raises TypeError unless all are strings)
+        "".join(properties)
+        "".join(properties.values())
         text = "".join([f"{k}\x01{v}\x02" for k, v in properties.items()])
     except TypeError:
         text = ""
     pairs = len(properties)
-    if (
-        text.count(NAME_VALUE_SEPARATOR) != pairs
-        or text.count(PROPERTY_SEPARATOR) != pairs
-        or (not all(type(k) is str and type(v) is str for k, v in properties.items()))
-    ):
+    if text.count(NAME_VALUE_SEPARATOR) != pairs or text.count(PROPERTY_SEPARATOR) != pairs:
         for key, value in properties.items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise MessageFormatError(f"property {key!r}: keys and values must be strings")

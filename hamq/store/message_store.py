@@ -576,7 +576,7 @@ class MessageStore:
         except (StoreError, OSError) as exc:
             log.error("append to the commitlog failed: %s", exc)
             return self._refuse(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
-        self.reput.appended(appended.physical_offset, properties)  # (decoded once)
+        self.reput.appended(topic, template.queue_id, template.sys_flag, properties, appended)
         self.reput.wake()
         for listener in self.append_listeners:
             listener()

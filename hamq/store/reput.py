@@ -62,7 +62,7 @@ from hamq.protocol.message import (
     tags_code,
     topic_error,
 )
-from hamq.store.commitlog import CommitLog
+from hamq.store.commitlog import AppendResult, CommitLog
 from hamq.store.consume_queue import ConsumeQueue
 from hamq.store.files import open_files_limit
 from hamq.store.index import IndexService
@@ -87,9 +87,9 @@ MAX_MAPPED_QUEUE_FILES = 8192
 #: the longest one deferral (``defer_for``) holds dispatching: while a replica catches
 #: up, its queues are still brought up to date at least this often
 MAX_DEFERRAL_S = 5.0
-#: most records whose properties wait for their dispatch (``appended``): a dispatch far
-#: behind the puts decodes the rest itself
-DECODED_KEPT = 4096
+#: most records whose dispatch requests wait for their dispatch (``appended``): a
+#: dispatch far behind the puts reads the rest from the log itself
+APPENDED_KEPT = 4096
 
 
 @attrs.define(slots=True)
@@ -195,10 +195,10 @@ class ReputService:
         #: store time of the last record dispatched (for the checkpoint)
         self.last_store_timestamp = 0
         self.listeners: list[Callable[[DispatchRequest], None]] = []
-        #: the properties of records this process appended and has not dispatched yet, by
-        #: physical offset (``appended``): the put decoded them already, dispatching need
-        #: not decode them again
-        self._decoded: dict[int, Mapping[str, str]] = {}
+        #: the dispatch requests of records this process appended and has not dispatched
+        #: yet, by physical offset (``appended``): the put knew all of it (properties
+        #: decoded, place and time), dispatching need not read the record again
+        self._appended: dict[int, DispatchRequest] = {}
         self.failure: str | None = None
         self.failure_is_transient = False
         #: how many times dispatching was tried again after a disk error (for statistics)
@@ -346,6 +346,9 @@ class ReputService:
     def _request(self, buffer: mmap.mmap, pos: int, offset: int) -> DispatchRequest | str:
         """The dispatch request for the record at ``pos`` of a segment (log ``offset``),
         or what is wrong with the record if no queue can take it."""
+        kept = self._appended.pop(offset, None)
+        if kept is not None:
+            return kept  # (appended by this process: known good)
         try:
             size, queue_id, queue_offset, sys_flag, store_timestamp, topic, text = read_summary(
                 buffer, pos
@@ -356,24 +359,25 @@ class ReputService:
             problem = topic_error(topic)
             if problem is not None or queue_id < 0:
                 return f"it names no queue: {problem or f'queue id {queue_id}'}"
-        properties = self._decoded.pop(offset, None)
-        if properties is None:
-            properties = decode_properties(text)
-        if topic == SCHEDULE_TOPIC:
-            code = store_timestamp + self._delay_ms(properties)
-        else:
-            code = tags_code(properties.get(PROPERTY_TAGS))
+        properties = decode_properties(text)
         return DispatchRequest(
             topic,
             queue_id,
             offset,
             size,
-            code,
+            self._code(topic, store_timestamp, properties),
             store_timestamp,
             queue_offset,
             sys_flag,
             properties,
         )
+
+    def _code(self, topic: str, store_timestamp: int, properties: Mapping[str, str]) -> int:
+        """A consume-queue entry's tag code: a delayed message's due time, else the
+        hash of its tags."""
+        if topic == SCHEDULE_TOPIC:
+            return store_timestamp + self._delay_ms(properties)
+        return tags_code(properties.get(PROPERTY_TAGS))
 
     def _pass_over(self, segment: Segment, pos: int, problem: str, final: bool) -> int | None:
         """Pass over the damaged record at ``pos`` of ``segment``: its size once it is
@@ -440,16 +444,35 @@ class ReputService:
             queue_offset,
         )
 
-    def appended(self, physical_offset: int, properties: Mapping[str, str]) -> None:
-        """A put appended a record with ``properties`` (as encoded) at ``physical_offset``:
-        its dispatch takes them from here (at most DECODED_KEPT wait; beyond, it decodes)."""
-        if len(self._decoded) < DECODED_KEPT:
-            self._decoded[physical_offset] = properties
+    def appended(
+        self,
+        topic: str,
+        queue_id: int,
+        sys_flag: int,
+        properties: Mapping[str, str],
+        where: AppendResult,
+    ) -> None:
+        """A put appended a record (``properties`` as encoded) where ``where`` says: its
+        dispatch request is made here and taken by the dispatch (at most APPENDED_KEPT
+        wait; beyond, the dispatch reads the record)."""
+        if len(self._appended) < APPENDED_KEPT:
+            store_timestamp = where.store_timestamp
+            self._appended[where.physical_offset] = DispatchRequest(
+                topic,
+                queue_id,
+                where.physical_offset,
+                where.size,
+                self._code(topic, store_timestamp, properties),
+                store_timestamp,
+                where.queue_offset,
+                sys_flag,
+                properties,
+            )
 
     def truncated(self, offset: int) -> None:
         """The CommitLog was cut at ``offset``: dispatching goes on from there at most,
         and a failure at a record that is gone is forgotten."""
-        self._decoded.clear()
+        self._appended.clear()
         if offset <= self.offset:
             self.offset = offset
             if self.failure is not None:

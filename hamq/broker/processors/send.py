@@ -201,7 +201,11 @@ class SendProcessor:
                     topic,
                     queue_id,
                     entry.body,
-                    {**properties, **decode_properties(entry.properties)},
+                    (
+                        {**properties, **decode_properties(entry.properties)}
+                        if properties
+                        else decode_properties(entry.properties)
+                    ),
                     born_host,
                     reconsume_times,
                     flag=entry.flag,
@@ -353,9 +357,9 @@ class SendProcessor:
             results = store.put_batch_nowait(messages)
         last = results[-1]
         stats = self.ctx.stats
-        for result in results:
-            if result.append is not None:
-                stats.stored(messages[0].topic, 1, result.append.size)
+        sizes = [r.append.size for r in results if r.append is not None]
+        if sizes:
+            stats.stored(messages[0].topic, len(sizes), sum(sizes))
         if last.append is None:
             if len(results) > 1:
                 log.error(
