@@ -107,8 +107,10 @@ TOPIC_MAX_LENGTH = 127
 _TOPIC = re.compile(r"[%|a-zA-Z0-9_-]+")
 
 
+@functools.lru_cache(maxsize=4096)
 def topic_error(topic: str) -> str | None:
-    """Why ``topic`` is not a valid topic name, or None if it is."""
+    """Why ``topic`` is not a valid topic name, or None if it is (memoized: every message
+    sent and stored is checked, and a program uses few topics)."""
     return _name_error("topic", topic, TOPIC_MAX_LENGTH)
 
 
