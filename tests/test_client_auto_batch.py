@@ -25,8 +25,9 @@ from hamq.client import (
     SendStatus,
     hash_selector,
 )
-from hamq.client.auto_batch import split_results
+from hamq.client.auto_batch import Lane, Waiter, split_results
 from hamq.protocol import ResponseCode
+from hamq.protocol.message import BatchEntry
 from tests.support.backends import BrokerThread, broker_thread
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -214,3 +215,43 @@ async def test_a_batch_result_is_split_per_send_as_rocketmq_splits_it() -> None:
     one = SendResult(SendStatus.SEND_OK, "u1,u2,u3", "o1", queue, 40)
     third = split_results(one, ["u1", "u2", "u3"])[2]
     assert (third.msg_id, third.offset_msg_id, third.queue_offset) == ("u3", "o1", 40)
+
+
+def waiter(uniq: str, size: int = 100) -> Waiter:
+    return Waiter(BatchEntry(b"x"), uniq, size, 0.0, anyio.Event())
+
+
+async def test_sends_woken_together_go_as_one_batch_not_as_lone_sends() -> None:
+    lane = Lane(4)
+    in_flight = [waiter(f"f{i}") for i in range(4)]
+    for leader in in_flight:
+        assert lane.free()
+        lane.lead(leader)
+        assert lane.take(leader, 1000) == [leader]
+    assert not lane.free()
+    # two batches end at once: their sends come back together; the first leads and
+    # gathers, the others wait for it even though a place is still free
+    lane.ended()
+    lane.ended()
+    first = waiter("a")
+    assert lane.free()
+    lane.lead(first)
+    others = [waiter(f"b{i}") for i in range(12)]
+    for other in others:
+        assert not lane.free()
+        lane.waiting.append(other)
+    # it takes what fits (1000 bytes: itself and 9 more); the rest lead the next batch
+    # in the place still free, woken at once
+    assert lane.take(first, 1000) == [first, *others[:9]]
+    assert lane.in_flight == 4 and lane.gathering and others[9].lead
+    assert others[9].event.is_set() and list(lane.waiting) == others[10:]
+    assert lane.take(others[9], 1000) == others[9:]
+    assert not lane.gathering and not lane.waiting
+    # a leader cancelled before it took anyone hands its place on
+    lane.ended()
+    gone = waiter("c")
+    lane.lead(gone)
+    late = waiter("d")
+    lane.waiting.append(late)
+    lane.abandoned()
+    assert late.lead and late.event.is_set() and lane.in_flight == 4 and lane.gathering

@@ -64,28 +64,48 @@ class Waiter:
 
 
 class Lane:
-    """The sends of one topic and WAIT flag that may go as one batch."""
+    """The sends of one topic and WAIT flag that may go as one batch, at most ``limit``
+    (sends alone or batches) under way at once."""
 
-    __slots__ = ("in_flight", "waiting")
+    __slots__ = ("gathering", "in_flight", "limit", "waiting")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
         #: sends (alone or batches) under way, and leaders about to send one
         self.in_flight = 0
         self.waiting: deque[Waiter] = deque()
+        #: a leader holds a place and has not taken the sends waiting yet: sends that
+        #: come meanwhile wait for it to take them rather than lead batches of their own
+        #: (sends woken together would otherwise split into a batch and lone sends)
+        self.gathering = False
 
-    def free(self, limit: int) -> bool:
-        """Whether a new send may lead at once: a place in flight is free and no send
-        is waiting before it."""
-        return self.in_flight < limit and not self.waiting
+    def free(self) -> bool:
+        """Whether a new send may lead at once: a place in flight is free, no send is
+        waiting before it and no leader is gathering."""
+        return self.in_flight < self.limit and not self.waiting and not self.gathering
 
-    def ended(self, limit: int) -> None:
-        """A send or batch of this lane ended (or a leader gave up its place): the first
-        send waiting, if any, is woken to lead the next batch in the place freed."""
+    def lead(self, leader: Waiter) -> None:
+        """``leader`` takes a place in flight, and gathers until ``take``."""
+        leader.lead = True
+        self.in_flight += 1
+        self.gathering = True
+
+    def ended(self) -> None:
+        """A send or batch of this lane ended: its place goes to the next leader."""
         self.in_flight -= 1
-        if self.waiting and self.in_flight < limit:
+        self._next_leader()
+
+    def abandoned(self) -> None:
+        """A leader was cancelled before it took anyone: its place goes on."""
+        self.gathering = False
+        self.ended()
+
+    def _next_leader(self) -> None:
+        """The first send waiting, if any, is woken to lead the next batch when a place
+        is free and no other leader gathers."""
+        if self.waiting and self.in_flight < self.limit and not self.gathering:
             leader = self.waiting.popleft()
-            leader.lead = True
-            self.in_flight += 1
+            self.lead(leader)
             leader.event.set()
 
     def take(self, leader: Waiter, max_bytes: int) -> list[Waiter]:
@@ -97,6 +117,8 @@ class Lane:
             member = waiting.popleft()
             size += member.size
             members.append(member)
+        self.gathering = False
+        self._next_leader()  # (sends past max_bytes lead the next batch, if a place is free)
         return members
 
     def forget(self, waiter: Waiter) -> None:

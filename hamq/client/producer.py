@@ -349,7 +349,7 @@ class Producer(InstanceOwner):
         key = (request.topic, request.properties.get(PROPERTY_WAIT) != "false")
         lane = self._lanes.get(key)
         if lane is None:
-            lane = self._lanes[key] = Lane()
+            lane = self._lanes[key] = Lane(self.auto_batch_in_flight)
         loop = self.instance.loop
         properties = encode_properties(request.properties)
         waiter = Waiter(
@@ -360,18 +360,18 @@ class Producer(InstanceOwner):
             loop.event(),
         )
         try:
-            if lane.free(self.auto_batch_in_flight):
+            if lane.free():
                 # it leads at once, after the tasks ready to run now: sends they start
                 # meanwhile (those woken by one batch's end) go with it
-                lane.in_flight += 1
-                waiter.lead = True
+                lane.lead(waiter)
                 await loop.checkpoint()
             else:
                 lane.waiting.append(waiter)
                 await waiter.event.wait()
         except BaseException:
             if waiter.lead:
-                self._lane_ended(key, lane)  # its place goes to the next one waiting
+                lane.abandoned()  # its place goes to the next one waiting
+                self._forget_if_idle(key, lane)
             elif not waiter.done:
                 lane.forget(waiter)
             raise
@@ -381,8 +381,7 @@ class Producer(InstanceOwner):
             return waiter.result
         return await self._send_again_alone(request, waiter, timeout_s)
 
-    def _lane_ended(self, key: tuple[str, bool], lane: Lane) -> None:
-        lane.ended(self.auto_batch_in_flight)
+    def _forget_if_idle(self, key: tuple[str, bool], lane: Lane) -> None:
         if not lane.in_flight and not lane.waiting:
             del self._lanes[key]
 
@@ -423,7 +422,8 @@ class Producer(InstanceOwner):
             for member, own in zip(members, split_results(result, ids), strict=True):
                 member.result = own
         finally:
-            self._lane_ended(key, lane)
+            lane.ended()
+            self._forget_if_idle(key, lane)
             for member in members[1:]:
                 member.done = True
                 member.event.set()
