@@ -358,3 +358,29 @@ def test_a_body_that_does_not_inflate_is_named() -> None:
     columns.add_records(raw, 0, 10)
     with pytest.raises(MessageFormatError, match="offset 4 does not inflate"):
         columns.batch()
+
+
+def test_column_wise_and_record_by_record_decoding_agree_on_odd_properties() -> None:
+    """A name given twice (the last counts, as in decode_properties), a pair without its
+    separator (left out), a row without UNIQ_KEY (the offset msg id), an empty value."""
+    texts = [
+        "TAGS\x01a\x02TAGS\x01b\x02UNIQ_KEY\x01U0\x02",
+        "junk\x02KEYS\x01k1 k2\x02UNIQ_KEY\x01U1\x02UNIQ_KEY\x01U1b\x02",
+        "TAGS\x01\x02x\x01y\x02",
+        "",
+    ]
+    raw = b"".join(
+        make_record_template(
+            topic="orders", queue_id=3, body=b"b%d" % i, properties=text, born_host=BORN
+        ).encode(queue_offset=i, physical_offset=100 * i, store_timestamp=5)
+        for i, text in enumerate(texts)
+    )
+    column_wise, record_wise = Columns("orders", "broker-a", 3), Columns("orders", "broker-a", 3)
+    assert column_wise.add_records(raw, 0, 10) == record_wise.add_records(raw, 0, 10) == 4
+    fast = column_wise._decode().to_pylist()
+    slow = record_wise._decode_each().to_pylist()
+    for row in fast + slow:
+        row["properties"] = sorted(dict(row["properties"]).items())
+    assert fast == slow
+    assert [r["tags"] for r in fast] == ["b", None, "", None]
+    assert [r["msg_id"] for r in fast][:2] == ["U0", "U1b"]

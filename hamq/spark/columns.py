@@ -13,6 +13,7 @@ the general decoder, which names what is wrong in a MessageFormatError.
 
 from __future__ import annotations
 
+import struct
 import zlib
 from array import array
 
@@ -77,16 +78,8 @@ _AT_MAGIC, _AT_QUEUE_OFFSET, _AT_PHYSICAL_OFFSET, _AT_SYSFLAG = 4, 20, 28, 36
 _AT_BORN_TS, _AT_BORN_HOST, _AT_STORE_TS, _AT_STORE_HOST = 40, 48, 56, 64
 _AT_RECONSUME, _AT_BODY_LENGTH, _AT_BODY = 72, 84, 88
 _V6 = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
-
-
-def _property_pattern(name: str) -> str:
-    """An RE2 pattern whose group ``v`` is property ``name``'s value."""
-    return f"(?:^|{PROPERTY_SEPARATOR}){name}{NAME_VALUE_SEPARATOR}(?P<v>[^{PROPERTY_SEPARATOR}]*)"
-
-
-_KEYS, _TAGS, _UNIQ = (
-    _property_pattern(n) for n in (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY)
-)
+#: TOTALSIZE, the first field of every record
+_TOTAL_SIZE = struct.Struct(">i")
 
 
 class _Irregular(Exception):
@@ -109,25 +102,36 @@ class Columns:
 
     def add_records(self, raw: bytes, low: int, high: int) -> int:
         """Keep the records of ``raw`` whose queue offset is in ``low .. high - 1``; the
-        offset after the last record there (-1: none)."""
-        pos, size_all, after = 0, len(raw), -1
-        base, starts, unpack = len(self._data), self._starts, RECORD_HEAD.unpack_from
-        kept = 0
+        offset after the last record there (-1: none).
+
+        The walk from record to record reads only each one's size; the queue offsets
+        are read all at once after it."""
+        pos, size_all = 0, len(raw)
+        found: list[int] = []
+        size_of = _TOTAL_SIZE.unpack_from
+        head = RECORD_HEAD.size
         while pos < size_all:
-            if size_all - pos < RECORD_HEAD.size:
+            if size_all - pos < head:
                 raise MessageFormatError(f"only {size_all - pos} bytes left for a record")
-            size, _magic, _crc, _queue, _flag, queue_offset, _physical, _sys = unpack(raw, pos)
-            if size < RECORD_HEAD.size or pos + size > size_all:
+            (size,) = size_of(raw, pos)
+            if size < head or pos + size > size_all:
                 raise MessageFormatError(
                     f"a record of total size {size} at byte {pos} of a {size_all}-byte answer"
                 )
-            if low <= queue_offset < high:
-                starts.append(base + pos)
-                kept += 1
-            pos, after = pos + size, queue_offset + 1
-        if kept:
+            found.append(pos)
+            pos += size
+        if not found:
+            return -1
+        starts = np.array(found, np.int64)
+        buf = np.frombuffer(raw, np.uint8)
+        where = (starts + _AT_QUEUE_OFFSET)[:, None] + np.arange(8)
+        queue_offsets = buf[where].view(">i8").ravel()
+        keep = (queue_offsets >= low) & (queue_offsets < high)
+        if keep.any():
+            base = len(self._data)
+            self._starts.extend((starts[keep] + base).tolist())
             self._data += raw
-        return after
+        return int(queue_offsets[-1]) + 1
 
     def batch(self) -> pa.RecordBatch:
         """The rows so far as one Arrow batch; the columns start empty again."""
@@ -180,7 +184,8 @@ class Columns:
         except pa.ArrowInvalid:
             raise _Irregular from None
         physical = field(_AT_PHYSICAL_OFFSET, ">i8")
-        msg_ids = pc.struct_field(pc.extract_regex(properties, _UNIQ), [0])
+        property_map, named = _properties(properties)
+        msg_ids = named[PROPERTY_UNIQ_KEY]
         if msg_ids.null_count:
             msg_ids = self._offset_msg_ids(msg_ids, field(_AT_STORE_HOST, ">u8"), physical)
         stamp = ARROW_SCHEMA.field("born_timestamp").type
@@ -191,10 +196,10 @@ class Columns:
             pa.array(field(_AT_QUEUE_OFFSET, ">i8")),
             pa.array(physical),
             msg_ids,
-            pc.struct_field(pc.extract_regex(properties, _KEYS), [0]),
-            pc.struct_field(pc.extract_regex(properties, _TAGS), [0]),
+            named[PROPERTY_KEYS],
+            named[PROPERTY_TAGS],
             bodies,
-            _property_map(properties),
+            property_map,
             pa.array(field(_AT_BORN_TS, ">i8") * 1000, stamp),
             pa.array(field(_AT_STORE_TS, ">i8") * 1000, stamp),
             _hosts(field(_AT_BORN_HOST, ">u8")),
@@ -260,22 +265,31 @@ class Columns:
         return pa.RecordBatch.from_pylist(rows, schema=ARROW_SCHEMA)
 
 
-def _property_map(properties: pa.Array) -> pa.Array:
+def _properties(properties: pa.Array) -> tuple[pa.Array, dict[str, pa.Array]]:
     """``name\x01value\x02 ...`` strings as map<string,string> (pairs without their
-    separator left out, as RocketMQ does)."""
+    separator left out, as RocketMQ does), and the values of UNIQ_KEY, KEYS and TAGS as
+    columns (null where a row has none; of a name given twice, the last, as
+    ``decode_properties`` keeps it): one split of the strings serves both."""
     pairs = pc.split_pattern(properties, PROPERTY_SEPARATOR)
     row_of = pc.list_parent_indices(pairs)
     split = pc.split_pattern(pairs.flatten(), NAME_VALUE_SEPARATOR, max_splits=1)
     whole = pc.equal(pc.list_value_length(split), 2)
     split, row_of = split.filter(whole), row_of.filter(whole)
-    counts = np.bincount(row_of.to_numpy(), minlength=len(properties))
+    names, values = pc.list_element(split, 0), pc.list_element(split, 1)
+    rows = len(properties)
+    row_numbers = row_of.to_numpy()
+    counts = np.bincount(row_numbers, minlength=rows)
     offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
-    return pa.MapArray.from_arrays(
-        pa.array(offsets),
-        pc.list_element(split, 0),
-        pc.list_element(split, 1),
-        type=ARROW_SCHEMA.field("properties").type,
+    property_map = pa.MapArray.from_arrays(
+        pa.array(offsets), names, values, type=ARROW_SCHEMA.field("properties").type
     )
+    named = {}
+    for name in (PROPERTY_UNIQ_KEY, PROPERTY_KEYS, PROPERTY_TAGS):
+        at = np.flatnonzero(pc.equal(names, name).to_numpy(zero_copy_only=False))
+        index = np.full(rows, -1, np.int64)
+        index[row_numbers[at]] = at  # (repeated rows: the last assignment stays)
+        named[name] = values.take(pa.array(index, mask=index < 0))
+    return property_map, named
 
 
 def _hosts(packed: np.ndarray) -> pa.Array:
