@@ -249,6 +249,28 @@ class CommitLog:
             raise StoreError(f"no {size}-byte record at commitlog offset {offset}")
         return segment.view(offset - segment.start, size)
 
+    def reader(self) -> Callable[[int, int], memoryview]:
+        """``read`` for many records one after another (a pull): the segment of the last
+        record read is tried first. For use within one synchronous call: the views it
+        keeps are of segments that stay mapped until the next await."""
+        cached_start = cached_end = 0
+        cached: memoryview | None = None
+
+        def read(offset: int, size: int) -> memoryview:
+            nonlocal cached_start, cached_end, cached
+            if cached is not None and cached_start <= offset and offset + size <= cached_end:
+                at = offset - cached_start
+                if size >= 0:
+                    return cached[at : at + size]
+            record = self.read(offset, size)  # (raises StoreError for no such record)
+            segment = self.segments.find(offset)
+            assert segment is not None
+            cached_start, cached_end = segment.start, segment.start + segment.wrote
+            cached = segment.view(0, segment.wrote)
+            return record
+
+        return read
+
     def read_checked(
         self, offset: int, size: int, entry: tuple[str, int, int] | None = None, *, check_crc: bool
     ) -> memoryview | None:

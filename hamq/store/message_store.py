@@ -733,6 +733,7 @@ class MessageStore:
         process (queue.checked): read as they are; the others are checked whole
         (``record_problem``), and the runs that pass are added to ``checked``."""
         commitlog = self.commitlog
+        read = commitlog.reader()
         commitlog_min = commitlog.min_offset
         check_crc = self.config.check_crc_on_read
         checked = queue.checked
@@ -759,7 +760,7 @@ class MessageStore:
                         break
                     record: memoryview | None
                     if next_offset < trusted:
-                        record = commitlog.read(physical_offset, size)
+                        record = read(physical_offset, size)
                     else:
                         entry = (*queue_key, next_offset)
                         record = commitlog.read_checked(
