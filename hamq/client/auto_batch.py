@@ -44,7 +44,8 @@ ENTRY_OVERHEAD = 22
 
 @attrs.define(eq=False)
 class Waiter:
-    """A send waiting in a lane: woken to lead a batch, or with its outcome."""
+    """A send in a lane: it leads a batch, or waits to be woken to lead one or with its
+    outcome."""
 
     entry: BatchEntry
     #: its UNIQ_KEY
@@ -54,7 +55,7 @@ class Waiter:
     #: when its send times out, on the loop's clock
     deadline: float
     event: EventLike
-    #: woken to send the next batch (it holds one of the lane's places in flight)
+    #: it leads a batch (and holds one of the lane's places in flight)
     lead: bool = False
     result: SendResult | None = None
     #: the batch it went in failed with this: the send goes again alone

@@ -382,7 +382,8 @@ class Producer(InstanceOwner):
         return await self._send_again_alone(request, waiter, timeout_s)
 
     def _forget_if_idle(self, key: tuple[str, bool], lane: Lane) -> None:
-        if not lane.in_flight and not lane.waiting:
+        """An idle lane is dropped (a producer may send to many topics in turn)."""
+        if not lane.in_flight and not lane.waiting and self._lanes.get(key) is lane:
             del self._lanes[key]
 
     async def _send_batch_of(
@@ -393,14 +394,12 @@ class Producer(InstanceOwner):
         leader's cancellation, leaves each send to go again alone)."""
         members = lane.take(leader, self.auto_batch_max_bytes)
         try:
-            if len(members) == 1:
-                leader.result = await self._send_alone(
-                    request, None, None, None, self._time_left(leader)
-                )
-                return
             time_left = min(self._time_left(member) for member in members)
             if time_left <= 0:
                 return  # (each goes alone, with whatever time it has)
+            if len(members) == 1:
+                leader.result = await self._send_alone(request, None, None, None, time_left)
+                return
             ids = [member.uniq_key for member in members]
             try:
                 body = encode_batch(member.entry for member in members)
