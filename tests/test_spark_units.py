@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from hamq.client import InvalidArgumentError
 from hamq.client.records import SYSFLAG_COMPRESSED, MessageFormatError
 from hamq.protocol.message import encode_properties, make_record_template, pack_host
 from hamq.spark import DataLossError
+from hamq.spark.bridge import iterate_in_trio
 from hamq.spark.columns import ARROW_SCHEMA, Columns
 from hamq.spark.options import (
     EARLIEST,
@@ -384,3 +386,29 @@ def test_column_wise_and_record_by_record_decoding_agree_on_odd_properties() -> 
     assert fast == slow
     assert [r["tags"] for r in fast] == ["b", None, "", None]
     assert [r["msg_id"] for r in fast][:2] == ["U0", "U1b"]
+
+
+def test_a_slow_reader_gets_every_item_the_loop_emitted_before_it_ended() -> None:
+    """The loop's last items wait in the buffer after it returns: the reader, slower
+    than the loop, still gets them all, then the end (none lost to a finished loop)."""
+
+    async def produce(emit: Callable[[int], Awaitable[None]]) -> None:
+        for i in range(6):
+            await emit(i)
+
+    got = []
+    for item in iterate_in_trio(produce, name="test-bridge", buffer=2):
+        time.sleep(0.05)  # the loop has long finished producing by the last items
+        got.append(item)
+    assert got == list(range(6))
+
+
+def test_the_loop_error_reaches_the_reader_after_the_items_before_it() -> None:
+    async def produce(emit: Callable[[int], Awaitable[None]]) -> None:
+        await emit(1)
+        raise ValueError("broker gone")
+
+    items = iterate_in_trio(produce, name="test-bridge")
+    assert next(items) == 1
+    with pytest.raises(ValueError, match="broker gone"):
+        next(items)

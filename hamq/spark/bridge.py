@@ -3,9 +3,11 @@
 Spark calls a data source's ``read`` and ``write`` in plain Python threads; hamq's
 client is Trio. ``iterate_in_trio`` runs a producer in a Trio loop of its own (a daemon
 thread); each item it emits is handed over through a small buffer, so the loop goes on
-fetching (pulls from a broker) while the caller works on the last item. Errors come out
-of the caller's ``next()`` as themselves; closing the iterator early cancels the loop
-and waits for it to end.
+fetching (pulls from a broker) while the caller works on the last item. The loop ends
+only once the caller has taken every item (the buffer's last ones included) and seen the
+end, so no item is lost to a loop that finished first. Errors come out of the caller's
+``next()`` as themselves; closing the iterator early cancels the loop and waits for it
+to end.
 """
 
 from __future__ import annotations
@@ -40,14 +42,22 @@ def iterate_in_trio(
 
     async def main() -> None:
         send, receive = trio.open_memory_channel[T | _Failed](buffer)
+        drained = trio.Event()
         with trio.CancelScope() as scope:
-            loop.update(token=trio.lowlevel.current_trio_token(), scope=scope, receive=receive)
+            loop.update(
+                token=trio.lowlevel.current_trio_token(),
+                scope=scope,
+                receive=receive,
+                drained=drained,
+            )
             ready.set()
             async with send:
                 try:
                     await produce(send.send)
                 except Exception as exc:  # handed to the caller's thread
                     await send.send(_Failed(exc))
+            # the caller still takes what the buffer holds, then sees the end
+            await drained.wait()
 
     def run() -> None:
         try:
@@ -64,7 +74,10 @@ def iterate_in_trio(
         while "error" not in loop:
             try:
                 item = trio.from_thread.run(loop["receive"].receive, trio_token=loop["token"])
-            except (trio.EndOfChannel, trio.RunFinishedError):
+            except trio.EndOfChannel:
+                trio.from_thread.run_sync(loop["drained"].set, trio_token=loop["token"])
+                break
+            except trio.RunFinishedError:
                 break
             if isinstance(item, _Failed):
                 raise item.error
