@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-import time
+import threading
 import zlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -391,15 +391,17 @@ def test_column_wise_and_record_by_record_decoding_agree_on_odd_properties() -> 
 def test_a_slow_reader_gets_every_item_the_loop_emitted_before_it_ended() -> None:
     """The loop's last items wait in the buffer after it returns: the reader, slower
     than the loop, still gets them all, then the end (none lost to a finished loop)."""
+    produced_all = threading.Event()
 
     async def produce(emit: Callable[[int], Awaitable[None]]) -> None:
         for i in range(6):
             await emit(i)
+        produced_all.set()
 
-    got = []
-    for item in iterate_in_trio(produce, name="test-bridge", buffer=2):
-        time.sleep(0.05)  # the loop has long finished producing by the last items
-        got.append(item)
+    items = iterate_in_trio(produce, name="test-bridge", buffer=8)
+    got = [next(items)]
+    assert produced_all.wait(10)  # the loop is done producing; 5 items wait in the buffer
+    got += list(items)
     assert got == list(range(6))
 
 

@@ -338,6 +338,7 @@ class Producer(InstanceOwner):
         queue: MessageQueue | None,
         timeout_s: float,
     ) -> SendResult:
+        """``_send`` of a request that waits for its answer (so there is a result)."""
         result = await self._send(request, selector, arg, queue, timeout_s, oneway=False)
         assert result is not None
         return result
@@ -520,10 +521,7 @@ class Producer(InstanceOwner):
         ``max_message_size``. InvalidArgumentError, before anything is sent, for a
         batch ``check_batch`` refuses (and for ``timeout_s`` as ``send``'s)."""
         timeout = self._timeout(timeout_s)
-        request = self._batch_request(messages)
-        result = await self._send(request, None, None, queue, timeout, oneway=False)
-        assert result is not None
-        return result
+        return await self._send_alone(self._batch_request(messages), None, None, queue, timeout)
 
     def check_batch(self, messages: Sequence[Message]) -> int:
         """The size in bytes of ``messages`` as one batch's body, or InvalidArgumentError

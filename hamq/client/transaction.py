@@ -232,8 +232,7 @@ class TransactionProducer(Producer):
                 PROPERTY_PRODUCER_GROUP: self.group,
             },
         )
-        result = await self._send(request, None, None, None, timeout, oneway=False)
-        assert result is not None
+        result = await self._send_alone(request, None, None, None, timeout)
         self._announce(result)
         error: Exception | None = None
         if result.status is not SendStatus.SEND_OK:

@@ -392,7 +392,7 @@ class Connection:
                         self._requests_received += 1
                         dispatch(cmd, self)
                     if i % YIELD_EVERY_COMMANDS == 0:  # (see YIELD_EVERY_COMMANDS)
-                        await anyio.lowlevel.checkpoint()
+                        await self._loop.checkpoint()
             finally:
                 self._in_read_batch = False
             if self._out and not self._send_busy:  # else that sender hands them over
