@@ -28,7 +28,9 @@ from hamq.client import (
     TlsConfig,
 )
 from hamq.client.blocking import Producer, PullConsumer
-from hamq.spark.options import parse_write_options
+from hamq.spark import reading
+from hamq.spark.options import QueueKey, parse_read_options, parse_write_options
+from hamq.spark.planning import QueueRange
 from hamq.spark.writing import write_batches
 from tests.support.brokers import create_topic
 from tests.support.ha import broker_group
@@ -133,6 +135,27 @@ def test_batch_read_returns_every_message_once(spark: Any, namesrv: str) -> None
     assert first.properties["KEYS"] == "k0" and first.reconsume_times == 0
     assert first.born_timestamp <= first.store_timestamp
     assert first.born_host.startswith("127.0.0.1:")
+
+
+def test_a_batch_ends_once_its_records_reach_batch_bytes(
+    namesrv: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Big messages end an Arrow batch before BATCH_ROWS rows: at BATCH_BYTES of records
+    (here lowered to a few pull answers' worth); every row still comes, once, in order."""
+    trio.run(create_topic, namesrv, "spark-bytes", 1)
+    fill(namesrv, "spark-bytes", range(1), 600)
+    monkeypatch.setattr(reading, "BATCH_BYTES", 10_000)
+    options = parse_read_options({"namesrv": namesrv, "topic": "spark-bytes"}, streaming=False)
+    batches: list[Any] = []
+
+    async def emit(batch: Any) -> None:
+        batches.append(batch)
+
+    queue = QueueRange(QueueKey("spark-bytes", BROKER, 0), 0, 600)
+    trio.run(reading.read_range, options, queue, emit)
+    offsets = [n for batch in batches for n in batch.column("queue_offset").to_pylist()]
+    assert offsets == list(range(600))
+    assert len(batches) >= 5 and max(batch.num_rows for batch in batches) < 200
 
 
 def test_json_starting_and_ending_offsets(spark: Any, namesrv: str) -> None:

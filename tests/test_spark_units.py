@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import random
 import re
+import struct
 import threading
 import zlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 import trustme
 
 from hamq.client import InvalidArgumentError
 from hamq.client.records import SYSFLAG_COMPRESSED, MessageFormatError
-from hamq.protocol.message import encode_properties, make_record_template, pack_host
+from hamq.protocol.message import MAGIC_V1, encode_properties, make_record_template, pack_host
 from hamq.spark import DataLossError
 from hamq.spark.bridge import iterate_in_trio
-from hamq.spark.columns import ARROW_SCHEMA, Columns
+from hamq.spark.columns import ARROW_SCHEMA, Columns, _pairs, _regular_pairs, record_starts
 from hamq.spark.options import (
     EARLIEST,
     LATEST,
@@ -386,6 +389,51 @@ def test_column_wise_and_record_by_record_decoding_agree_on_odd_properties() -> 
     assert fast == slow
     assert [r["tags"] for r in fast] == ["b", None, "", None]
     assert [r["msg_id"] for r in fast][:2] == ["U0", "U1b"]
+
+
+@pytest.mark.parametrize("at", [0, 3, 60])
+def test_bodies_holding_the_magic_bytes_are_walked(at: int) -> None:
+    """The records are found where MAGICCODE sits; bodies holding those bytes (here a
+    whole record head: size and magic) make the found places not chain, and the answer
+    is walked record by record instead, to the same records."""
+    fake = struct.pack(">ii", 116, MAGIC_V1)
+    bodies = [b"a" * 70, (b"b" * 70)[:at] + fake + (b"b" * 70)[at:], b"c"]
+    records = [record(n, body) for n, body in enumerate(bodies)]
+    raw = b"".join(records)
+    sizes = [len(r) for r in records]
+    assert record_starts(raw).tolist() == [0, sizes[0], sizes[0] + sizes[1]]
+    columns = Columns("orders", "broker-a", 3)
+    assert columns.add_records(raw, 0, 10) == 3
+    assert columns.batch().column("body").to_pylist() == bodies
+
+
+def test_regular_properties_split_as_the_general_split_does() -> None:
+    """Strings that are all ``name\x01value\x02`` pairs are split by where their
+    separators are; any other string (a pair without its separator, a value holding
+    \x01, a missing last \x02, a NUL) goes to the general split. Both agree."""
+    rng = random.Random(18)
+    parts = ["a", "b", "\x01", "\x02", "\u00e9", "", "KEYS", "UNIQ_KEY", "\x00"]
+    regular = 0
+    for _ in range(2000):
+        texts = []
+        for _ in range(rng.randint(0, 6)):
+            if rng.random() < 0.5:
+                texts.append("".join(rng.choice(parts) for _ in range(rng.randint(0, 8))))
+            else:
+                pairs = rng.randint(0, 3)
+                texts.append(
+                    "".join(f"{rng.choice(parts[4:8])}\x01v\u00e9\x02" for _ in range(pairs))
+                )
+        strings = pa.array(texts, pa.string())
+        if len(strings) > 1 and rng.random() < 0.3:
+            strings = strings.slice(1)  # an array that starts past its buffers' start
+        fast, general = _regular_pairs(strings), _pairs(strings)
+        if fast is not None:
+            regular += 1
+            assert fast[0].to_pylist() == general[0].to_pylist()
+            assert fast[1].to_pylist() == general[1].to_pylist()
+            assert fast[2].tolist() == general[2].tolist()
+    assert 500 < regular < 1900  # both kinds were tried
 
 
 def test_a_slow_reader_gets_every_item_the_loop_emitted_before_it_ended() -> None:

@@ -2,11 +2,12 @@
 
 A pull answer is stored records back to back (shared/PROTOCOL.md §5). Decoding each into
 a message object and then into a row costs more than everything else a Spark read
-does, so ``Columns`` decodes column-wise: ``add_records`` only walks an answer's record
-sizes (keeping the records of the range), and ``batch`` reads every field of all the
-records kept at once with numpy gathers and Arrow string kernels (the fixed fields at
-their offsets, then body, topic and properties by their lengths; keys, tags and the
-message id out of the properties), into a ``pyarrow.RecordBatch`` of ``SCHEMA``.
+does, so ``Columns`` decodes column-wise, with no Python loop over records:
+``add_records`` finds an answer's records where their MAGICCODE is (``record_starts``)
+and keeps those of the range; ``batch`` reads every field of all the records kept at
+once: the fixed fields as one structured numpy gather, body and properties copied out by
+Arrow's take, and the properties split into a map (keys, tags and the message id out of
+it) by where their separators are, into a ``pyarrow.RecordBatch`` of ``SCHEMA``.
 Records with IPv6 hosts, compressed bodies (inflated here) or anything irregular take
 the general decoder, which names what is wrong in a MessageFormatError.
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import struct
 import zlib
-from array import array
 
 import numpy as np
 import pyarrow as pa
@@ -74,16 +74,83 @@ SCHEMA = StructType(
 ARROW_SCHEMA: pa.Schema = to_arrow_schema(SCHEMA, timezone="UTC")
 
 #: where the fields are in a record with IPv4 hosts
-_AT_MAGIC, _AT_QUEUE_OFFSET, _AT_PHYSICAL_OFFSET, _AT_SYSFLAG = 4, 20, 28, 36
-_AT_BORN_TS, _AT_BORN_HOST, _AT_STORE_TS, _AT_STORE_HOST = 40, 48, 56, 64
-_AT_RECONSUME, _AT_BODY_LENGTH, _AT_BODY = 72, 84, 88
+_AT_QUEUE_OFFSET, _AT_BODY = 20, 88
+#: the fixed fields of a record with IPv4 hosts, the first ``_AT_BODY`` bytes
+_HEAD = np.dtype(
+    {
+        "names": [
+            "size", "magic", "queue_offset", "physical_offset", "sys_flag", "born_timestamp",
+            "born_host", "store_timestamp", "store_host", "reconsume_times", "body_length",
+        ],
+        "formats": [">i4", ">i4", ">i8", ">i8", ">i4", ">i8", ">u8", ">i8", ">u8", ">i4", ">i4"],
+        "offsets": [0, 4, _AT_QUEUE_OFFSET, 28, 36, 40, 48, 56, 64, 72, 84],
+        "itemsize": _AT_BODY,
+    }
+)  # fmt: skip
 _V6 = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
 #: TOTALSIZE, the first field of every record
 _TOTAL_SIZE = struct.Struct(">i")
+#: MAGICCODE, the second: its first byte, and the two values it has
+_MAGIC_FIRST_BYTE = (MAGIC_V1 >> 24) & 0xFF
+_MAX_OFFSET = 2**31 - 1
 
 
 class _Irregular(Exception):
     """Records the column-wise decoder does not read (the general decoder does)."""
+
+
+def _at(data: bytes | bytearray, where: np.ndarray, dtype: np.dtype | str) -> np.ndarray:
+    """The values of ``dtype`` starting at the byte positions ``where`` of ``data`` (each
+    one must fit), as one array: an overlapping view of ``data`` indexed once."""
+    kind = np.dtype(dtype)
+    every_byte = np.ndarray((len(data) - kind.itemsize + 1,), kind, data, strides=(1,))
+    values: np.ndarray = every_byte[where]
+    return values
+
+
+def record_starts(raw: bytes) -> np.ndarray:
+    """Where each record of a pull answer starts, checked to follow one another exactly
+    (each start plus its TOTALSIZE is the next; the last ends where ``raw`` does); a
+    MessageFormatError naming what is wrong with an answer that is not so.
+
+    Where MAGICCODE sits is found for all records at once; they are the answer's records
+    when their sizes chain. Otherwise (a body holding the magic bytes, a damaged answer)
+    the records are walked one by one, which names the damage."""
+    size_all = len(raw)
+    if size_all >= RECORD_HEAD.size:
+        buf = np.frombuffer(raw, np.uint8)
+        found = np.flatnonzero(buf[4 : size_all - RECORD_HEAD.size + 5] == _MAGIC_FIRST_BYTE)
+        magic = _at(raw, found + 4, ">i4")
+        starts: np.ndarray = found[(magic == MAGIC_V1) | (magic == MAGIC_V2)]
+        if len(starts) and starts[0] == 0:
+            sizes = _at(raw, starts, ">i4").astype(np.int64)
+            ends = starts + sizes
+            if (
+                ends[-1] == size_all
+                and (ends[:-1] == starts[1:]).all()
+                and (sizes >= RECORD_HEAD.size).all()
+            ):
+                return starts
+    return _walk(raw)
+
+
+def _walk(raw: bytes) -> np.ndarray:
+    """``record_starts`` record by record."""
+    pos, size_all = 0, len(raw)
+    found: list[int] = []
+    size_of = _TOTAL_SIZE.unpack_from
+    head = RECORD_HEAD.size
+    while pos < size_all:
+        if size_all - pos < head:
+            raise MessageFormatError(f"only {size_all - pos} bytes left for a record")
+        (size,) = size_of(raw, pos)
+        if size < head or pos + size > size_all:
+            raise MessageFormatError(
+                f"a record of total size {size} at byte {pos} of a {size_all}-byte answer"
+            )
+        found.append(pos)
+        pos += size
+    return np.array(found, np.int64)
 
 
 class Columns:
@@ -95,41 +162,29 @@ class Columns:
         self.queue_id = queue_id
         self._data = bytearray()
         #: where each kept record starts in ``_data``
-        self._starts = array("q")
+        self._starts: list[np.ndarray] = []
+        self._rows = 0
 
     def __len__(self) -> int:
-        return len(self._starts)
+        return self._rows
+
+    @property
+    def size_bytes(self) -> int:
+        """The bytes of records kept so far."""
+        return len(self._data)
 
     def add_records(self, raw: bytes, low: int, high: int) -> int:
         """Keep the records of ``raw`` whose queue offset is in ``low .. high - 1``; the
-        offset after the last record there (-1: none).
-
-        The walk from record to record reads only each one's size; the queue offsets
-        are read all at once after it."""
-        pos, size_all = 0, len(raw)
-        found: list[int] = []
-        size_of = _TOTAL_SIZE.unpack_from
-        head = RECORD_HEAD.size
-        while pos < size_all:
-            if size_all - pos < head:
-                raise MessageFormatError(f"only {size_all - pos} bytes left for a record")
-            (size,) = size_of(raw, pos)
-            if size < head or pos + size > size_all:
-                raise MessageFormatError(
-                    f"a record of total size {size} at byte {pos} of a {size_all}-byte answer"
-                )
-            found.append(pos)
-            pos += size
-        if not found:
+        offset after the last record there (-1: none)."""
+        starts = record_starts(raw)
+        if not len(starts):
             return -1
-        starts = np.array(found, np.int64)
-        buf = np.frombuffer(raw, np.uint8)
-        where = (starts + _AT_QUEUE_OFFSET)[:, None] + np.arange(8)
-        queue_offsets = buf[where].view(">i8").ravel()
+        queue_offsets = _at(raw, starts + _AT_QUEUE_OFFSET, ">i8")
         keep = (queue_offsets >= low) & (queue_offsets < high)
-        if keep.any():
-            base = len(self._data)
-            self._starts.extend((starts[keep] + base).tolist())
+        kept = starts[keep] if not keep.all() else starts
+        if len(kept):
+            self._starts.append(kept + len(self._data))
+            self._rows += len(kept)
             self._data += raw
         return int(queue_offsets[-1]) + 1
 
@@ -140,87 +195,76 @@ class Columns:
         except _Irregular:
             batch = self._decode_each()
         self._data = bytearray()
-        self._starts = array("q")
+        self._starts = []
+        self._rows = 0
         return batch
+
+    def _all_starts(self) -> np.ndarray:
+        return np.concatenate(self._starts) if self._starts else np.zeros(0, np.int64)
 
     # ------------------------------------------------------------ column-wise
 
     def _decode(self) -> pa.RecordBatch:
-        rows = len(self._starts)
-        buf = np.frombuffer(self._data, np.uint8)
-        starts = np.frombuffer(self._starts, np.int64)
-
-        def field(at: int | np.ndarray, dtype: str) -> np.ndarray:
-            width = np.dtype(dtype).itemsize
-            where = (starts + at)[:, None] + np.arange(width)
-            return buf[where].view(dtype).ravel().astype(np.int64)
-
-        sizes = field(0, ">i4")
-        magic = field(_AT_MAGIC, ">i4")
-        sys_flag = field(_AT_SYSFLAG, ">i4")
-        body_length = field(_AT_BODY_LENGTH, ">i4")
+        rows = self._rows
+        data = self._data
+        starts = self._all_starts()
+        if not rows or int(starts[-1]) + _AT_BODY > len(data):
+            raise _Irregular
+        head = _at(data, starts, _HEAD)
+        sizes = head["size"].astype(np.int64)
+        magic = head["magic"]
+        body_length = head["body_length"].astype(np.int64)
         ends = starts + sizes
         if (
             (sizes < _AT_BODY + 3).any()
             or ((magic != MAGIC_V1) & (magic != MAGIC_V2)).any()
-            or (sys_flag & (_V6 | SYSFLAG_COMPRESSED)).any()
+            or (head["sys_flag"] & (_V6 | SYSFLAG_COMPRESSED)).any()
             or (body_length < 0).any()
             or (starts + _AT_BODY + body_length + 3 > ends).any()
         ):
             raise _Irregular
         topic_at = starts + _AT_BODY + body_length
         long_topic = magic == MAGIC_V2
-        topic_length = np.where(long_topic, field(topic_at - starts, ">u2"), buf[topic_at])
+        topic_length = _at(data, topic_at, "u1")
+        if long_topic.any():
+            topic_length = np.where(long_topic, _at(data, topic_at, ">u2"), topic_length)
         properties_at = topic_at + np.where(long_topic, 2, 1) + topic_length
         if (properties_at + 2 > ends).any():
             raise _Irregular
-        properties_length = field(properties_at - starts, ">u2")
+        properties_length = _at(data, properties_at, ">u2").astype(np.int64)
         if (properties_at + 2 + properties_length != ends).any():
             raise _Irregular
-        bodies = self._strings(buf, starts + _AT_BODY, body_length, pa.binary())
-        properties = self._strings(buf, properties_at + 2, properties_length, pa.string())
+        bodies, properties = _runs(
+            data, [(starts + _AT_BODY, body_length), (properties_at + 2, properties_length)]
+        )
+        properties = properties.view(pa.string())
         try:
             properties.validate(full=True)
         except pa.ArrowInvalid:
             raise _Irregular from None
-        physical = field(_AT_PHYSICAL_OFFSET, ">i8")
+        physical = head["physical_offset"].astype(np.int64)
         property_map, named = _properties(properties)
         msg_ids = named[PROPERTY_UNIQ_KEY]
         if msg_ids.null_count:
-            msg_ids = self._offset_msg_ids(msg_ids, field(_AT_STORE_HOST, ">u8"), physical)
+            msg_ids = self._offset_msg_ids(msg_ids, head["store_host"], physical)
         stamp = ARROW_SCHEMA.field("born_timestamp").type
         columns = [
-            pa.array([self.topic] * rows, pa.string()),
-            pa.array([self.broker] * rows, pa.string()),
-            pa.array(np.full(rows, self.queue_id, np.int32)),
-            pa.array(field(_AT_QUEUE_OFFSET, ">i8")),
+            pa.repeat(pa.scalar(self.topic, pa.string()), rows),
+            pa.repeat(pa.scalar(self.broker, pa.string()), rows),
+            pa.repeat(pa.scalar(self.queue_id, pa.int32()), rows),
+            pa.array(head["queue_offset"].astype(np.int64)),
             pa.array(physical),
             msg_ids,
             named[PROPERTY_KEYS],
             named[PROPERTY_TAGS],
             bodies,
             property_map,
-            pa.array(field(_AT_BORN_TS, ">i8") * 1000, stamp),
-            pa.array(field(_AT_STORE_TS, ">i8") * 1000, stamp),
-            _hosts(field(_AT_BORN_HOST, ">u8")),
-            pa.array(field(_AT_RECONSUME, ">i4").astype(np.int32)),
+            pa.array(head["born_timestamp"].astype(np.int64) * 1000, stamp),
+            pa.array(head["store_timestamp"].astype(np.int64) * 1000, stamp),
+            _hosts(head["born_host"].astype(np.uint64)),
+            pa.array(head["reconsume_times"].astype(np.int32)),
         ]
         return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
-
-    @staticmethod
-    def _strings(
-        buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, kind: pa.DataType
-    ) -> pa.Array:
-        """The byte runs ``starts[i] .. + lengths[i]`` of ``buf`` as one Arrow array."""
-        ends = np.cumsum(lengths)
-        where = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(
-            starts - ends + lengths, lengths
-        )
-        offsets = np.concatenate(([0], ends)).astype(np.int32)
-        data = buf[where]
-        return pa.Array.from_buffers(
-            kind, len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(data)]
-        )
 
     @staticmethod
     def _offset_msg_ids(ids: pa.Array, store_hosts: np.ndarray, physical: np.ndarray) -> pa.Array:
@@ -237,7 +281,7 @@ class Columns:
         """Every record through the general decoder (IPv6 hosts, compressed bodies);
         MessageFormatError naming what is wrong with a bad one."""
         rows = []
-        for start in self._starts:
+        for start in self._all_starts().tolist():
             info = read_record(self._data, start, check_crc=False)
             body = bytes(info.body)
             if info.sys_flag & SYSFLAG_COMPRESSED:
@@ -265,31 +309,90 @@ class Columns:
         return pa.RecordBatch.from_pylist(rows, schema=ARROW_SCHEMA)
 
 
+def _runs(
+    data: bytes | bytearray | np.ndarray, runs: list[tuple[np.ndarray, np.ndarray]]
+) -> list[pa.Array]:
+    """For each ``(starts, lengths)`` of ``runs``, the byte runs ``starts[i] .. + lengths[i]``
+    of ``data`` as one binary array.
+
+    ``data`` is seen, without a copy, as one array alternating the runs and what lies
+    between them (the runs, in order, must not overlap); Arrow's take then copies the
+    runs out."""
+    if len(data) > _MAX_OFFSET:
+        raise _Irregular  # past what a binary array's int32 offsets reach
+    rows = len(runs[0][0])
+    count = 2 * len(runs) * rows
+    offsets = np.empty(count + 1, np.int32)
+    offsets[0] = 0
+    for i, (starts, lengths) in enumerate(runs):
+        offsets[1 + 2 * i :: 2 * len(runs)] = starts
+        offsets[2 + 2 * i :: 2 * len(runs)] = starts + lengths
+    whole = pa.Array.from_buffers(
+        pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
+    step = 2 * len(runs)
+    return [whole.take(pa.array(np.arange(1 + 2 * i, count, step))) for i in range(len(runs))]
+
+
 def _properties(properties: pa.Array) -> tuple[pa.Array, dict[str, pa.Array]]:
     """``name\x01value\x02 ...`` strings as map<string,string> (pairs without their
     separator left out, as RocketMQ does), and the values of UNIQ_KEY, KEYS and TAGS as
     columns (null where a row has none; of a name given twice, the last, as
     ``decode_properties`` keeps it): one split of the strings serves both."""
+    names, values, row_numbers = _regular_pairs(properties) or _pairs(properties)
+    rows = len(properties)
+    offsets = np.searchsorted(row_numbers, np.arange(rows + 1)).astype(np.int32)
+    property_map = pa.MapArray.from_arrays(
+        pa.array(offsets), names, values, type=ARROW_SCHEMA.field("properties").type
+    )
+    named = {}
+    for name in (PROPERTY_UNIQ_KEY, PROPERTY_KEYS, PROPERTY_TAGS):
+        at = np.flatnonzero(pc.equal(names, pa.scalar(name, pa.string())).to_numpy(False))
+        index = np.full(rows, -1, np.int64)
+        index[row_numbers[at]] = at  # (repeated rows: the last assignment stays)
+        named[name] = values.take(pa.array(index, mask=index < 0))
+    return property_map, named
+
+
+def _regular_pairs(properties: pa.Array) -> tuple[pa.Array, pa.Array, np.ndarray] | None:
+    """``_pairs`` of strings that are all pairs ``name\x01value\x02`` (what producers
+    write), read off where the separators are; None for any other.
+
+    The separators of all the strings alternate \x01, \x02 and every string that is
+    not empty ends with \x02: then each pair lies in one string."""
+    _, offsets_buffer, data_buffer = properties.buffers()
+    rows = len(properties)
+    offsets = np.frombuffer(offsets_buffer, np.int32, rows + 1, properties.offset * 4)
+    base = int(offsets[0])
+    text = np.frombuffer(data_buffer, np.uint8)[base : int(offsets[-1])]
+    ends = offsets - base
+    marks = np.flatnonzero(text <= ord(PROPERTY_SEPARATOR))  # (a NUL too: not regular)
+    kinds = text[marks]
+    lasts = ends[1:][ends[1:] > ends[:-1]] - 1
+    if (
+        len(marks) % 2
+        or (kinds[0::2] != ord(NAME_VALUE_SEPARATOR)).any()
+        or (kinds[1::2] != ord(PROPERTY_SEPARATOR)).any()
+        or (text[lasts] != ord(PROPERTY_SEPARATOR)).any()
+    ):
+        return None
+    ones, twos = marks[0::2], marks[1::2]
+    name_starts = np.concatenate(([0], twos + 1))[: len(twos)]
+    names, values = _runs(text, [(name_starts, ones - name_starts), (ones + 1, twos - ones - 1)])
+    row_numbers = np.searchsorted(ends[1:], twos, side="right")
+    return names.view(pa.string()), values.view(pa.string()), row_numbers
+
+
+def _pairs(properties: pa.Array) -> tuple[pa.Array, pa.Array, np.ndarray]:
+    """The names and values of the pairs of ``name\x01value\x02 ...`` strings, and the
+    string (row) each pair is in, ascending."""
     pairs = pc.split_pattern(properties, PROPERTY_SEPARATOR)
     row_of = pc.list_parent_indices(pairs)
     split = pc.split_pattern(pairs.flatten(), NAME_VALUE_SEPARATOR, max_splits=1)
     whole = pc.equal(pc.list_value_length(split), 2)
     split, row_of = split.filter(whole), row_of.filter(whole)
     names, values = pc.list_element(split, 0), pc.list_element(split, 1)
-    rows = len(properties)
-    row_numbers = row_of.to_numpy()
-    counts = np.bincount(row_numbers, minlength=rows)
-    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
-    property_map = pa.MapArray.from_arrays(
-        pa.array(offsets), names, values, type=ARROW_SCHEMA.field("properties").type
-    )
-    named = {}
-    for name in (PROPERTY_UNIQ_KEY, PROPERTY_KEYS, PROPERTY_TAGS):
-        at = np.flatnonzero(pc.equal(names, name).to_numpy(zero_copy_only=False))
-        index = np.full(rows, -1, np.int64)
-        index[row_numbers[at]] = at  # (repeated rows: the last assignment stays)
-        named[name] = values.take(pa.array(index, mask=index < 0))
-    return property_map, named
+    return names, values, row_of.to_numpy()
 
 
 def _hosts(packed: np.ndarray) -> pa.Array:

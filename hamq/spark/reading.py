@@ -42,8 +42,9 @@ from hamq.spark.planning import (
     message_queue,
 )
 
-#: rows per Arrow batch handed to Spark
+#: rows per Arrow batch handed to Spark, unless their records reach BATCH_BYTES first
 BATCH_ROWS = 8192
+BATCH_BYTES = 64 * 1024 * 1024
 PULL_TIMEOUT_S = 10.0
 #: pulls of one range under way at once
 PULLS_IN_FLIGHT = 4
@@ -108,7 +109,7 @@ async def read_range(
                     except MessageFormatError as exc:
                         raise ClientError(f"a pull answer for queue {key} is bad: {exc}") from None
                     offset = max(offset, after, result.next_begin_offset)
-                    if len(rows) >= BATCH_ROWS:
+                    if len(rows) >= BATCH_ROWS or rows.size_bytes >= BATCH_BYTES:
                         await emit(rows.batch())
                     if offset == window.offset + window.count:
                         continue  # the pipeline goes on
