@@ -90,6 +90,39 @@ async def test_messages_and_offsets_survive_a_restart(tmp_path: Path) -> None:
         assert by_id.queue_offset == 19
 
 
+async def test_a_pull_reads_records_back_to_back_as_one_view_and_checks_the_rest(
+    tmp_path: Path,
+) -> None:
+    """Trusted records that follow one another in the log come as one view (never
+    across a segment); records a restarted store has not checked yet are checked one by
+    one. Either way the answer is every record, whole, in queue order, as read alone."""
+    config = small_config(tmp_path, max_transfer_count=1000, max_transfer_bytes=4 * SEGMENT)
+    async with open_store(config) as store:
+        for i in range(300):  # queue 0: runs of 5 in a row; queue 1: one record at a time
+            await store.put_message(message(queue_id=0 if i % 6 else 1, body=b"%d." % i * 700))
+        await settle(store)
+        assert store.commitlog_max_offset > 2 * SEGMENT  # the queues span segments
+
+        def alone(queue_id: int) -> list[bytes]:
+            queue = store.queues.get("T", queue_id)
+            assert queue is not None
+            entries = queue.entries(0, queue.max_offset)
+            return [bytes(store.commitlog.read(offset, size)) for offset, size, _ in entries]
+
+        first = store.get_message("g", "T", 0, 0, 1000)
+        assert first.message_count == 250 and 50 <= len(first.runs) <= 53
+        assert [bytes(m) for m in first.messages] == alone(0)
+        assert first.body == b"".join(alone(0))
+        one_by_one = store.get_message("g", "T", 1, 0, 1000)
+        assert [bytes(m) for m in one_by_one.messages] == alone(1)
+    async with open_store(config) as store:  # nothing checked yet in this process
+        checked = store.get_message("g", "T", 0, 0, 1000)
+        assert len(checked.runs) == checked.message_count == 250
+        again = store.get_message("g", "T", 0, 0, 1000)
+        assert 50 <= len(again.runs) <= 53
+        assert checked.body == again.body == first.body
+
+
 async def test_consume_queues_are_rebuilt_after_their_files_are_deleted(tmp_path: Path) -> None:
     config = small_config(tmp_path)
     async with open_store(config) as store:

@@ -142,22 +142,32 @@ class GetMessageResult:
     next_begin_offset: int
     min_offset: int
     max_offset: int
-    #: the records found, zero-copy views of the CommitLog, in queue order
-    messages: tuple[memoryview, ...] = ()
+    #: the records found, in queue order: zero-copy views of the CommitLog, each of one
+    #: record or of several back to back (``messages``: one view a record)
+    runs: tuple[memoryview, ...] = ()
+    message_count: int = 0
     #: how far the last record found is behind the CommitLog's end, in bytes (a master
     #: sends consumers this far behind to a slave, slaveReadEnable)
     lag_bytes: int = 0
-    #: damaged records passed over (not in ``messages``; ``next_begin_offset`` is past them)
+    #: damaged records passed over (not in ``runs``; ``next_begin_offset`` is past them)
     skipped: int = 0
 
     @property
     def body(self) -> bytes:
         """The records back to back: a PULL response body."""
-        return b"".join(self.messages)
+        return b"".join(self.runs)
 
     @property
-    def message_count(self) -> int:
-        return len(self.messages)
+    def messages(self) -> tuple[memoryview, ...]:
+        """The records found, a view each, in queue order."""
+        records = []
+        for run in self.runs:
+            at = 0
+            while at < len(run):
+                size = int.from_bytes(run[at : at + 4], "big")
+                records.append(run[at : at + size])
+                at += size
+        return tuple(records)
 
 
 @attrs.frozen
@@ -184,11 +194,15 @@ class StoreStatistics:
 class _Scan:
     """What one read of a consume queue found (``get_message``)."""
 
-    __slots__ = ("filtered", "found", "last_physical", "next_offset", "removed", "skipped")
+    __slots__ = (
+        "count", "filtered", "last_physical", "next_offset", "removed", "runs", "skipped",
+    )  # fmt: skip
 
     def __init__(self, offset: int) -> None:
         self.next_offset = offset
-        self.found: list[memoryview] = []
+        #: the records found: views of one or more records back to back (``count`` in all)
+        self.runs: list[memoryview] = []
+        self.count = 0
         self.last_physical = 0
         self.removed = self.filtered = self.skipped = 0
 
@@ -698,14 +712,15 @@ class MessageStore:
             self.config.max_transfer_bytes if max_bytes is None else max_bytes,
             tag_codes,
         )
-        if scan.found:
+        if scan.count:
             lag = self.commitlog.max_offset - scan.last_physical
             return GetMessageResult(
                 GetMessageStatus.FOUND,
                 scan.next_offset,
                 low,
                 high,
-                tuple(scan.found),
+                tuple(scan.runs),
+                scan.count,
                 lag,
                 scan.skipped,
             )
@@ -730,23 +745,26 @@ class MessageStore:
         """Read a queue's records into ``scan`` from its ``next_offset``: at most
         ``max_count`` and (but for the first) ``byte_budget`` bytes, scanning at most
         MAX_FILTERED_SCAN entries. Entries before ``trusted`` were checked in this
-        process (queue.checked): read as they are; the others are checked whole
+        process (queue.checked): read as they are, records that follow one another in
+        the log as one view (a span); the others are checked whole
         (``record_problem``), and the runs that pass are added to ``checked``."""
         commitlog = self.commitlog
         read = commitlog.reader()
+        segment_size = commitlog.segment_size
         commitlog_min = commitlog.min_offset
         check_crc = self.config.check_crc_on_read
         checked = queue.checked
         offset = next_offset = scan.next_offset
         trusted = checked.end_of(offset)
         run_start = run_end = offset
-        found = scan.found
-        total = 0
+        runs = scan.runs
+        span_start = span_end = -1  # trusted records back to back in one segment
+        count = total = 0
         full = False
-        while next_offset < high and len(found) < max_count and not full:
+        while next_offset < high and count < max_count and not full:
             if next_offset - offset >= MAX_FILTERED_SCAN:
                 break
-            batch = queue.entries(next_offset, max(max_count - len(found), 32))
+            batch = queue.entries(next_offset, max(max_count - count, 32))
             if not batch:
                 break
             for physical_offset, size, tags in batch:
@@ -755,33 +773,46 @@ class MessageStore:
                 elif tag_codes is not None and tags not in tag_codes:
                     scan.filtered += 1
                 else:
-                    if found and total + size > byte_budget:
+                    if count and total + size > byte_budget:
                         full = True
                         break
-                    record: memoryview | None
                     if next_offset < trusted:
-                        record = read(physical_offset, size)
+                        if physical_offset == span_end and physical_offset % segment_size:
+                            span_end += size
+                        else:
+                            if span_end > span_start:
+                                runs.append(read(span_start, span_end - span_start))
+                            span_start, span_end = physical_offset, physical_offset + size
+                        count += 1
+                        scan.last_physical = physical_offset
+                        total += size
                     else:
+                        if span_end > span_start:
+                            runs.append(read(span_start, span_end - span_start))
+                            span_start = span_end = -1
                         entry = (*queue_key, next_offset)
                         record = commitlog.read_checked(
                             physical_offset, size, entry, check_crc=check_crc
                         )
-                        if record is not None:
+                        if record is None:  # damaged: passed over (counted, logged), never sent
+                            scan.skipped += 1
+                        else:
                             if next_offset != run_end:
                                 checked.add(run_start, run_end)
                                 run_start = next_offset
                             run_end = next_offset + 1
-                    if record is None:  # damaged: passed over (counted, logged), never sent
-                        scan.skipped += 1
-                    else:
-                        found.append(record)
-                        scan.last_physical = physical_offset
-                        total += size
+                            runs.append(record)
+                            count += 1
+                            scan.last_physical = physical_offset
+                            total += size
                 next_offset += 1
-                if len(found) >= max_count:
+                if count >= max_count:
                     break
+        if span_end > span_start:
+            runs.append(read(span_start, span_end - span_start))
         checked.add(run_start, run_end)
         scan.next_offset = next_offset
+        scan.count = count
 
     def max_offset_in_queue(self, topic: str, queue_id: int) -> int:
         queue = self.queues.get(topic, queue_id)
