@@ -391,6 +391,18 @@ def test_column_wise_and_record_by_record_decoding_agree_on_odd_properties() -> 
     assert [r["msg_id"] for r in fast][:2] == ["U0", "U1b"]
 
 
+def test_born_hosts_are_named_per_row() -> None:
+    hosts = [BORN, BORN, pack_host("10.9.8.7", 1), BORN]
+    raw = b"".join(record(n, b"b", born_host=host) for n, host in enumerate(hosts))
+    columns = Columns("orders", "broker-a", 3)
+    columns.add_records(raw, 0, 10)
+    assert columns.batch().column("born_host").to_pylist() == [
+        "10.1.2.3:40000", "10.1.2.3:40000", "10.9.8.7:1", "10.1.2.3:40000"
+    ]  # fmt: skip
+    columns.add_records(raw[: 2 * len(raw) // 4], 0, 10)  # one host only
+    assert columns.batch().column("born_host").to_pylist() == ["10.1.2.3:40000"] * 2
+
+
 @pytest.mark.parametrize("at", [0, 3, 60])
 def test_bodies_holding_the_magic_bytes_are_walked(at: int) -> None:
     """The records are found where MAGICCODE sits; bodies holding those bytes (here a
@@ -432,7 +444,7 @@ def test_regular_properties_split_as_the_general_split_does() -> None:
             regular += 1
             assert fast[0].to_pylist() == general[0].to_pylist()
             assert fast[1].to_pylist() == general[1].to_pylist()
-            assert fast[2].tolist() == general[2].tolist()
+            assert fast[2].tolist() == general[2].tolist()  # where each row's pairs start
     assert 500 < regular < 1900  # both kinds were tried
 
 

@@ -93,6 +93,8 @@ _TOTAL_SIZE = struct.Struct(">i")
 #: MAGICCODE, the second: its first byte, and the two values it has
 _MAGIC_FIRST_BYTE = (MAGIC_V1 >> 24) & 0xFF
 _MAX_OFFSET = 2**31 - 1
+#: the properties that are columns of their own too
+_NAMED = pa.array([PROPERTY_UNIQ_KEY, PROPERTY_KEYS, PROPERTY_TAGS], pa.string())
 
 
 class _Irregular(Exception):
@@ -210,7 +212,12 @@ class Columns:
         starts = self._all_starts()
         if not rows or int(starts[-1]) + _AT_BODY > len(data):
             raise _Irregular
-        head = _at(data, starts, _HEAD)
+        # the heads as rows of bytes, then seen as their fields (a gather of the
+        # structured dtype itself copies field by field, several times slower)
+        every_head = np.ndarray(
+            (len(data) - _AT_BODY + 1, _AT_BODY), np.uint8, data, strides=(1, 1)
+        )
+        head = every_head[starts].view(_HEAD)[:, 0]
         sizes = head["size"].astype(np.int64)
         magic = head["magic"]
         body_length = head["body_length"].astype(np.int64)
@@ -339,15 +346,16 @@ def _properties(properties: pa.Array) -> tuple[pa.Array, dict[str, pa.Array]]:
     separator left out, as RocketMQ does), and the values of UNIQ_KEY, KEYS and TAGS as
     columns (null where a row has none; of a name given twice, the last, as
     ``decode_properties`` keeps it): one split of the strings serves both."""
-    names, values, row_numbers = _regular_pairs(properties) or _pairs(properties)
+    names, values, offsets = _regular_pairs(properties) or _pairs(properties)
     rows = len(properties)
-    offsets = np.searchsorted(row_numbers, np.arange(rows + 1)).astype(np.int32)
     property_map = pa.MapArray.from_arrays(
         pa.array(offsets), names, values, type=ARROW_SCHEMA.field("properties").type
     )
+    row_numbers = np.repeat(np.arange(rows), np.diff(offsets))
     named = {}
-    for name in (PROPERTY_UNIQ_KEY, PROPERTY_KEYS, PROPERTY_TAGS):
-        at = np.flatnonzero(pc.equal(names, pa.scalar(name, pa.string())).to_numpy(False))
+    which = pc.index_in(names, value_set=_NAMED).fill_null(-1).to_numpy()
+    for k, name in enumerate(_NAMED.to_pylist()):
+        at = np.flatnonzero(which == k)
         index = np.full(rows, -1, np.int64)
         index[row_numbers[at]] = at  # (repeated rows: the last assignment stays)
         named[name] = values.take(pa.array(index, mask=index < 0))
@@ -379,24 +387,28 @@ def _regular_pairs(properties: pa.Array) -> tuple[pa.Array, pa.Array, np.ndarray
     ones, twos = marks[0::2], marks[1::2]
     name_starts = np.concatenate(([0], twos + 1))[: len(twos)]
     names, values = _runs(text, [(name_starts, ones - name_starts), (ones + 1, twos - ones - 1)])
-    row_numbers = np.searchsorted(ends[1:], twos, side="right")
-    return names.view(pa.string()), values.view(pa.string()), row_numbers
+    offsets = np.searchsorted(twos, ends).astype(np.int32)  # (the pairs before each row)
+    return names.view(pa.string()), values.view(pa.string()), offsets
 
 
 def _pairs(properties: pa.Array) -> tuple[pa.Array, pa.Array, np.ndarray]:
-    """The names and values of the pairs of ``name\x01value\x02 ...`` strings, and the
-    string (row) each pair is in, ascending."""
+    """The names and values of the pairs of ``name\x01value\x02 ...`` strings, and
+    where each string's pairs start among them (one offset a string, and the end)."""
     pairs = pc.split_pattern(properties, PROPERTY_SEPARATOR)
     row_of = pc.list_parent_indices(pairs)
     split = pc.split_pattern(pairs.flatten(), NAME_VALUE_SEPARATOR, max_splits=1)
     whole = pc.equal(pc.list_value_length(split), 2)
     split, row_of = split.filter(whole), row_of.filter(whole)
     names, values = pc.list_element(split, 0), pc.list_element(split, 1)
-    return names, values, row_of.to_numpy()
+    counts = np.bincount(row_of.to_numpy(), minlength=len(properties))
+    return names, values, np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
 
 
 def _hosts(packed: np.ndarray) -> pa.Array:
     """``ip:port`` of packed IPv4 hosts (as big-endian uint64), formatted once each."""
+    if (packed == packed[0]).all():  # (one producer host: the common case)
+        name = unpack_host(int(packed[0]).to_bytes(8, "big"))
+        return pa.repeat(pa.scalar(name, pa.string()), len(packed))
     unique, index = np.unique(packed, return_inverse=True)
     names = pa.array([unpack_host(int(u).to_bytes(8, "big")) for u in unique], pa.string())
     return names.take(pa.array(index.ravel()))
