@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import shutil
 import threading
 from pathlib import Path
@@ -121,6 +122,39 @@ async def test_a_pull_reads_records_back_to_back_as_one_view_and_checks_the_rest
         again = store.get_message("g", "T", 0, 0, 1000)
         assert 50 <= len(again.runs) <= 53
         assert checked.body == again.body == first.body
+
+
+async def test_pulls_of_checked_and_unchecked_records_take_what_the_budgets_allow(
+    tmp_path: Path,
+) -> None:
+    """Random pulls (offset, count, byte budget) over a queue whose records a restarted
+    store has checked only in places: each answer is the records from the offset, whole
+    and in order, as many as the count and the budget allow (the first whatever its
+    size), whether they were checked before (read as runs) or are checked now."""
+    rng = random.Random(18)
+    config = small_config(tmp_path, max_transfer_count=500, max_transfer_bytes=SEGMENT)
+    async with open_store(config) as store:
+        for i in range(400):
+            body = b"%d." % i + b"x" * rng.choice([10, 300, 3000])
+            await store.put_message(message(queue_id=i % 3 and 1, body=body))
+        await settle(store)
+    async with open_store(config) as store:  # nothing checked yet
+        queue = store.queues.get("T", 1)
+        assert queue is not None
+        entries = queue.entries(0, queue.max_offset)
+        records = [bytes(store.commitlog.read(offset, size)) for offset, size, _ in entries]
+        store.get_message("g", "T", 1, 40, 30)  # checked: 40..69, then more as pulls go
+        for _ in range(300):
+            offset = rng.randrange(len(records))
+            count, budget = rng.randint(1, 120), rng.choice([1, 2000, 9000, 60000])
+            result = store.get_message("g", "T", 1, offset, count, max_bytes=budget)
+            expected: list[bytes] = []
+            for record in records[offset : offset + count]:
+                if expected and sum(map(len, expected)) + len(record) > budget:
+                    break
+                expected.append(record)
+            assert [bytes(m) for m in result.messages] == expected, (offset, count, budget)
+            assert result.next_begin_offset == offset + len(expected)
 
 
 async def test_consume_queues_are_rebuilt_after_their_files_are_deleted(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ and are named by the 20-digit byte offset of their first entry, under
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import struct
 from collections.abc import Callable
@@ -36,6 +37,13 @@ ENTRY = struct.Struct(">qiq")
 ENTRY_SIZE = ENTRY.size  # 20
 
 Entry = tuple[int, int, int]  # commit-log offset, size, tags code
+
+
+@functools.lru_cache(maxsize=64)
+def _entries_struct(count: int) -> struct.Struct:
+    """``count`` entries back to back, as one struct (unpacked with one call)."""
+    return struct.Struct(">" + "qiq" * count)
+
 
 #: most separate ranges a queue's ``checked`` keeps (consumers read forward, so a few
 #: cover a queue: the tail the dispatcher extends, and one per backlog being read)
@@ -272,6 +280,22 @@ class ConsumeQueue:
             found.extend(ENTRY.iter_unpack(segment.view(start, in_file * ENTRY_SIZE)))
             offset += in_file
         return found
+
+    def entry_columns(self, offset: int, max_count: int) -> tuple[tuple[int, ...], ...]:
+        """Entries ``offset`` .. of one file, up to ``max_count`` of them and within
+        [min_offset, max_offset), as columns: (commit-log offsets, sizes, tags codes);
+        empty when ``offset`` is outside that range. (Unpacked by one call, not an
+        entry at a time: a pull's fast path.)"""
+        stop = min(self.max_offset, offset + max_count)
+        if not self.min_offset <= offset < stop:
+            return (), (), ()
+        position = offset * ENTRY_SIZE
+        segment = self.segments.find(position)
+        if segment is None:
+            return (), (), ()
+        count = min(stop - offset, (segment.end - position) // ENTRY_SIZE)
+        flat = _entries_struct(count).unpack_from(segment.buffer, position - segment.start)
+        return flat[0::3], flat[1::3], flat[2::3]
 
     def last_entry_end(self) -> int | None:
         """The commit-log offset just past the last entry's record, None when empty."""

@@ -23,8 +23,11 @@ response) before the next await.
 
 from __future__ import annotations
 
+import bisect
 import enum
+import itertools
 import logging
+import operator
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 
@@ -764,6 +767,18 @@ class MessageStore:
         while next_offset < high and count < max_count and not full:
             if next_offset - offset >= MAX_FILTERED_SCAN:
                 break
+            if tag_codes is None and next_offset < trusted:
+                if span_end > span_start:  # (the runs stay in queue order)
+                    runs.append(read(span_start, span_end - span_start))
+                    span_start = span_end = -1
+                limit = min(trusted, high, next_offset + max_count - count) - next_offset
+                took, total, full = self._read_trusted(
+                    scan, queue, next_offset, limit, total, byte_budget, first=not count
+                )
+                if took:
+                    next_offset += took
+                    count += took
+                    continue
             batch = queue.entries(next_offset, max(max_count - count, 32))
             if not batch:
                 break
@@ -813,6 +828,50 @@ class MessageStore:
         checked.add(run_start, run_end)
         scan.next_offset = next_offset
         scan.count = count
+
+    def _read_trusted(
+        self,
+        scan: _Scan,
+        queue: ConsumeQueue,
+        next_offset: int,
+        limit: int,
+        total: int,
+        byte_budget: int,
+        *,
+        first: bool,
+    ) -> tuple[int, int, bool]:
+        """``_read_queue``'s loop for up to ``limit`` entries checked before, with no
+        filter, without a step per entry: a file's entries unpacked at once, how many
+        fit the byte budget found by bisection (``total`` bytes taken so far; the
+        ``first`` record of a pull is taken whatever its size), and the records that
+        follow one another in the log appended as one view. How many entries it took
+        (0: none, the caller steps through them), the new total, and whether the byte
+        budget stopped it."""
+        physical, sizes, _tags = queue.entry_columns(next_offset, limit)
+        if not physical or min(physical) < self.commitlog.min_offset:
+            return 0, total, False
+        totals = list(itertools.accumulate(sizes, initial=total))[1:]
+        count = bisect.bisect_right(totals, byte_budget)
+        full = count < len(physical)
+        if first and not count:
+            count = 1
+        if not count:
+            return 0, total, full
+        ends = list(map(operator.add, physical[:count], sizes[:count]))
+        breaks = itertools.compress(range(1, count), map(operator.ne, ends, physical[1:count]))
+        read = self.commitlog.reader()
+        segment_size = self.commitlog.segment_size
+        runs = scan.runs
+        begin = 0
+        for stop in itertools.chain(breaks, (count,)):
+            start, end = physical[begin], ends[stop - 1]
+            if start // segment_size == (end - 1) // segment_size:
+                runs.append(read(start, end - start))
+            else:  # records back to back across a segment's end (never in a sound log)
+                runs.extend(read(physical[i], sizes[i]) for i in range(begin, stop))
+            begin = stop
+        scan.last_physical = physical[count - 1]
+        return count, totals[count - 1], full
 
     def max_offset_in_queue(self, topic: str, queue_id: int) -> int:
         queue = self.queues.get(topic, queue_id)
