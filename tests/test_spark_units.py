@@ -382,8 +382,8 @@ def test_column_wise_and_record_by_record_decoding_agree_on_odd_properties() -> 
     )
     column_wise, record_wise = Columns("orders", "broker-a", 3), Columns("orders", "broker-a", 3)
     assert column_wise.add_records(raw, 0, 10) == record_wise.add_records(raw, 0, 10) == 4
-    fast = column_wise._decode().to_pylist()
-    slow = record_wise._decode_each().to_pylist()
+    fast = column_wise._decode(*column_wise._take()).to_pylist()
+    slow = record_wise._decode_each(*record_wise._take()).to_pylist()
     for row in fast + slow:
         row["properties"] = sorted(dict(row["properties"]).items())
     assert fast == slow

@@ -162,8 +162,10 @@ class Columns:
         self.topic = topic
         self.broker = broker
         self.queue_id = queue_id
-        self._data = bytearray()
-        #: where each kept record starts in ``_data``
+        #: the answers kept (joined into one buffer for a batch), their bytes, and
+        #: where each kept record starts in them as joined
+        self._answers: list[bytes] = []
+        self._size = 0
         self._starts: list[np.ndarray] = []
         self._rows = 0
 
@@ -173,7 +175,7 @@ class Columns:
     @property
     def size_bytes(self) -> int:
         """The bytes of records kept so far."""
-        return len(self._data)
+        return self._size
 
     def add_records(self, raw: bytes, low: int, high: int) -> int:
         """Keep the records of ``raw`` whose queue offset is in ``low .. high - 1``; the
@@ -185,31 +187,31 @@ class Columns:
         keep = (queue_offsets >= low) & (queue_offsets < high)
         kept = starts[keep] if not keep.all() else starts
         if len(kept):
-            self._starts.append(kept + len(self._data))
+            self._starts.append(kept + self._size)
             self._rows += len(kept)
-            self._data += raw
+            self._answers.append(raw)
+            self._size += len(raw)
         return int(queue_offsets[-1]) + 1
 
     def batch(self) -> pa.RecordBatch:
         """The rows so far as one Arrow batch; the columns start empty again."""
+        data, starts = self._take()
         try:
-            batch = self._decode()
+            return self._decode(data, starts)
         except _Irregular:
-            batch = self._decode_each()
-        self._data = bytearray()
-        self._starts = []
-        self._rows = 0
-        return batch
+            return self._decode_each(data, starts)
 
-    def _all_starts(self) -> np.ndarray:
-        return np.concatenate(self._starts) if self._starts else np.zeros(0, np.int64)
+    def _take(self) -> tuple[bytes, np.ndarray]:
+        """The answers kept, joined, and where their kept records start; none kept after."""
+        data = b"".join(self._answers)
+        starts = np.concatenate(self._starts) if self._starts else np.zeros(0, np.int64)
+        self._answers, self._size, self._starts, self._rows = [], 0, [], 0
+        return data, starts
 
     # ------------------------------------------------------------ column-wise
 
-    def _decode(self) -> pa.RecordBatch:
-        rows = self._rows
-        data = self._data
-        starts = self._all_starts()
+    def _decode(self, data: bytes, starts: np.ndarray) -> pa.RecordBatch:
+        rows = len(starts)
         if not rows or int(starts[-1]) + _AT_BODY > len(data):
             raise _Irregular
         # the heads as rows of bytes, then seen as their fields (a gather of the
@@ -284,12 +286,12 @@ class Columns:
 
     # ------------------------------------------------------------ record by record
 
-    def _decode_each(self) -> pa.RecordBatch:
+    def _decode_each(self, data: bytes, starts: np.ndarray) -> pa.RecordBatch:
         """Every record through the general decoder (IPv6 hosts, compressed bodies);
         MessageFormatError naming what is wrong with a bad one."""
         rows = []
-        for start in self._all_starts().tolist():
-            info = read_record(self._data, start, check_crc=False)
+        for start in starts.tolist():
+            info = read_record(data, start, check_crc=False)
             body = bytes(info.body)
             if info.sys_flag & SYSFLAG_COMPRESSED:
                 body = _inflate(body, info.sys_flag, info.queue_offset)
