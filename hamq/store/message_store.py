@@ -168,6 +168,8 @@ class GetMessageResult:
             at = 0
             while at < len(run):
                 size = int.from_bytes(run[at : at + 4], "big")
+                if not 0 < size <= len(run) - at:  # (never for records this store read)
+                    raise StoreError(f"a TOTALSIZE of {size} at byte {at} of a run of records")
                 records.append(run[at : at + size])
                 at += size
         return tuple(records)
