@@ -750,12 +750,11 @@ class MessageStore:
         """Read a queue's records into ``scan`` from its ``next_offset``: at most
         ``max_count`` and (but for the first) ``byte_budget`` bytes, scanning at most
         MAX_FILTERED_SCAN entries. Entries before ``trusted`` were checked in this
-        process (queue.checked): read as they are, records that follow one another in
-        the log as one view (a span); the others are checked whole
-        (``record_problem``), and the runs that pass are added to ``checked``."""
+        process (queue.checked): read as they are (with no filter, ``_read_trusted``:
+        records that follow one another in the log as one view); the others are checked
+        whole (``record_problem``), and the runs that pass are added to ``checked``."""
         commitlog = self.commitlog
         read = commitlog.reader()
-        segment_size = commitlog.segment_size
         commitlog_min = commitlog.min_offset
         check_crc = self.config.check_crc_on_read
         checked = queue.checked
@@ -763,19 +762,15 @@ class MessageStore:
         trusted = checked.end_of(offset)
         run_start = run_end = offset
         runs = scan.runs
-        span_start = span_end = -1  # trusted records back to back in one segment
         count = total = 0
         full = False
         while next_offset < high and count < max_count and not full:
             if next_offset - offset >= MAX_FILTERED_SCAN:
                 break
             if tag_codes is None and next_offset < trusted:
-                if span_end > span_start:  # (the runs stay in queue order)
-                    runs.append(read(span_start, span_end - span_start))
-                    span_start = span_end = -1
                 limit = min(trusted, high, next_offset + max_count - count) - next_offset
                 took, total, full = self._read_trusted(
-                    scan, queue, next_offset, limit, total, byte_budget, first=not count
+                    scan, queue, read, next_offset, limit, total, byte_budget, first=not count
                 )
                 if took:
                     next_offset += took
@@ -793,40 +788,29 @@ class MessageStore:
                     if count and total + size > byte_budget:
                         full = True
                         break
+                    record: memoryview | None
                     if next_offset < trusted:
-                        if physical_offset == span_end and physical_offset % segment_size:
-                            span_end += size
-                        else:
-                            if span_end > span_start:
-                                runs.append(read(span_start, span_end - span_start))
-                            span_start, span_end = physical_offset, physical_offset + size
-                        count += 1
-                        scan.last_physical = physical_offset
-                        total += size
+                        record = read(physical_offset, size)
                     else:
-                        if span_end > span_start:
-                            runs.append(read(span_start, span_end - span_start))
-                            span_start = span_end = -1
                         entry = (*queue_key, next_offset)
                         record = commitlog.read_checked(
                             physical_offset, size, entry, check_crc=check_crc
                         )
-                        if record is None:  # damaged: passed over (counted, logged), never sent
-                            scan.skipped += 1
-                        else:
+                        if record is not None:
                             if next_offset != run_end:
                                 checked.add(run_start, run_end)
                                 run_start = next_offset
                             run_end = next_offset + 1
-                            runs.append(record)
-                            count += 1
-                            scan.last_physical = physical_offset
-                            total += size
+                    if record is None:  # damaged: passed over (counted, logged), never sent
+                        scan.skipped += 1
+                    else:
+                        runs.append(record)
+                        count += 1
+                        scan.last_physical = physical_offset
+                        total += size
                 next_offset += 1
                 if count >= max_count:
                     break
-        if span_end > span_start:
-            runs.append(read(span_start, span_end - span_start))
         checked.add(run_start, run_end)
         scan.next_offset = next_offset
         scan.count = count
@@ -835,6 +819,7 @@ class MessageStore:
         self,
         scan: _Scan,
         queue: ConsumeQueue,
+        read: Callable[[int, int], memoryview],
         next_offset: int,
         limit: int,
         total: int,
@@ -861,7 +846,6 @@ class MessageStore:
             return 0, total, full
         ends = list(map(operator.add, physical[:count], sizes[:count]))
         breaks = itertools.compress(range(1, count), map(operator.ne, ends, physical[1:count]))
-        read = self.commitlog.reader()
         segment_size = self.commitlog.segment_size
         runs = scan.runs
         begin = 0
