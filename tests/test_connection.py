@@ -29,6 +29,7 @@ from hamq.remoting import (
     Responder,
 )
 from hamq.remoting.trio_stream import TrioByteStream
+from tests.support.timing import wait_for
 
 ECHO = 1
 NEVER = 2
@@ -387,3 +388,37 @@ async def test_a_burst_of_requests_lets_other_tasks_run_as_it_is_handled() -> No
         nursery.cancel_scope.cancel()
     # (Trio runs the two in either order after a checkpoint: the other task within two)
     assert seen.index("other task") <= 2 * YIELD_EVERY_COMMANDS < 64, seen
+
+
+async def test_requests_and_later_answers_leave_from_the_caller_not_the_writers_turn(
+    deferred: list[Responder],
+) -> None:
+    """Over a socket, a request and an answer given outside the reader's batch (a
+    slave's ack answering SYNC_MASTER sends) are with the kernel when the call returns:
+    no waiting for the writer task's turn, which under load comes rounds later."""
+    left, right = trio.socket.socketpair()
+    client = Connection(
+        TrioByteStream(trio.SocketStream(left)),
+        peer="server",
+        dispatcher=Dispatcher(),
+        config=RemotingConfig(),
+    )
+    server = Connection(
+        TrioByteStream(trio.SocketStream(right)),
+        peer="client",
+        dispatcher=server_dispatcher(deferred),
+        config=RemotingConfig(),
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(client.run)
+        await nursery.start(server.run)
+        request = RemotingCommand.request(ECHO, body=b"now", oneway=True)
+        await client.invoke_oneway(request, timeout_s=5)  # (no checkpoint on its way)
+        assert client.statistics().bytes_sent == len(encode_frame(request))
+        nursery.start_soon(client.invoke, RemotingCommand.request(DEFER), 5.0)
+        await wait_for(lambda: bool(deferred))
+        [responder] = deferred
+        assert server.statistics().bytes_sent == 0
+        assert responder.send(responder.request.response_to(remark="found"))
+        assert server.statistics().bytes_sent > 0
+        nursery.cancel_scope.cancel()

@@ -3,6 +3,7 @@ metadata sync, slave reads. (Crash tests with real processes: test_ha_process.py
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,6 +30,7 @@ from hamq.remoting.connection import Connection
 from hamq.remoting.dispatch import Dispatcher
 from hamq.store import MessageStore
 from tests.support.brokers import running_broker, running_nameserver
+from tests.support.store import message
 from tests.support.timing import wait_for
 
 pytestmark = pytest.mark.slow
@@ -117,6 +119,33 @@ async def test_sync_master_waits_for_its_slave_and_says_when_there_is_none(tmp_p
         async with PullConsumer("check", ns) as puller:
             kept = await puller.pull(alone.queue, alone.queue_offset, max_nums=1)
             assert kept.messages[0].body == b"no slave yet"
+
+
+async def test_a_put_goes_to_the_slave_from_the_put_itself_and_what_waits_goes_in_order(
+    tmp_path: Path,
+) -> None:
+    async with group(tmp_path, role="SYNC_MASTER") as (_ns, master, slave):
+        assert master.ha_service is not None
+        (connection,) = master.ha_service.connections
+        store = master.store
+        # a put's bytes are with the kernel when the put returns: no wait for the writer
+        assert store.put_message_nowait(message("Pushed", body=b"now")).stored
+        end = store.commitlog_max_offset
+        assert connection.next_offset == end and connection.sent_end == end
+        await caught_up(master, slave)
+        # a socket that takes little at a time: what it does not take waits for the
+        # writer, and the puts meanwhile follow it, never overtake it
+        connection.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        left_over = 0
+        for i in range(40):
+            assert store.put_message_nowait(message("Pushed", body=bytes([i]) * 60_000)).stored
+            left_over += bool(connection._leftover)
+        assert left_over  # (the partial path was taken)
+        await caught_up(master, slave)
+        assert log_bytes(slave.store) == log_bytes(master.store)
+        # in one session: no transfer ever came at an offset other than the slave's end
+        assert master.ha_service.connections == {connection}
+        assert slave.ha_status()["slave"]["sessions"] == 1
 
 
 async def test_a_restarted_slave_continues_from_its_own_end(tmp_path: Path) -> None:

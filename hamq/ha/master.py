@@ -43,7 +43,8 @@ its members' acks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 import trio
@@ -155,6 +156,10 @@ class SlaveConnection:
         self.sent_end = -1
         self._started = trio.Event()
         self._send_lock = trio.Lock()
+        #: log data ``push`` could not send at once: the writer sends it first
+        self._leftover: list[tuple[memoryview, int]] = []
+        #: when log data last went to the kernel for this slave (heartbeats: when idle)
+        self.last_sent = trio.current_time()
         self.bytes_sent = 0
         self.caught_up_at = trio.current_time()
         #: what counts of the slave's acks: its report, at most ``sent_end`` (-1: nothing)
@@ -341,7 +346,7 @@ class SlaveConnection:
         """Send control messages (handshake, heartbeat): no log bytes."""
         await self._send_parts([(part, -1) for part in parts])
 
-    async def _send_parts(self, parts: list[tuple[bytes | memoryview, int]]) -> None:
+    async def _send_parts(self, parts: Sequence[tuple[bytes | memoryview, int]]) -> None:
         """Send the parts in order, gathered (sendmsg), without copying them. A part
         with an end offset (>= 0) is log data ending there: as the kernel takes its
         bytes, ``sent_end`` follows (an ack counts only up to there). (Over a stream
@@ -360,18 +365,56 @@ class SlaveConnection:
                     return
                 while pending:
                     sent = await stream.socket.sendmsg([view for view, _ in pending])
-                    while pending and sent >= len(pending[0][0]):
-                        view, end = pending.pop(0)
-                        sent -= len(view)
-                        if end >= 0:
-                            self.bytes_sent += len(view)
-                            self._sent_to(end)
-                    if sent:
-                        view, end = pending[0]
-                        pending[0] = (view[sent:], end)
-                        if end >= 0:
-                            self.bytes_sent += sent
-                            self._sent_to(end - len(view) + sent)
+                    self._took(pending, sent)
+
+    def _took(self, pending: list[tuple[memoryview, int]], sent: int) -> None:
+        """The kernel took the first ``sent`` bytes of ``pending``: they leave it (in
+        place), and ``sent_end`` follows the log data among them."""
+        while pending and sent >= len(pending[0][0]):
+            view, end = pending.pop(0)
+            sent -= len(view)
+            if end >= 0:
+                self.bytes_sent += len(view)
+                self._sent_to(end)
+        if sent:
+            view, end = pending[0]
+            pending[0] = (view[sent:], end)
+            if end >= 0:
+                self.bytes_sent += sent
+                self._sent_to(end - len(view) + sent)
+
+    def push(self) -> bool:
+        """Send what the slave lacks now, from the caller (the store's append listener),
+        with one non-blocking gathered write: a put's bytes leave at once instead of
+        after the writer task's turn comes (under load, several scheduling rounds of
+        other tasks' work later; that wait was most of a SYNC_MASTER send's latency).
+        True if nothing is left for the writer; False when the writer must do it: it is
+        sending already, the stream is not plain TCP (TLS), the kernel took only part
+        (the rest waits in ``_leftover``, sent first), or anything failed (the writer
+        meets the failure again and drops the slave, as it would have)."""
+        offset = self.next_offset
+        if offset is None or self._leftover or self._send_lock.locked():
+            return False
+        stream = self.stream
+        if not isinstance(stream, trio.SocketStream):
+            return False
+        max_offset = self.service.store.commitlog_max_offset
+        if offset >= max_offset:
+            return True
+        try:
+            parts = self._transfer_parts(offset, max_offset)
+            pending = [(memoryview(part), end) for part, end in parts]
+            try:
+                sent = os.writev(stream.socket.fileno(), [view for view, _ in pending])
+            except BlockingIOError:
+                sent = 0
+        except (SlaveGone, OSError):
+            self.next_offset = offset  # (nothing went: the writer tries, and fails, itself)
+            return False
+        self._took(pending, sent)
+        self.last_sent = trio.current_time()
+        self._leftover = pending
+        return not pending
 
     def _sent_to(self, offset: int) -> None:
         if offset > self.sent_end:
@@ -382,30 +425,44 @@ class SlaveConnection:
         await self._started.wait()
         service = self.service
         config = service.config
-        last_sent = trio.current_time()
+        self.last_sent = trio.current_time()
         while True:
+            if self._leftover:  # what push could not send, before anything newer
+                leftover, self._leftover = self._leftover, []
+                await self._send_parts(leftover)
+                self.last_sent = trio.current_time()
+                continue
             assert self.next_offset is not None
             offset = self.next_offset
             max_offset = service.store.commitlog_max_offset
             if offset < max_offset:
                 await self._transfer(offset, max_offset)
-                last_sent = trio.current_time()
+                self.last_sent = trio.current_time()
                 continue
-            quiet_until = last_sent + config.heartbeat_interval_s
+            quiet_until = self.last_sent + config.heartbeat_interval_s
             with trio.move_on_at(quiet_until):
                 await service.wait_appended()
-            if trio.current_time() >= quiet_until and self.next_offset >= (
-                service.store.commitlog_max_offset
+            if (
+                trio.current_time() >= self.last_sent + config.heartbeat_interval_s
+                and not self._leftover
+                and self.next_offset >= service.store.commitlog_max_offset
             ):
+                offset = self.next_offset
                 heartbeat = self._header(offset, 0, service.epochs.last, service.confirm_offset)
                 await self._send(heartbeat)
-                last_sent = trio.current_time()
+                self.last_sent = trio.current_time()
 
     async def _transfer(self, offset: int, max_offset: int) -> None:
-        """Send what the slave lacks: transfers of at most ``transfer_batch_bytes``, each
-        within one segment and one epoch, up to ``FRAMES_PER_SEND`` of them in one
-        gathered send (a slave catching up costs a syscall per megabyte, not per
-        transfer). The data goes out from the mapped segments as it is."""
+        """Send what the slave lacks (``_transfer_parts``) from the writer task."""
+        parts = self._transfer_parts(offset, max_offset)
+        await self._send_parts(parts)
+
+    def _transfer_parts(self, offset: int, max_offset: int) -> list[tuple[bytes | memoryview, int]]:
+        """What the slave lacks from ``offset``, as parts to send: transfers of at most
+        ``transfer_batch_bytes``, each within one segment and one epoch, up to
+        ``FRAMES_PER_SEND`` of them (a slave catching up costs a syscall per megabyte,
+        not per transfer). The data goes out from the mapped segments as it is.
+        ``next_offset`` moves past them (SlaveGone if the log cannot be read there)."""
         service = self.service
         epochs = service.epochs
         batch = service.config.transfer_batch_bytes
@@ -428,9 +485,9 @@ class SlaveConnection:
             offset += len(data)
             parts.append((data, offset))
         # moved before the send: a report up to here is a slave's (the bytes are on
-        # their way); it counts as an ack as the kernel takes them (_send_parts)
+        # their way); it counts as an ack as the kernel takes them (_took)
         self.next_offset = offset
-        await self._send_parts(parts)
+        return parts
 
     def _header(
         self, offset: int, size: int, epoch: EpochEntry | None, confirm_offset: int
@@ -590,8 +647,12 @@ class HAService:
 
     # ------------------------------------------------------------------ appends and acks
     def notify_appended(self) -> None:
-        """Store append listener: wake the writers."""
-        if len(self._appended):
+        """Store append listener (once a put): each slave is sent the new bytes now
+        (``SlaveConnection.push``); the writers are woken for what could not go."""
+        pushed = True
+        for connection in self.connections:
+            pushed = connection.push() and pushed
+        if not pushed and len(self._appended):
             self._appended.unpark_all()
 
     async def wait_appended(self) -> None:

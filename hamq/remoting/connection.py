@@ -15,11 +15,12 @@ Tasks and invariants (all inside ``run``'s nursery):
   task. Two peers that both stopped reading until their output drained would wait
   for each other forever; instead, past ``max_send_buffer_bytes`` of unsent output
   the peer counts as not reading and the connection closes.
-- everyone else appends whole frames to the output buffer and the writer task sends
-  them, so a caller that is cancelled never leaves half a frame on the wire. At most
-  one send is in progress at a time (``_send_busy``); whoever finishes a send hands
-  frames queued meanwhile to the writer. A send is only ever cancelled when the whole
-  connection is torn down.
+- everyone else appends whole frames to the output buffer, then writes what the
+  socket takes at once the same way (no waiting for the writer task's turn) and the
+  writer task sends the rest; a write never awaits, so a caller that is cancelled
+  never leaves half a frame on the wire. At most one send is in progress at a time
+  (``_send_busy``); whoever finishes a send hands frames queued meanwhile to the
+  writer. A send is only ever cancelled when the whole connection is torn down.
 - our own requests wait while the output is above its high-water mark: backpressure
   for the side that produces.
 - requests answered later (async processors, ``defer``) are "in flight"; past
@@ -468,8 +469,8 @@ class Connection:
             )
         self._out += frame
         self._responses_sent += 1
-        if not self._in_read_batch:
-            self._kick_writer()
+        if not self._in_read_batch:  # (else the reader writes its batch's answers at once)
+            self._write_soon()
 
     def defer(self, request: RemotingCommand) -> Responder:
         """Take a place in flight for ``request``, to be answered later by the Responder.
@@ -550,7 +551,8 @@ class Connection:
         if self._closed:
             raise RemotingConnectionClosed(self.peer, f"connection closed ({self._close_reason})")
         self._out += frame
-        self._kick_writer()
+        if not self._in_read_batch:
+            self._write_soon()
         await self._wait_flushed(self._config.write_buffer_high_water_bytes)
 
     def _request_frame(self, request: RemotingCommand) -> bytes:
@@ -585,6 +587,19 @@ class Connection:
         if wakeup is not None:
             self._writer_wakeup = None
             wakeup.set()
+
+    def _write_soon(self) -> None:
+        """Frames were queued outside the reader's batch: what the socket takes goes now,
+        from the caller (no wait for the writer task's turn, which under load comes
+        after several rounds of other tasks' work), the writer sends the rest. A write
+        that fails leaves the bytes to the writer, which meets the error and closes."""
+        if self._out and not self._send_busy:
+            try:
+                self._write_now()
+            except OSError:
+                pass
+        if self._out:
+            self._kick_writer()
 
     def _write_now(self) -> None:
         """Write what the socket takes without blocking; the rest stays buffered."""

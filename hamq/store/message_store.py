@@ -240,7 +240,7 @@ class MessageStore:
             check_crc=config.check_crc_on_read,
         )
         self._retention_floor = retention_floor or (lambda: self.commitlog.max_offset)
-        #: called after every append (the HA master wakes its writers)
+        #: called once after every put that stored something (the HA master sends it on)
         self.append_listeners: list[Callable[[], None]] = []
         self._confirm_offset = confirm_offset
         #: awaited once the log is recovered, before anything may append to it (a master
@@ -432,7 +432,12 @@ class MessageStore:
     def put_message_nowait(self, message: MessageToStore) -> PutMessageResult:
         """Append without waiting for a flush (what ``put_message`` does first)."""
         prepared = self._prepare(message)
-        result = prepared if isinstance(prepared, PutMessageResult) else self._append(*prepared)
+        if isinstance(prepared, PutMessageResult):
+            result = prepared
+        else:
+            result = self._append(*prepared)
+            if result.stored:
+                self._appended()
         self._count(result)
         return result
 
@@ -456,6 +461,8 @@ class MessageStore:
             results.append(result)
             if not result.stored:
                 break
+        if results[0].stored:
+            self._appended()
         return results
 
     def _dispatch_unavailable(self) -> str | None:
@@ -596,10 +603,14 @@ class MessageStore:
             log.error("append to the commitlog failed: %s", exc)
             return self._refuse(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
         self.reput.appended(topic, template.queue_id, template.sys_flag, properties, appended)
-        self.reput.wake()
+        return PutMessageResult(PutMessageStatus.PUT_OK, appended)
+
+    def _appended(self) -> None:
+        """After a put stored its message(s): the listeners first (a master's HA service
+        sends them to its slaves), then the dispatch of their queue and index entries."""
         for listener in self.append_listeners:
             listener()
-        return PutMessageResult(PutMessageStatus.PUT_OK, appended)
+        self.reput.wake()
 
     async def _deliver_delayed(
         self, message: StoredMessage, topic: str, queue_id: int, properties: dict[str, str]
