@@ -67,8 +67,14 @@ async def group(
 
 
 async def caught_up(master: BrokerNode, slave: BrokerNode) -> None:
+    """The slave has the master's whole log, dispatched, and the master has its report of
+    it (the report is on its way when the slave's store has the bytes)."""
     await wait_for(lambda: slave.store.commitlog_max_offset == master.store.commitlog_max_offset)
     await slave.store.wait_dispatched()
+    service = master.ha_service
+    if service is not None and service.active:
+        end = master.store.commitlog_max_offset
+        await wait_for(lambda: all(c.ack_offset >= end for c in service.connections))
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
