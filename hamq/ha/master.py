@@ -26,9 +26,12 @@ Per admitted slave, two tasks under the connection's nursery:
   ``housekeeping_interval_s`` (20 s) is dropped.
 - the writer sends CommitLog bytes from where the slave is, at most
   ``transfer_batch_bytes`` (32 KiB) and one segment per transfer, never across an
-  epoch boundary, straight from the mapped segment (a memoryview, no copy); woken
-  by appends (``notify_appended``); a heartbeat transfer (no body) when idle for
-  ``heartbeat_interval_s`` (5 s).
+  epoch boundary, straight from the mapped segment (a memoryview, no copy); a
+  heartbeat transfer (no body) when idle for ``heartbeat_interval_s`` (5 s). A put's
+  bytes go first from the put itself (``notify_appended`` → ``push``: one
+  non-blocking gathered write of the same transfers); the writer is woken for what
+  that could not send, and sends any part the kernel did not take before anything
+  newer.
 
 ``transfer`` (group_transfer.py) is what the store's puts wait on: who must ack, and
 the acks' waiters; ``floor`` is what retention may not delete past (the furthest-behind
