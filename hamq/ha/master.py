@@ -439,7 +439,7 @@ class SlaveConnection:
             offset = self.next_offset
             max_offset = service.store.commitlog_max_offset
             if offset < max_offset:
-                await self._transfer(offset, max_offset)
+                await self._send_parts(self._transfer_parts(offset, max_offset))
                 self.last_sent = trio.current_time()
                 continue
             quiet_until = self.last_sent + config.heartbeat_interval_s
@@ -454,11 +454,6 @@ class SlaveConnection:
                 heartbeat = self._header(offset, 0, service.epochs.last, service.confirm_offset)
                 await self._send(heartbeat)
                 self.last_sent = trio.current_time()
-
-    async def _transfer(self, offset: int, max_offset: int) -> None:
-        """Send what the slave lacks (``_transfer_parts``) from the writer task."""
-        parts = self._transfer_parts(offset, max_offset)
-        await self._send_parts(parts)
 
     def _transfer_parts(self, offset: int, max_offset: int) -> list[tuple[bytes | memoryview, int]]:
         """What the slave lacks from ``offset``, as parts to send: transfers of at most
