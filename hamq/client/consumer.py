@@ -38,6 +38,7 @@ from hamq.protocol.headers import (
     UpdateConsumerOffsetRequestHeader,
 )
 from hamq.protocol.message import (
+    SYSFLAG_COMPRESSED,
     MessageFormatError,
     TagExpressionError,
     decode_messages,
@@ -135,8 +136,11 @@ class PullCaller:
         if status is PullStatus.FOUND:
             tags = parse_tags(expression)
             try:
-                found = decode_messages(response.body)
-                messages = [inflate(m) for m in found if tags is None or m.tags in tags]
+                messages = decode_messages(response.body)
+                if tags is not None:
+                    messages = [m for m in messages if m.tags in tags]
+                if any(m.sys_flag & SYSFLAG_COMPRESSED for m in messages):
+                    messages = [inflate(m) for m in messages]
             except MessageFormatError as exc:
                 raise BrokerError(
                     ResponseCode.SYSTEM_ERROR, f"a pull answer from {queue} is bad: {exc}", addr

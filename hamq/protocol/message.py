@@ -712,9 +712,13 @@ def is_blank(buffer: ReadableBuffer, pos: int) -> bool:
     return bool(SIZE_MAGIC.unpack_from(buffer, pos)[1] == BLANK_MAGIC)
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class StoredMessage:
-    """A message as a consumer sees it: one record of a pull body, decoded."""
+    """A message as a consumer sees it: one record of a pull body, decoded.
+
+    A value, but not frozen (like ``Message``, and Java's MessageExt): a consumer makes
+    one per message it reads, and a frozen class's ``__init__`` costs five times a plain
+    one (0.68 against 0.12 us for these fields; a pull's decode is 3 us a message)."""
 
     topic: str
     queue_id: int
@@ -788,21 +792,24 @@ def decode_messages(
     first that is wrong (``read_record``).
 
     Consumers decode every message they get, so the common record (MAGIC V1, IPv4 hosts)
-    is read with one struct; any other, or one that does not add up, goes through
+    is read with one struct, and its body, topic and properties are sliced from ``bytes``
+    straight (a copy of a body that is not ``bytes`` first: one per pull, not per
+    message). Any other record, or one that does not add up, goes through
     ``read_record``, which checks it field by field."""
-    view = memoryview(buffer)
-    messages = []
+    data = buffer if type(buffer) is bytes else bytes(buffer)
+    messages: list[StoredMessage] = []
     pos = 0
-    total = len(view)
-    head = _V1_IPV4_HEAD
-    head_size = head.size
+    total = len(data)
+    unpack = _V1_IPV4_HEAD.unpack_from
+    head_size = _V1_IPV4_HEAD.size
     v6 = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
+    crc32 = zlib.crc32
     while pos < total:
         message = None
         if total - pos >= head_size + 3:
             (size, magic, crc, queue_id, flag, queue_offset, physical_offset, sys_flag, born_ts,
              born_host, store_ts, store_host, reconsume_times, prepared, body_len) = (
-                head.unpack_from(view, pos)
+                unpack(data, pos)
             )  # fmt: skip
             end = pos + size
             at = pos + head_size
@@ -814,16 +821,19 @@ def decode_messages(
                 and body_len >= 0
                 and body_end + 3 <= end
             ):
-                topic_end = body_end + 1 + view[body_end]
-                if topic_end + 2 <= end and topic_end > body_end + 1:
-                    (properties_len,) = TEXT_LENGTH.unpack_from(view, topic_end)
-                    body = view[at:body_end]
-                    if topic_end + 2 + properties_len == end and (
-                        not check_crc or zlib.crc32(body) & 0x7FFFFFFF == crc
-                    ):
+                topic_end = body_end + 1 + data[body_end]
+                properties_at = topic_end + 2
+                if (
+                    properties_at <= end
+                    and topic_end > body_end + 1
+                    # PROPERTIES length: a big-endian short, and the record's last field
+                    and properties_at + ((data[topic_end] << 8) | data[topic_end + 1]) == end
+                ):
+                    body = data[at:body_end]
+                    if not check_crc or crc32(body) & 0x7FFFFFFF == crc:
                         try:
-                            topic = str(view[body_end + 1 : topic_end], "utf-8")
-                            properties = str(view[topic_end + 2 : end], "utf-8")
+                            topic = data[body_end + 1 : topic_end].decode()
+                            properties = data[properties_at:end].decode()
                         except UnicodeDecodeError:
                             pass
                         else:
@@ -840,12 +850,12 @@ def decode_messages(
                                 _unpack_host(store_host),
                                 reconsume_times,
                                 prepared,
-                                bytes(body),
+                                body,
                                 decode_properties(properties),
                                 offset_msg_id(store_host, physical_offset),
                             )
         if message is None:
-            info = read_record(view, pos, check_crc=check_crc)
+            info = read_record(data, pos, check_crc=check_crc)
             message = stored_message(info)
             size = info.size
         messages.append(message)
