@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import mmap
 import struct
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from hamq.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from hamq.store.commitlog import CommitLog
 from hamq.store.consume_queue import ConsumeQueue
 from hamq.store.index import IndexService
-from hamq.store.segment import StoreCorruptionError, StoreError
+from hamq.store.segment import ADVICE_CHUNK, StoreCorruptionError, StoreError
 
 SEGMENT = 64 * 1024
 
@@ -218,3 +219,46 @@ def test_checkpoint_round_trips_and_refuses_damage(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(StoreCorruptionError, match="CRC mismatch"):
         load_checkpoint(path)
+
+
+def map_advice(path: Path) -> list[tuple[int, int, bool]]:
+    """(file offset, length, advised MADV_RANDOM) of each area this process maps of
+    ``path``, in file order (from /proc/self/smaps: ``rr`` among an area's VmFlags)."""
+    areas, current = [], None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5 and ":" not in fields[0]:
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            mapped = len(fields) >= 6 and fields[-1] == str(path)
+            current = [int(fields[2], 16), end - start, False] if mapped else None
+            if current is not None:
+                areas.append(current)
+        elif fields[0] == "VmFlags:" and current is not None:
+            current[2] = "rr" in fields[1:]
+    return sorted((offset, length, random) for offset, length, random in areas)
+
+
+def test_a_mapping_reads_ahead_only_where_it_was_written(tmp_path: Path) -> None:
+    """A write's fault on a fresh page brings in that page alone (MADV_RANDOM past the
+    data), and the data written keeps its readahead: the advice follows the writes a
+    chunk at a time, and is set again where a reloaded log ends."""
+    size = 16 << 20
+    commitlog = CommitLog(tmp_path / "commitlog", size, clock)
+    commitlog.load()
+    commitlog.append("T", template(1000))
+    path = commitlog.segments.segments[0].path
+    assert map_advice(path) == [(0, size, True)]  # all of a new file is unwritten
+    while commitlog.max_offset < ADVICE_CHUNK + 200_000:
+        commitlog.append("T", template(100_000))
+    [(_, normal, written_random), (normal_to, rest, unwritten_random)] = map_advice(path)
+    assert (written_random, unwritten_random) == (False, True)
+    assert normal_to == normal and normal + rest == size
+    assert ADVICE_CHUNK <= normal <= commitlog.max_offset < normal + ADVICE_CHUNK
+    end = commitlog.max_offset
+    commitlog.close()
+    reloaded = CommitLog(tmp_path / "commitlog", size, clock)
+    reloaded.load()
+    reloaded.segments.set_end(end)  # (what recovery does)
+    page = end - end % mmap.PAGESIZE
+    assert map_advice(path) == [(0, page, False), (page, size - page, True)]
+    reloaded.close()

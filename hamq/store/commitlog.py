@@ -116,6 +116,8 @@ class CommitLog:
             store_timestamp=store_timestamp,
         )
         segment.wrote = pos + size
+        if segment.wrote >= segment.advice_due:
+            segment.advise_written()
         if self.local_from is None:
             self.local_from = physical_offset
         if counted:
@@ -133,6 +135,7 @@ class CommitLog:
         if segment.remaining >= END_FILE_MIN_BLANK_LENGTH:
             SIZE_MAGIC.pack_into(segment.buffer, segment.wrote, segment.remaining, BLANK_MAGIC)
         segment.wrote = segment.size
+        segment.advise_written()
         return self.segments.create(segment.end)
 
     def append_raw(self, offset: int, data: bytes | memoryview) -> None:

@@ -190,6 +190,8 @@ class ConsumeQueue:
             segment = self.segments.create(segment.end)
         ENTRY.pack_into(segment.buffer, position - segment.start, physical_offset, size, tags_code)
         segment.wrote = position - segment.start + ENTRY_SIZE
+        if segment.wrote >= segment.advice_due:
+            segment.advise_written()
         self.max_offset = queue_offset + 1
         return True
 
