@@ -367,8 +367,13 @@ def test_properties_encode_as_rocketmq_writes_them() -> None:
     assert decode_properties(PROPERTIES)["UNIQ_KEY"] == UNIQ
     assert decode_properties("") == {}
     assert decode_properties("a\x01b\x02junk\x02c\x01\x02") == {"a": "b", "c": ""}
-    with pytest.raises(MessageFormatError, match="may not contain"):
-        encode_properties({"k": "v\x02w"})
+    assert encode_properties({}) == "" and encode_properties({"a": ""}) == "a\x01\x02"
+    for bad in ({"k": "v\x02w"}, {"k\x01": "v"}, {"a": "b", "k": "\x01"}):
+        with pytest.raises(MessageFormatError, match="may not contain"):
+            encode_properties(bad)
+    for wrong in ({"k": 5}, {5: "v"}, {"a": "b", "k": None}):
+        with pytest.raises(MessageFormatError, match="must be strings"):
+            encode_properties(wrong)  # type: ignore[arg-type]
 
 
 def test_java_string_hash_matches_java() -> None:

@@ -232,13 +232,17 @@ def tags_code(tags: str | None) -> int:
     return java_string_hash(tags) if tags else 0
 
 
+#: "key 0x01 value" of a (key, value) pair
+_join_pair = NAME_VALUE_SEPARATOR.join
+
+
 def encode_properties(properties: Mapping[str, str]) -> str:
     """``key 0x01 value 0x02`` for each pair; keys or values holding 0x01/0x02 are refused."""
+    if not properties:
+        return ""
     try:
-        # (joining the keys, then the values, raises TypeError unless all are strings)
-        "".join(properties)
-        "".join(properties.values())
-        text = "".join([f"{k}\x01{v}\x02" for k, v in properties.items()])
+        # (joining each pair raises TypeError unless key and value are strings)
+        text = PROPERTY_SEPARATOR.join(map(_join_pair, properties.items())) + PROPERTY_SEPARATOR
     except TypeError:
         text = ""
     pairs = len(properties)
@@ -866,7 +870,7 @@ def decode_messages(
 # ---------------------------------------------------------------- batches (§6.6)
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class BatchEntry:
     body: bytes
     flag: int = 0

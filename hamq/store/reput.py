@@ -528,8 +528,10 @@ class ReputService:
             if not self.check_crc or (local is not None and request.physical_offset >= local):
                 queue.checked.add(queue_offset, queue_offset + 1)
         if transaction != SYSFLAG_TRANSACTION_ROLLBACK:
-            keys = [k for k in request.properties.get(PROPERTY_KEYS, "").split(" ") if k]
-            uniq_key = request.properties.get(PROPERTY_UNIQ_KEY)
+            properties = request.properties
+            keys_text = properties.get(PROPERTY_KEYS)
+            keys = [k for k in keys_text.split(" ") if k] if keys_text else []
+            uniq_key = properties.get(PROPERTY_UNIQ_KEY)
             if uniq_key:
                 keys.append(uniq_key)
             self.index.add(request.topic, keys, request.physical_offset, request.store_timestamp)
