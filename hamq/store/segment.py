@@ -12,7 +12,10 @@ first byte in the log (``00000000001073741824``). Invariants:
   it (8 MiB on a disk with read_ahead_kb 8192), zero-filling page cache for blocks
   fallocated but never written: a new consume queue's first entry took its whole
   6 MB file into the page cache (100 new queues of 10 entries: 572 MiB and 160 ms of
-  CPU; now 0.4 MiB and 32 ms). Reads of written data keep their readahead;
+  CPU; now 0.4 MiB and 32 ms). The CommitLog takes the same advice: with it on the
+  queues alone, a store's put and dispatch of 1 KiB messages measured 12 us a message,
+  against 9.5 with it on both or on neither. Reads of written data keep their
+  readahead;
 - a segment file is created under a temporary name, its blocks reserved with
   ``posix_fallocate`` (a full disk is an error at creation, never a SIGBUS on a later
   write), then renamed into place and the directory fsynced: a file with a segment
