@@ -197,20 +197,13 @@ class IndexService:
         failure to create it (a full disk) leaves the record wholly unindexed, and
         dispatching it again indexes it whole.
         """
-        if not keys:
+        if not keys or physical_offset <= self.indexed_offset:
             return
-        # (most records: the newest file holds entries and has room for these keys)
-        newest = self.files[-1] if self.files else None
-        if newest is not None and 1 < newest.count <= newest.max_entries - len(keys):
-            if physical_offset > newest.end_offset:
-                for key in keys:
-                    newest.put(f"{topic}#{key}", physical_offset, store_timestamp)
-            return
-        if physical_offset <= self.indexed_offset:
-            return
-        current = self._writable(store_timestamp)
-        if not current.room_for(len(keys)) and current.count > 1:
-            current = self._new_file(store_timestamp)
+        current = self.files[-1] if self.files else None
+        if current is None or not current.room_for(len(keys)):  # (most records: it has room)
+            current = self._writable(store_timestamp)
+            if not current.room_for(len(keys)) and current.count > 1:
+                current = self._new_file(store_timestamp)
         for key in keys:
             full_key = f"{topic}#{key}"
             if not current.put(full_key, physical_offset, store_timestamp):
