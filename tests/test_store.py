@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import itertools
 import logging
 import os
 import random
@@ -22,6 +24,7 @@ from hamq.store import (
     MessageStore,
     PutMessageStatus,
 )
+from hamq.store import segment as segment_module
 from hamq.store.message_store import StoreLockedError
 from hamq.store.segment import Segment, StoreError
 from tests.support.store import SEGMENT, message, open_store, put_many, small_config
@@ -387,6 +390,57 @@ async def test_a_slave_rebuilds_queues_from_replicated_bytes(tmp_path: Path) -> 
         assert [slave.max_offset_in_queue("T", q) for q in range(4)] == [30] * 4
         assert bodies(slave, 1, 29, 1) == [b"m117"]
         assert [m.queue_offset for m in slave.query_message("T", "k5", 3)] == [1]
+
+
+async def test_a_batch_past_a_segment_end_keeps_each_queue_in_order(tmp_path: Path) -> None:
+    """A batch to two queues, longer than what is left of the CommitLog's segment (its
+    records are written a segment's worth at a time): the segment ends with its blank
+    marker, the rest go on in the next ones, each queue's offsets run on without a gap,
+    and every record reads back (its CRC checked after a restart)."""
+    config = small_config(tmp_path)
+    async with open_store(config) as store:
+        await put_many(store, 3, queues=1)  # (the batch starts mid-segment)
+        batch = [message("B", i % 2, b"%d." % i + b"." * 5000) for i in range(120)]
+        results = store.put_batch_nowait(batch)
+        assert all(r.status is PutMessageStatus.PUT_OK for r in results)
+        places = [r.append for r in results if r.append is not None]
+        assert [a.queue_offset for a in places] == [i // 2 for i in range(120)]
+        assert len({a.physical_offset // SEGMENT for a in places}) == 3
+        assert all(a.end_offset <= b.physical_offset for a, b in itertools.pairwise(places))
+        await settle(store)
+
+    def read_back(store: MessageStore, queue_id: int) -> list[bytes]:
+        found = []
+        while (result := store.get_message("g", "B", queue_id, len(found), 32)).message_count:
+            found += [m.body.split(b".")[0] for m in decode_messages(result.body)]
+        return found
+
+    expected = [[b"%d" % i for i in range(q, 120, 2)] for q in (0, 1)]
+    async with open_store(config) as store:
+        await settle(store)
+        assert [read_back(store, q) for q in (0, 1)] == expected
+
+
+async def test_a_batch_is_stored_when_no_descriptor_is_left_for_its_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process is out of file descriptors (EMFILE) when a batch is written: it goes
+    through the map instead, and reads back."""
+
+    def no_descriptor(*args: object) -> int:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    async with open_store(small_config(tmp_path)) as store:
+        await put_many(store, 1, queues=1)  # (the segment is there: no file to make)
+        monkeypatch.setattr(segment_module.os, "open", no_descriptor)
+        results = store.put_batch_nowait(
+            [message("B", 0, b"%d." % i + b"." * 5000) for i in range(8)]
+        )
+        monkeypatch.undo()
+        assert [r.status for r in results] == [PutMessageStatus.PUT_OK] * 8
+        await settle(store)
+        found = decode_messages(store.get_message("g", "B", 0, 0, 32).body)
+        assert [m.body.split(b".")[0] for m in found] == [b"%d" % i for i in range(8)]
 
 
 async def test_truncate_drops_records_everywhere_and_appends_continue(tmp_path: Path) -> None:

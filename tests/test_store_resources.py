@@ -23,7 +23,7 @@ from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.headers import DeleteTopicRequestHeader, PullMessageResponseHeader
 from hamq.protocol.message import decode_messages
 from hamq.remoting import RemotingClient
-from hamq.store import GetMessageStatus, MessageStore, PutMessageStatus
+from hamq.store import GetMessageStatus, MessageStore, MessageToStore, PutMessageStatus
 from hamq.store import segment as segment_module
 from tests.support.brokers import (
     SMALL_STORE,
@@ -348,6 +348,40 @@ async def test_a_full_disk_at_an_index_file_loses_no_key(
         await store.wait_dispatched()
         for key in ("k0", "k00", "k1", "k2"):
             assert len(store.query_message("T", key, 10)) == 1, key
+
+
+async def test_a_batch_stopped_by_a_full_disk_at_a_segment_end_keeps_what_it_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch reaches the end of a CommitLog segment when the disk has no room for the
+    next one: the records before that end are stored (PUT_OK), the batch's last result is
+    CREATE_MAPPED_FILE_FAILED; once there is room the queue offsets go on from the last
+    stored record, and every stored record reads back, after a restart too."""
+    disk = FullDisk("commitlog")
+    monkeypatch.setattr(segment_module, "reserve_blocks", disk)
+    config = small_config(tmp_path)  # segments of 256 KiB: 13 of these records
+
+    def batch(numbers: range) -> list[MessageToStore]:
+        return [message("A", body=b"%d." % i + b"." * 20_000) for i in numbers]
+
+    async with open_store(config) as store:
+        first = store.put_batch_nowait(batch(range(8)))
+        assert [r.status for r in first] == [PutMessageStatus.PUT_OK] * 8
+        disk.full = True
+        second = store.put_batch_nowait(batch(range(8, 16)))
+        assert any("commitlog" in str(p) for p in disk.refused)
+        *stored, refused = second
+        assert refused.status is PutMessageStatus.CREATE_MAPPED_FILE_FAILED, refused
+        assert len(stored) == 5 and all(r.status is PutMessageStatus.PUT_OK for r in stored)
+        disk.full = False
+        third = store.put_batch_nowait(batch(range(16, 20)))
+        written = first + stored + third
+        assert [r.append.queue_offset for r in written if r.append] == list(range(17))
+        expected = [b"%d." % i + b"." * 20_000 for i in [*range(13), *range(16, 20)]]
+        await store.wait_dispatched()
+        assert await read_queue(store, "A") == expected
+    async with open_store(config) as store:
+        assert await read_queue(store, "A") == expected
 
 
 async def put_all(store: MessageStore, messages: list[tuple[str, str]]) -> None:

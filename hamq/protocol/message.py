@@ -503,19 +503,19 @@ def make_record_template(
     store_bit = _STORE_HOST_BIT.get(len(store_host))
     if born_bit is None or store_bit is None:
         raise _host_size_error(born_host, store_host)
-    return RecordTemplate(
-        size=BORN_HOST_AT + len(born_host) + 8 + len(store_host) + 12 + len(tail),
-        magic=magic,
-        body_crc=body_crc(body),
-        queue_id=queue_id,
-        flag=flag,
-        sys_flag=(sys_flag & ~_HOST_BITS) | born_bit | store_bit,
-        born_timestamp=born_timestamp,
-        born_host=born_host,
-        store_host=store_host,
-        reconsume_times=reconsume_times,
-        prepared_transaction_offset=prepared_transaction_offset,
-        tail=tail,
+    return RecordTemplate(  # (by position: a third of the cost by keyword)
+        BORN_HOST_AT + len(born_host) + 8 + len(store_host) + 12 + len(tail),
+        magic,
+        body_crc(body),
+        queue_id,
+        flag,
+        (sys_flag & ~_HOST_BITS) | born_bit | store_bit,
+        born_timestamp,
+        born_host,
+        store_host,
+        reconsume_times,
+        prepared_transaction_offset,
+        tail,
     )
 
 
@@ -893,30 +893,30 @@ def encode_batch(entries: Iterable[BatchEntry]) -> bytes:
 
 
 def decode_batch(body: bytes | memoryview) -> list[BatchEntry]:
-    """The messages of a batch body; MessageFormatError names the bad entry."""
-    view = memoryview(body)
+    """The messages of a batch body; MessageFormatError names the bad entry.
+
+    Each entry's body is a slice of ``body`` (copied once first if it is not bytes)."""
+    data = body if isinstance(body, bytes) else bytes(body)
     entries: list[BatchEntry] = []
-    pos = 0
-    while pos < len(view):
-        if len(view) - pos < 22:
+    head, text_length = _BATCH_HEAD.unpack_from, TEXT_LENGTH.unpack_from  # (bound once)
+    pos, total = 0, len(data)
+    while pos < total:
+        if total - pos < 22:
             raise MessageFormatError(f"batch entry {len(entries)} is cut short at byte {pos}")
-        size, _magic, _crc, flag, body_len = _BATCH_HEAD.unpack_from(view, pos)
+        size, _magic, _crc, flag, body_len = head(data, pos)
         end = pos + size
-        if size < 22 or end > len(view) or body_len < 0 or 20 + body_len + 2 > size:
+        if size < 22 or end > total or body_len < 0 or 20 + body_len + 2 > size:
             raise MessageFormatError(
                 f"batch entry {len(entries)}: sizes do not add up (total {size}, body {body_len})"
             )
-        at = pos + 20
-        entry_body = bytes(view[at : at + body_len])
-        at += body_len
-        (properties_len,) = TEXT_LENGTH.unpack_from(view, at)
-        at += 2
-        if properties_len < 0 or at + properties_len != end:
+        at = pos + 20 + body_len
+        (properties_len,) = text_length(data, at)
+        if properties_len < 0 or at + 2 + properties_len != end:
             raise MessageFormatError(f"batch entry {len(entries)}: properties length mismatch")
         try:
-            properties = str(view[at:end], "utf-8")
+            properties = data[at + 2 : end].decode()
         except UnicodeDecodeError as exc:
             raise MessageFormatError(f"batch entry {len(entries)}: {exc}") from None
-        entries.append(BatchEntry(body=entry_body, flag=flag, properties=properties))
+        entries.append(BatchEntry(data[pos + 20 : at], flag, properties))
         pos = end
     return entries

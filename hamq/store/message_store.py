@@ -454,14 +454,24 @@ class MessageStore:
                 self._count(outcome)
                 return [outcome]
             prepared.append(outcome)
+        done: list[AppendResult] = []
+        failure = None
+        try:
+            self.commitlog.append_many([(topic, template) for topic, template, _ in prepared], done)
+        except (StoreError, OSError) as exc:
+            log.error("append to the commitlog failed: %s", exc)
+            failure = self._refuse(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
+        appended = self.reput.appended
         results = []
-        for topic, template, properties in prepared:
-            result = self._append(topic, template, properties)
-            self._count(result)
-            results.append(result)
-            if not result.stored:
-                break
-        if results[0].stored:
+        # (``done`` is shorter than ``prepared`` when a write failed)
+        for (topic, template, properties), where in zip(prepared, done, strict=False):
+            appended(topic, template.queue_id, template.sys_flag, properties, where)
+            results.append(PutMessageResult(PutMessageStatus.PUT_OK, where))
+        self._puts += len(results)
+        if failure is not None:
+            self._count(failure)
+            results.append(failure)
+        if done:
             self._appended()
         return results
 

@@ -320,17 +320,17 @@ class SendProcessor:
         properties[PROPERTY_CLUSTER] = self.ctx.config.cluster_name
         if not properties.get(PROPERTY_UNIQ_KEY):
             properties[PROPERTY_UNIQ_KEY] = self.ctx.ids.next_id(self.ctx.clock())
-        return MessageToStore(
-            topic=topic,
-            queue_id=queue_id,
-            body=body,
-            flag=header.flag if flag is None else flag,
-            properties=properties,
-            sys_flag=header.sys_flag,
-            born_timestamp=header.born_timestamp,
-            born_host=born_host,
-            store_host=self.ctx.store_host,
-            reconsume_times=reconsume_times,
+        return MessageToStore(  # (by position: one per message, half the cost by keyword)
+            topic,
+            queue_id,
+            body,
+            header.flag if flag is None else flag,
+            properties,
+            header.sys_flag,
+            header.born_timestamp,
+            born_host,
+            self.ctx.store_host,
+            reconsume_times,
         )
 
     def _answered(self, response: RemotingCommand, started: float) -> None:
