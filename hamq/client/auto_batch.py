@@ -34,8 +34,11 @@ from hamq.client.message import SendResult
 from hamq.protocol.message import BatchEntry
 from hamq.remoting.loop import EventLike
 
-#: sends to one topic under way at once before the next ones wait to go as a batch
-AUTO_BATCH_IN_FLIGHT = 4
+#: sends to one topic under way at once before the next ones wait to go as a batch (2:
+#: one is answered while the next fills; against 4, 64 sends at once go in batches of
+#: about 24 instead of 17, and the peers harness's replicated publish took 10% less
+#: server CPU a message)
+AUTO_BATCH_IN_FLIGHT = 2
 #: the most body and property bytes one batch takes (RocketMQ's batchMaxBytes default)
 AUTO_BATCH_MAX_BYTES = 32 * 1024
 #: what each entry of a batch adds to its body and properties (encode_batch)

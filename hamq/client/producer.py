@@ -42,7 +42,7 @@
 - ``send_oneway``: no answer is waited for; ``send_batch``: messages of one topic in one
   request (SEND_BATCH_MESSAGE), stored as separate messages in one queue
   (``check_batch`` says beforehand whether a batch would be refused, and its size).
-- ``auto_batch`` (on): while ``auto_batch_in_flight`` (4) sends to a topic are under way,
+- ``auto_batch`` (on): while ``auto_batch_in_flight`` (2) sends to a topic are under way,
   the next ones wait and go together as one SEND_BATCH_MESSAGE of at most
   ``auto_batch_max_bytes`` (32 KiB), each still with its own SendResult, failure and
   time out (hamq/client/auto_batch.py). One send at a time is never held back; sends
