@@ -31,6 +31,7 @@ from hamq.protocol.message import (
     is_blank,
     java_string_hash,
     make_record_template,
+    make_record_templates,
     offset_msg_id,
     pack_host,
     parse_offset_msg_id,
@@ -217,6 +218,35 @@ def test_a_template_that_cannot_be_stored_names_the_field(
     with pytest.raises(MessageFormatError, match=re.escape(error)) as raised:
         make_record_template(**{"topic": "T", "queue_id": 0, "body": b"b", **fields})
     assert isinstance(raised.value, PropertiesTooLong) == ("properties" in fields)
+
+
+def test_templates_of_a_batch_are_the_templates_of_its_messages() -> None:
+    """make_record_templates encodes what the entries share once: each record is byte
+    for byte the one make_record_template makes of that message alone; a bad entry is
+    named as make_record_template names it."""
+    shared: dict[str, Any] = {
+        "topic": "t" * 200,  # (a V2 topic)
+        "queue_id": 3,
+        "sys_flag": 4,
+        "born_timestamp": 0x18BCFE56800,
+        "born_host": IPV4_HOST,
+        "store_host": pack_host("::1", 10911),
+        "reconsume_times": 2,
+        "prepared_transaction_offset": 7,
+    }
+    entries = [(b"", 0, ""), (b"body-1", -5, PROPERTIES), (b"x" * 5000, 2**31 - 1, "A\x01b\x02")]
+    batch = make_record_templates(entries=entries, **shared)
+    alone = [
+        make_record_template(body=body, flag=flag, properties=properties, **shared)
+        for body, flag, properties in entries
+    ]
+    place = {"queue_offset": 9, "physical_offset": 1234, "store_timestamp": 5678}
+    assert [t.encode(**place) for t in batch] == [t.encode(**place) for t in alone]
+    assert make_record_templates(entries=[], **shared) == []
+    with pytest.raises(MessageFormatError, match=re.escape(f"flag {2**31} does not fit")):
+        make_record_templates(entries=[*entries, (b"", 2**31, "")], **shared)
+    with pytest.raises(PropertiesTooLong):
+        make_record_templates(entries=[*entries, (b"", 0, "p" * 32768)], **shared)
 
 
 def test_properties_too_long_have_their_own_error_type() -> None:

@@ -11,17 +11,19 @@ import shutil
 import threading
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 import trio.testing
 
-from hamq.protocol.message import decode_messages, tags_code
+from hamq.protocol.message import StoredMessage, decode_messages, tags_code
 from hamq.store import (
     SCHEDULE_TOPIC,
     BrokerRole,
     FlushDiskType,
     GetMessageStatus,
     MessageStore,
+    MessageToStore,
     PutMessageStatus,
 )
 from hamq.store import segment as segment_module
@@ -419,6 +421,52 @@ async def test_a_batch_past_a_segment_end_keeps_each_queue_in_order(tmp_path: Pa
     async with open_store(config) as store:
         await settle(store)
         assert [read_back(store, q) for q in (0, 1)] == expected
+
+
+async def test_a_batch_is_stored_as_its_messages_would_be_one_by_one(tmp_path: Path) -> None:
+    """A batch as a send makes it (one queue, the same hosts and times) is checked and
+    encoded as one: its records are those of the same messages put one by one, but for
+    their places; an entry the store refuses is named and nothing is stored."""
+    host, store_host = ("10.1.2.3", 4567), ("127.0.0.1", 10911)
+
+    def batch(topic: str) -> list[MessageToStore]:
+        return [
+            MessageToStore(
+                topic,
+                1,
+                b"%d" % i * 300,
+                i,
+                {"UNIQ_KEY": f"U{i}", "TAGS": "t"},
+                0,
+                99,
+                host,
+                store_host,
+                3,
+            )
+            for i in range(12)
+        ]
+
+    async with open_store(small_config(tmp_path)) as store:
+        results = store.put_batch_nowait(batch("A"))
+        assert [r.append.queue_offset for r in results if r.append] == list(range(12))
+        for message in batch("B"):
+            assert store.put_message_nowait(message).stored
+        too_big = batch("A")
+        too_big[5].body = b"x" * (store.config.max_message_bytes + 1)
+        (refused,) = store.put_batch_nowait(too_big)
+        assert refused.status is PutMessageStatus.MESSAGE_ILLEGAL
+        assert refused.remark.startswith("batch entry 5: body of ")
+        await settle(store)
+
+        def records(topic: str) -> list[StoredMessage]:
+            return decode_messages(store.get_message("g", topic, 1, 0, 32).body)
+
+        def same(record: StoredMessage) -> tuple[object, ...]:
+            place = ("topic", "physical_offset", "store_timestamp", "offset_msg_id")
+            return tuple(v for k, v in attrs.asdict(record).items() if k not in place)
+
+        assert len(records("A")) == 12
+        assert [same(r) for r in records("A")] == [same(r) for r in records("B")]
 
 
 async def test_a_batch_is_stored_when_no_descriptor_is_left_for_its_write(

@@ -33,7 +33,7 @@ import re
 import struct
 import time
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 import attrs
@@ -483,68 +483,115 @@ def make_record_template(
 ) -> RecordTemplate:
     """Encode everything of a record but its place in the log; MessageFormatError if it
     cannot be stored (a number out of its field's range, topic too long, properties too
-    long: PropertiesTooLong, a host of the wrong size).
+    long: PropertiesTooLong, a host of the wrong size)."""
+    return make_record_templates(
+        topic=topic,
+        queue_id=queue_id,
+        entries=((body, flag, properties),),
+        sys_flag=sys_flag,
+        born_timestamp=born_timestamp,
+        born_host=born_host,
+        store_host=store_host,
+        reconsume_times=reconsume_times,
+        prepared_transaction_offset=prepared_transaction_offset,
+    )[0]
 
-    It runs once per message sent: the numbers are checked by one comparison chain and
+
+def make_record_templates(
+    *,
+    topic: str,
+    queue_id: int,
+    entries: Sequence[tuple[bytes, int, str]],
+    sys_flag: int = 0,
+    born_timestamp: int = 0,
+    born_host: bytes = b"\x7f\x00\x00\x01\x00\x00\x00\x00",
+    store_host: bytes = b"\x7f\x00\x00\x01\x00\x00\x00\x00",
+    reconsume_times: int = 0,
+    prepared_transaction_offset: int = 0,
+) -> list[RecordTemplate]:
+    """``make_record_template`` for records that share all but BODY, FLAG and PROPERTIES
+    (``entries``: (body, flag, properties) each, as a batch's messages do): what they
+    share is checked and encoded once. MessageFormatError names the first thing that
+    cannot be stored, as ``make_record_template`` does.
+
+    It runs for every message sent: the numbers are checked by one comparison chain and
     the hosts by two lookups; the culprit is named off that path."""
-    if not (
+    bad_flags = [flag for _, flag, _ in entries if not _I32_MIN <= flag <= _I32_MAX]
+    if bad_flags or not (
         _I32_MIN <= queue_id <= _I32_MAX
-        and _I32_MIN <= flag <= _I32_MAX
         and _I32_MIN <= sys_flag <= _I32_MAX
         and _I32_MIN <= reconsume_times <= _I32_MAX
         and _I64_MIN <= born_timestamp <= _I64_MAX
         and _I64_MIN <= prepared_transaction_offset <= _I64_MAX
     ):
         raise _out_of_range(
-            queue_id, flag, sys_flag, reconsume_times, born_timestamp, prepared_transaction_offset
+            queue_id,
+            bad_flags[0] if bad_flags else 0,
+            sys_flag,
+            reconsume_times,
+            born_timestamp,
+            prepared_transaction_offset,
         )
-    tail, magic = _record_tail(body, topic, properties)
-    born_bit = _BORN_HOST_BIT.get(len(born_host))
-    store_bit = _STORE_HOST_BIT.get(len(store_host))
-    if born_bit is None or store_bit is None:
+    topic_part, magic = _topic_part(topic)
+    born_bit = _BORN_HOST_BIT.get(len(born_host), -1)
+    store_bit = _STORE_HOST_BIT.get(len(store_host), -1)
+    head = BORN_HOST_AT + len(born_host) + 8 + len(store_host) + 12
+    sys_flag = (sys_flag & ~_HOST_BITS) | born_bit | store_bit
+    templates = []
+    for body, flag, properties in entries:
+        tail = _record_tail(body, topic_part, properties)
+        templates.append(
+            RecordTemplate(  # (by position: a third of the cost by keyword)
+                head + len(tail),
+                magic,
+                body_crc(body),
+                queue_id,
+                flag,
+                sys_flag,
+                born_timestamp,
+                born_host,
+                store_host,
+                reconsume_times,
+                prepared_transaction_offset,
+                tail,
+            )
+        )
+    if born_bit < 0 or store_bit < 0:  # (named after the properties, as checked in order)
         raise _host_size_error(born_host, store_host)
-    return RecordTemplate(  # (by position: a third of the cost by keyword)
-        BORN_HOST_AT + len(born_host) + 8 + len(store_host) + 12 + len(tail),
-        magic,
-        body_crc(body),
-        queue_id,
-        flag,
-        (sys_flag & ~_HOST_BITS) | born_bit | store_bit,
-        born_timestamp,
-        born_host,
-        store_host,
-        reconsume_times,
-        prepared_transaction_offset,
-        tail,
-    )
+    return templates
 
 
-def _record_tail(body: bytes, topic: str, properties: str) -> tuple[bytes, int]:
-    """(BODY, TOPIC and PROPERTIES encoded, the MAGICCODE they need: V2 for a topic over
-    MAX_TOPIC_LENGTH_V1 bytes); MessageFormatError for a topic empty or over 32767
-    bytes, PropertiesTooLong for properties over MAX_PROPERTIES_LENGTH bytes."""
+def _topic_part(topic: str) -> tuple[bytes, int]:
+    """(TOPIC length + topic, as a record holds them; the MAGICCODE they need: V2 for a
+    topic over MAX_TOPIC_LENGTH_V1 bytes); MessageFormatError for a topic empty or over
+    32767 bytes."""
     topic_bytes = topic.encode()
     if not topic_bytes:
         raise MessageFormatError("topic is empty")
     if len(topic_bytes) > 32767:
         raise MessageFormatError(f"topic of {len(topic_bytes)} bytes is over 32767")
+    if len(topic_bytes) > MAX_TOPIC_LENGTH_V1:
+        return TEXT_LENGTH.pack(len(topic_bytes)) + topic_bytes, MAGIC_V2
+    return bytes((len(topic_bytes),)) + topic_bytes, MAGIC_V1
+
+
+def _record_tail(body: bytes, topic_part: bytes, properties: str) -> bytes:
+    """BODY, TOPIC (``topic_part``) and PROPERTIES encoded; PropertiesTooLong for
+    properties over MAX_PROPERTIES_LENGTH bytes."""
     properties_bytes = properties.encode()
     if len(properties_bytes) > MAX_PROPERTIES_LENGTH:
         raise PropertiesTooLong(
             f"properties of {len(properties_bytes)} bytes are over {MAX_PROPERTIES_LENGTH}"
         )
-    v2 = len(topic_bytes) > MAX_TOPIC_LENGTH_V1
-    tail = b"".join(
+    return b"".join(
         (
             BODY_LENGTH.pack(len(body)),
             body,
-            TEXT_LENGTH.pack(len(topic_bytes)) if v2 else bytes((len(topic_bytes),)),
-            topic_bytes,
+            topic_part,
             TEXT_LENGTH.pack(len(properties_bytes)),
             properties_bytes,
         )
     )
-    return tail, MAGIC_V2 if v2 else MAGIC_V1
 
 
 def _out_of_range(*values: int) -> MessageFormatError:

@@ -187,7 +187,7 @@ class SendProcessor:
         topic, queue_id = self._retry_or_dead_letter(
             topic, queue_id, header, properties, reconsume_times
         )
-        born_host = peer_host(conn)
+        born_host, store_host = peer_host(conn), self.ctx.store_host  # (one each per batch)
         if batch:
             try:
                 entries = decode_batch(request.body)
@@ -207,6 +207,7 @@ class SendProcessor:
                         else decode_properties(entry.properties)
                     ),
                     born_host,
+                    store_host,
                     reconsume_times,
                     flag=entry.flag,
                 )
@@ -215,7 +216,14 @@ class SendProcessor:
         else:
             messages = [
                 self._message(
-                    header, topic, queue_id, request.body, properties, born_host, reconsume_times
+                    header,
+                    topic,
+                    queue_id,
+                    request.body,
+                    properties,
+                    born_host,
+                    store_host,
+                    reconsume_times,
                 )
             ]
         if transactional:
@@ -313,6 +321,7 @@ class SendProcessor:
         body: bytes,
         properties: dict[str, str],
         born_host: tuple[str, int],
+        store_host: tuple[str, int],
         reconsume_times: int,
         *,
         flag: int | None = None,
@@ -329,7 +338,7 @@ class SendProcessor:
             header.sys_flag,
             header.born_timestamp,
             born_host,
-            self.ctx.store_host,
+            store_host,
             reconsume_times,
         )
 
