@@ -41,8 +41,11 @@ from hamq.protocol.message import (
     BatchEntry,
     decode_message,
     decode_messages,
+    decode_properties,
     encode_batch,
+    encode_properties,
     parse_offset_msg_id,
+    read_record,
 )
 from hamq.remoting import Connection, Dispatcher, RemotingClient
 from tests.support.brokers import (
@@ -455,6 +458,58 @@ async def test_sync_flush_refuses_before_storing_when_too_many_wait(tmp_path: Pa
         await node.store.wait_dispatched()
         # exactly the answered ones are stored: a refusal stored nothing
         assert node.store.max_offset_in_queue("T", 0) == ok
+
+
+async def test_batch_entries_keep_their_properties_as_sent_with_the_brokers_added(
+    tmp_path: Path,
+) -> None:
+    """Each entry of a batch is stored with the properties its text decodes to, plus the
+    cluster and a unique key where it had none: the same whether the broker appends
+    these to the entry's text or encodes the whole map again (a text without a final
+    separator, a key it has already, duplicate keys, pairs without a value separator)."""
+    texts = [
+        "",
+        "A\x01a\x02",
+        "A\x01a",
+        "K\x01x\x02junk\x02K\x01y\x02",
+        "CLUSTER\x01other\x02B\x01b\x02",
+        "UNIQ_KEY\x01\x02",
+        "UNIQ_KEY\x01given\x02KEYS\x01k1 k2\x02",
+    ]
+    async with (
+        running_broker(tmp_path) as node,
+        RemotingClient() as client,
+    ):
+        await client.invoke(node.address, create_topic_request("T"), 5)
+        entries = [BatchEntry(b"%d" % i, properties=text) for i, text in enumerate(texts)]
+        request = send_request("T", encode_batch(entries), code=RequestCode.SEND_BATCH_MESSAGE)
+        assert (await client.invoke(node.address, request, 5)).code == ResponseCode.SUCCESS
+        await node.store.wait_dispatched()
+        body = node.store.get_message("g", "T", 0, 0, 32).body
+        stored = decode_messages(body)
+        raw, pos = [], 0
+        while pos < len(body):
+            record = read_record(body, pos)
+            raw.append(record.properties)
+            pos += record.size
+        assert [m.body for m in stored] == [b"%d" % i for i in range(len(texts))]
+        for message, text in zip(stored, texts, strict=True):
+            expected = decode_properties(text)
+            expected["CLUSTER"] = "DefaultCluster"
+            uniq_key = message.properties["UNIQ_KEY"]
+            if expected.get("UNIQ_KEY"):
+                assert uniq_key == expected["UNIQ_KEY"]
+            else:
+                assert len(uniq_key) == 32
+                expected["UNIQ_KEY"] = uniq_key
+            assert message.properties == expected
+        # as encode_properties writes them, but for the text with duplicates kept as sent
+        canonical = [
+            encode_properties(m.properties) == text for m, text in zip(stored, raw, strict=True)
+        ]
+        assert canonical == [True, True, True, False, True, True, True]
+        for key in ("k1", "k2", "given"):
+            assert node.store.query_message("T", key, 10), key
 
 
 async def test_a_batch_is_stored_whole_or_not_at_all(tmp_path: Path) -> None:

@@ -119,6 +119,7 @@ def half_message(message: MessageToStore, producer_group: str) -> MessageToStore
     properties[PROPERTY_TRANSACTION_PREPARED] = "true"
     properties.setdefault(PROPERTY_PRODUCER_GROUP, producer_group)
     message.topic, message.queue_id, message.properties = TRANS_HALF_TOPIC, 0, properties
+    message.properties_text = None
     message.sys_flag &= ~SYSFLAG_TRANSACTION_MASK
     return message
 

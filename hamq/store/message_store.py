@@ -121,6 +121,10 @@ class MessageToStore:
     store_host: tuple[str, int] = ("127.0.0.1", 10911)
     reconsume_times: int = 0
     prepared_transaction_offset: int = 0
+    #: ``properties`` as text, when the caller has it (a batch entry's own text, the
+    #: pairs added since appended: it decodes to ``properties``); a batch's records then
+    #: take it as it is, not encoded again. Whoever changes ``properties`` sets it None.
+    properties_text: str | None = None
 
     @property
     def wait_store_ok(self) -> bool:
@@ -580,7 +584,16 @@ class MessageStore:
             templates = make_record_templates(
                 topic=topic,
                 queue_id=queue_id,
-                entries=[(m.body, m.flag, encode_properties(m.properties)) for m in messages],
+                entries=[
+                    (
+                        m.body,
+                        m.flag,
+                        encode_properties(m.properties)
+                        if m.properties_text is None
+                        else m.properties_text,
+                    )
+                    for m in messages
+                ],
                 sys_flag=sys_flag,
                 born_timestamp=born_timestamp,
                 born_host=pack_host(*born_host),

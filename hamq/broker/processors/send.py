@@ -47,12 +47,14 @@ from hamq.protocol.headers import (
 )
 from hamq.protocol.message import (
     DEFAULT_TOPIC,
+    NAME_VALUE_SEPARATOR,
     PROPERTY_CLUSTER,
     PROPERTY_DELAY,
     PROPERTY_MAX_RECONSUME_TIMES,
     PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_RECONSUME_TIME,
     PROPERTY_RETRY_TOPIC,
+    PROPERTY_SEPARATOR,
     PROPERTY_UNIQ_KEY,
     RETRY_GROUP_TOPIC_PREFIX,
     SYSTEM_TOPICS,
@@ -95,6 +97,11 @@ _SEND_STATUSES: dict[int, str] = {
 
 #: delay level a sent-back message gets when the consumer asks for none: 3 + reconsume times
 BASE_RETRY_DELAY_LEVEL = 3
+
+
+def _pair(key: str, value: str) -> str:
+    """One property as encode_properties writes it."""
+    return f"{key}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}"
 
 
 def peer_host(conn: Connection) -> tuple[str, int]:
@@ -210,6 +217,7 @@ class SendProcessor:
                     store_host,
                     reconsume_times,
                     flag=entry.flag,
+                    text=None if properties else entry.properties,
                 )
                 for entry in entries
             ]
@@ -325,10 +333,26 @@ class SendProcessor:
         reconsume_times: int,
         *,
         flag: int | None = None,
+        text: str | None = None,
     ) -> MessageToStore:
-        properties[PROPERTY_CLUSTER] = self.ctx.config.cluster_name
+        """The message to store; ``text``: what ``properties`` was decoded from, if the
+        caller has it (a batch entry's): the pairs added here are appended to it, so the
+        store need not encode them all again (only when they are new keys and the text
+        ends with a separator: the text then decodes to ``properties``)."""
+        cluster = self.ctx.config.cluster_name
+        if text and (
+            text[-1] != PROPERTY_SEPARATOR
+            or PROPERTY_CLUSTER in properties
+            or (PROPERTY_UNIQ_KEY in properties and not properties[PROPERTY_UNIQ_KEY])
+        ):
+            text = None
+        properties[PROPERTY_CLUSTER] = cluster
+        if text is not None:
+            text += _pair(PROPERTY_CLUSTER, cluster)
         if not properties.get(PROPERTY_UNIQ_KEY):
-            properties[PROPERTY_UNIQ_KEY] = self.ctx.ids.next_id(self.ctx.clock())
+            uniq_key = properties[PROPERTY_UNIQ_KEY] = self.ctx.ids.next_id(self.ctx.clock())
+            if text is not None:
+                text += _pair(PROPERTY_UNIQ_KEY, uniq_key)
         return MessageToStore(  # (by position: one per message, half the cost by keyword)
             topic,
             queue_id,
@@ -340,6 +364,7 @@ class SendProcessor:
             born_host,
             store_host,
             reconsume_times,
+            properties_text=text,
         )
 
     def _answered(self, response: RemotingCommand, started: float) -> None:
