@@ -293,6 +293,7 @@ class ReputService:
         done = 0
         segments = self.commitlog.segments
         size_magic = SIZE_MAGIC.unpack_from  # (bound once: it runs per record)
+        appended = self._appended
         if self.offset < segments.min_offset:
             self.offset = segments.min_offset  # a slave whose log starts mid-way
         while budget and self.failure is None:
@@ -301,8 +302,20 @@ class ReputService:
                 break
             buffer, start, wrote = segment.buffer, segment.start, segment.wrote
             pos = self.offset - start
+            magic = 0
             # the records of this segment, one after another
             while budget and wrote - pos >= 8:
+                kept = appended.pop(start + pos, None)
+                if kept is not None:  # (appended by this process: known good and whole)
+                    try:
+                        self._dispatch(kept)
+                    except Exception as exc:
+                        self._fail(start + pos, exc)
+                        break
+                    pos += kept.size
+                    done += 1
+                    budget -= 1
+                    continue
                 size, magic = size_magic(buffer, pos)
                 if magic == BLANK_MAGIC:
                     break
@@ -346,9 +359,6 @@ class ReputService:
     def _request(self, buffer: mmap.mmap, pos: int, offset: int) -> DispatchRequest | str:
         """The dispatch request for the record at ``pos`` of a segment (log ``offset``),
         or what is wrong with the record if no queue can take it."""
-        kept = self._appended.pop(offset, None)
-        if kept is not None:
-            return kept  # (appended by this process: known good)
         try:
             size, queue_id, queue_offset, sys_flag, store_timestamp, topic, text = read_summary(
                 buffer, pos
@@ -517,7 +527,9 @@ class ReputService:
     def _dispatch(self, request: DispatchRequest) -> None:
         transaction = request.sys_flag & SYSFLAG_TRANSACTION_MASK
         if transaction not in (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK):
-            queue = self.queues.get_or_create(request.topic, request.queue_id)
+            queue = self.queues.queues.get((request.topic, request.queue_id))
+            if queue is None:
+                queue = self.queues.get_or_create(request.topic, request.queue_id)
             queue_offset = request.queue_offset
             if self.unplaced and queue_offset > queue.max_offset and not queue.segments.empty:
                 self._fill_gap(queue, queue_offset)
