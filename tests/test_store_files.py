@@ -200,6 +200,8 @@ def test_index_finds_keys_across_files_newest_first(tmp_path: Path) -> None:
     assert index.query("T", "k3", 10, 10_000, 20_000) == [1018, 1013]  # by store time
     index.add("T", ["k3"], physical_offset=1010, store_timestamp=0)  # already indexed: skipped
     assert index.query("T", "k3", 10, 0, 10**9).count(1010) == 0
+    index.add("T", ["again"], physical_offset=1029, store_timestamp=0)  # the last one indexed
+    assert index.query("T", "again", 10, 0, 10**9) == []
     index.truncate(1020)
     assert index.indexed_offset == 1019
     index.close()

@@ -197,9 +197,15 @@ class IndexService:
         failure to create it (a full disk) leaves the record wholly unindexed, and
         dispatching it again indexes it whole.
         """
-        if not keys or physical_offset <= self.indexed_offset:
+        if not keys:
             return
         current = self.files[-1] if self.files else None
+        # (indexed_offset, read off the newest file when it holds any entry)
+        if current is not None and current.count > 1:
+            if physical_offset <= current.end_offset:
+                return
+        elif physical_offset <= self.indexed_offset:
+            return
         if current is None or not current.room_for(len(keys)):  # (most records: it has room)
             current = self._writable(store_timestamp)
             if not current.room_for(len(keys)) and current.count > 1:
