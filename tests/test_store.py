@@ -469,6 +469,41 @@ async def test_a_batch_is_stored_as_its_messages_would_be_one_by_one(tmp_path: P
         assert [same(r) for r in records("A")] == [same(r) for r in records("B")]
 
 
+async def test_batches_to_one_queue_are_dispatched_past_its_file_ends(tmp_path: Path) -> None:
+    """Batches to one queue are dispatched a run of records at a time: its entries are
+    written together where they fit in the queue's file, one by one where they reach
+    its end (100 entries a file here); every entry is in place, each message can be
+    found by its key, and the queue reads back whole after a restart."""
+    config = small_config(tmp_path, index_max_entries=1000)
+
+    def batch(first: int) -> list[MessageToStore]:
+        return [
+            MessageToStore("R", 0, b"%d." % i, properties={"KEYS": f"k{i}"})
+            for i in range(first, first + 70)
+        ]
+
+    async with open_store(config) as store:
+        for first in (0, 70, 140):
+            results = store.put_batch_nowait(batch(first))
+            assert [r.append.queue_offset for r in results if r.append] == list(
+                range(first, first + 70)
+            )
+        await settle(store)
+        assert len(store.queues.get("R", 0).segments.segments) == 3
+        for i in (0, 99, 100, 139, 209):
+            assert len(store.query_message("R", f"k{i}", 10)) == 1, i
+
+    def read_back(store: MessageStore) -> list[bytes]:
+        found: list[bytes] = []
+        while (result := store.get_message("g", "R", 0, len(found), 32)).message_count:
+            found += [m.body.split(b".")[0] for m in decode_messages(result.body)]
+        return found
+
+    async with open_store(config) as store:
+        await settle(store)
+        assert read_back(store) == [b"%d" % i for i in range(210)]
+
+
 async def test_a_batch_is_stored_when_no_descriptor_is_left_for_its_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

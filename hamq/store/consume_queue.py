@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import logging
 import struct
 from collections.abc import Callable
@@ -35,6 +36,13 @@ log = logging.getLogger(__name__)
 
 ENTRY = struct.Struct(">qiq")
 ENTRY_SIZE = ENTRY.size  # 20
+
+
+@functools.lru_cache(maxsize=64)  # (runs of at most reput.MAX_RUN)
+def _entries(count: int) -> struct.Struct:
+    """``count`` entries one after another: one pack_into (``put_run``)."""
+    return struct.Struct(">" + "qiq" * count)
+
 
 Entry = tuple[int, int, int]  # commit-log offset, size, tags code
 
@@ -194,6 +202,25 @@ class ConsumeQueue:
             segment.advise_written()
         self.max_offset = queue_offset + 1
         return True
+
+    def put_run(self, queue_offset: int, entries: list[tuple[int, int, int]]) -> None:
+        """``put`` each of ``entries`` ((physical offset, size, tags code) each) at
+        ``queue_offset`` and the offsets after it: with one write when they go at the
+        queue's end, within its last file."""
+        position = queue_offset * ENTRY_SIZE
+        end = position + len(entries) * ENTRY_SIZE
+        segment = self.segments.last
+        if queue_offset != self.max_offset or segment is None or end > segment.end:
+            for i, (physical_offset, size, tags_code) in enumerate(entries):
+                self.put(queue_offset + i, physical_offset, size, tags_code)
+            return
+        _entries(len(entries)).pack_into(
+            segment.buffer, position - segment.start, *itertools.chain.from_iterable(entries)
+        )
+        segment.wrote = end - segment.start
+        if segment.wrote >= segment.advice_due:
+            segment.advise_written()
+        self.max_offset = queue_offset + len(entries)
 
     def truncate_dirty(self, physical_offset: int) -> int:
         """Drop the entries that point at or past ``physical_offset``; returns how many.

@@ -53,7 +53,9 @@ from hamq.protocol.message import (
     PROPERTY_UNIQ_KEY,
     SCHEDULE_TOPIC,
     SIZE_MAGIC,
+    SYSFLAG_TRANSACTION_COMMIT,
     SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_NOT_TYPE,
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
     MessageFormatError,
@@ -76,6 +78,11 @@ from hamq.store.records import (
 from hamq.store.segment import MappedFiles, Segment, StoreCorruptionError
 
 log = logging.getLogger(__name__)
+
+#: the transaction bits of records dispatched as runs: plain messages and commits
+_PLAIN = (SYSFLAG_TRANSACTION_NOT_TYPE, SYSFLAG_TRANSACTION_COMMIT)
+#: the most records one run takes (a send batch's are far fewer)
+MAX_RUN = 64
 
 #: after a disk error the reput task tries again after RETRY_MIN_S, doubling the wait
 #: with each failure up to RETRY_MAX_S
@@ -307,14 +314,15 @@ class ReputService:
             while budget and wrote - pos >= 8:
                 kept = appended.pop(start + pos, None)
                 if kept is not None:  # (appended by this process: known good and whole)
+                    run = self._run(kept, budget)
                     try:
-                        self._dispatch(kept)
+                        self._dispatch(run)
                     except Exception as exc:
                         self._fail(start + pos, exc)
                         break
-                    pos += kept.size
-                    done += 1
-                    budget -= 1
+                    pos = run[-1].physical_offset + run[-1].size - start
+                    done += len(run)
+                    budget -= len(run)
                     continue
                 size, magic = size_magic(buffer, pos)
                 if magic == BLANK_MAGIC:
@@ -328,7 +336,7 @@ class ReputService:
                         break  # (0: wait for the bytes after it; None: failed)
                 else:
                     try:
-                        self._dispatch(request)
+                        self._dispatch([request])
                     except Exception as exc:
                         self._fail(start + pos, exc)
                         break
@@ -524,33 +532,66 @@ class ReputService:
         level = min(max(level, 1), len(self.delay_levels_ms))
         return self.delay_levels_ms[level - 1]
 
-    def _dispatch(self, request: DispatchRequest) -> None:
-        transaction = request.sys_flag & SYSFLAG_TRANSACTION_MASK
+    def _run(self, first: DispatchRequest, budget: int) -> list[DispatchRequest]:
+        """``first`` and the kept requests after it that can be dispatched with it as one
+        run (``_dispatch``): of its queue, at the next offsets, not transactional
+        (a batch's records), at most ``budget`` (no limit if negative) and MAX_RUN."""
+        run = [first]
+        if first.sys_flag & SYSFLAG_TRANSACTION_MASK not in _PLAIN:
+            return run
+        appended = self._appended
+        last = first
+        most = MAX_RUN if budget < 0 else min(budget, MAX_RUN)
+        while len(run) < most:
+            after = appended.get(last.physical_offset + last.size)
+            if (
+                after is None
+                or after.queue_offset != last.queue_offset + 1
+                or after.queue_id != last.queue_id
+                or after.topic != last.topic
+                or after.sys_flag & SYSFLAG_TRANSACTION_MASK not in _PLAIN
+            ):
+                break
+            del appended[after.physical_offset]
+            run.append(after)
+            last = after
+        return run
+
+    def _dispatch(self, run: list[DispatchRequest]) -> None:
+        """Dispatch one record, or a run of them (``_run``): their consume-queue entries
+        written together, then each indexed and told to the listeners."""
+        first = run[0]
+        transaction = first.sys_flag & SYSFLAG_TRANSACTION_MASK
         if transaction not in (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK):
-            queue = self.queues.queues.get((request.topic, request.queue_id))
+            queue = self.queues.queues.get((first.topic, first.queue_id))
             if queue is None:
-                queue = self.queues.get_or_create(request.topic, request.queue_id)
-            queue_offset = request.queue_offset
+                queue = self.queues.get_or_create(first.topic, first.queue_id)
+            queue_offset = first.queue_offset
             if self.unplaced and queue_offset > queue.max_offset and not queue.segments.empty:
                 self._fill_gap(queue, queue_offset)
-            queue.put(queue_offset, request.physical_offset, request.size, request.tags_code)
+            queue.put_run(queue_offset, [(r.physical_offset, r.size, r.tags_code) for r in run])
             # read whole by read_summary: what a pull checks, but for the CRC, which is
             # known good if this process appended the record (CommitLog.appended_here)
             local = self.commitlog.local_from
-            if not self.check_crc or (local is not None and request.physical_offset >= local):
-                queue.checked.add(queue_offset, queue_offset + 1)
-        if transaction != SYSFLAG_TRANSACTION_ROLLBACK:
-            properties = request.properties
-            keys_text = properties.get(PROPERTY_KEYS)
-            keys = [k for k in keys_text.split(" ") if k] if keys_text else []
-            uniq_key = properties.get(PROPERTY_UNIQ_KEY)
-            if uniq_key:
-                keys.append(uniq_key)
-            self.index.add(request.topic, keys, request.physical_offset, request.store_timestamp)
-        self.offset = request.physical_offset + request.size  # listeners see it moved
-        self.last_store_timestamp = request.store_timestamp
-        for listener in self.listeners:
-            try:
-                listener(request)
-            except Exception:
-                log.exception("dispatch listener failed for %s", request)
+            if not self.check_crc or (local is not None and first.physical_offset >= local):
+                queue.checked.add(queue_offset, queue_offset + len(run))
+        for request in run:
+            if transaction != SYSFLAG_TRANSACTION_ROLLBACK:
+                self._index(request)
+            self.offset = request.physical_offset + request.size  # listeners see it moved
+            self.last_store_timestamp = request.store_timestamp
+            for listener in self.listeners:
+                try:
+                    listener(request)
+                except Exception:
+                    log.exception("dispatch listener failed for %s", request)
+
+    def _index(self, request: DispatchRequest) -> None:
+        """Index a record's keys (KEYS and UNIQ_KEY)."""
+        properties = request.properties
+        keys_text = properties.get(PROPERTY_KEYS)
+        keys = [k for k in keys_text.split(" ") if k] if keys_text else []
+        uniq_key = properties.get(PROPERTY_UNIQ_KEY)
+        if uniq_key:
+            keys.append(uniq_key)
+        self.index.add(request.topic, keys, request.physical_offset, request.store_timestamp)
