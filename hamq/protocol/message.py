@@ -465,6 +465,8 @@ _NUMBER_FIELDS = (
 _BORN_HOST_BIT = {8: 0, 20: SYSFLAG_BORNHOST_V6}
 _STORE_HOST_BIT = {8: 0, 20: SYSFLAG_STOREHOST_V6}
 _HOST_BITS = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
+#: 127.0.0.1:0 as BORNHOST / STOREHOST bytes (the templates' default hosts)
+_LOOPBACK = b"\x7f\x00\x00\x01\x00\x00\x00\x00"
 
 
 def make_record_template(
@@ -476,8 +478,8 @@ def make_record_template(
     properties: str = "",
     sys_flag: int = 0,
     born_timestamp: int = 0,
-    born_host: bytes = b"\x7f\x00\x00\x01\x00\x00\x00\x00",
-    store_host: bytes = b"\x7f\x00\x00\x01\x00\x00\x00\x00",
+    born_host: bytes = _LOOPBACK,
+    store_host: bytes = _LOOPBACK,
     reconsume_times: int = 0,
     prepared_transaction_offset: int = 0,
 ) -> RecordTemplate:
@@ -504,8 +506,8 @@ def make_record_templates(
     entries: Sequence[tuple[bytes, int, str]],
     sys_flag: int = 0,
     born_timestamp: int = 0,
-    born_host: bytes = b"\x7f\x00\x00\x01\x00\x00\x00\x00",
-    store_host: bytes = b"\x7f\x00\x00\x01\x00\x00\x00\x00",
+    born_host: bytes = _LOOPBACK,
+    store_host: bytes = _LOOPBACK,
     reconsume_times: int = 0,
     prepared_transaction_offset: int = 0,
 ) -> list[RecordTemplate]:
