@@ -39,7 +39,7 @@ ENTRY_SIZE = ENTRY.size  # 20
 
 
 @functools.lru_cache(maxsize=64)  # (runs of at most reput.MAX_RUN)
-def _entries(count: int) -> struct.Struct:
+def _run_struct(count: int) -> struct.Struct:
     """``count`` entries one after another: one pack_into (``put_run``)."""
     return struct.Struct(">" + "qiq" * count)
 
@@ -203,7 +203,7 @@ class ConsumeQueue:
         self.max_offset = queue_offset + 1
         return True
 
-    def put_run(self, queue_offset: int, entries: list[tuple[int, int, int]]) -> None:
+    def put_run(self, queue_offset: int, entries: list[Entry]) -> None:
         """``put`` each of ``entries`` ((physical offset, size, tags code) each) at
         ``queue_offset`` and the offsets after it: with one write when they go at the
         queue's end, within its last file."""
@@ -214,7 +214,7 @@ class ConsumeQueue:
             for i, (physical_offset, size, tags_code) in enumerate(entries):
                 self.put(queue_offset + i, physical_offset, size, tags_code)
             return
-        _entries(len(entries)).pack_into(
+        _run_struct(len(entries)).pack_into(
             segment.buffer, position - segment.start, *itertools.chain.from_iterable(entries)
         )
         segment.wrote = end - segment.start
