@@ -53,9 +53,7 @@ from hamq.protocol.message import (
     PROPERTY_UNIQ_KEY,
     SCHEDULE_TOPIC,
     SIZE_MAGIC,
-    SYSFLAG_TRANSACTION_COMMIT,
     SYSFLAG_TRANSACTION_MASK,
-    SYSFLAG_TRANSACTION_NOT_TYPE,
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
     MessageFormatError,
@@ -79,8 +77,8 @@ from hamq.store.segment import MappedFiles, Segment, StoreCorruptionError
 
 log = logging.getLogger(__name__)
 
-#: the transaction bits of records dispatched as runs: plain messages and commits
-_PLAIN = (SYSFLAG_TRANSACTION_NOT_TYPE, SYSFLAG_TRANSACTION_COMMIT)
+#: the transaction bits of records with no consume-queue entry (as in RocketMQ)
+_UNQUEUED = (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK)
 #: the most records one run takes (a send batch's are far fewer)
 MAX_RUN = 64
 
@@ -431,7 +429,7 @@ class ReputService:
         offset = segment.start + pos
         topic, queue_id, queue_offset, sys_flag = identity(segment.view(0, pos + size), pos)
         transaction = sys_flag & SYSFLAG_TRANSACTION_MASK
-        if transaction in (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK):
+        if transaction in _UNQUEUED:
             return  # such records have no entry
         queue = self.queues.get(topic, queue_id) if topic is not None else None
         if queue is None and topic is not None and queue_offset == 0 and queue_id >= 0:
@@ -534,10 +532,10 @@ class ReputService:
 
     def _run(self, first: DispatchRequest, budget: int) -> list[DispatchRequest]:
         """``first`` and the kept requests after it that can be dispatched with it as one
-        run (``_dispatch``): of its queue, at the next offsets, not transactional
+        run (``_dispatch``): of its queue, at the next offsets, each with a queue entry
         (a batch's records), at most ``budget`` (no limit if negative) and MAX_RUN."""
         run = [first]
-        if first.sys_flag & SYSFLAG_TRANSACTION_MASK not in _PLAIN:
+        if first.sys_flag & SYSFLAG_TRANSACTION_MASK in _UNQUEUED:
             return run
         appended = self._appended
         last = first
@@ -549,7 +547,7 @@ class ReputService:
                 or after.queue_offset != last.queue_offset + 1
                 or after.queue_id != last.queue_id
                 or after.topic != last.topic
-                or after.sys_flag & SYSFLAG_TRANSACTION_MASK not in _PLAIN
+                or after.sys_flag & SYSFLAG_TRANSACTION_MASK in _UNQUEUED
             ):
                 break
             del appended[after.physical_offset]
@@ -562,7 +560,7 @@ class ReputService:
         written together, then each indexed and told to the listeners."""
         first = run[0]
         transaction = first.sys_flag & SYSFLAG_TRANSACTION_MASK
-        if transaction not in (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK):
+        if transaction not in _UNQUEUED:
             queue = self.queues.queues.get((first.topic, first.queue_id))
             if queue is None:
                 queue = self.queues.get_or_create(first.topic, first.queue_id)

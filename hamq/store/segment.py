@@ -4,8 +4,10 @@ A ``Segment`` is one file of exactly ``size`` bytes named by the 20-digit offset
 first byte in the log (``00000000001073741824``). Invariants:
 - bytes [0, wrote) hold data, [wrote, size) are zeros; ``flushed <= wrote`` is what is
   known to be on disk;
-- writes go through the mmap (a memcpy; measured about 2x ``pwrite`` at 4 KiB) and
-  reads are zero-copy memoryviews of it;
+- small writes go through the mmap (a memcpy; measured about 2x ``pwrite`` at 4 KiB);
+  large ones (a replica's transfers, a put batch's records of a page or more) go
+  through ``write_bulk``'s pwritev, which spares the fault on each fresh page. Reads
+  are zero-copy memoryviews of the mmap, which sees the same page cache;
 - the part of a mapping not written yet is advised MADV_RANDOM, the written part
   normal again a chunk at a time (``advise_written``): a write's fault on a fresh page
   then brings in that page alone. With the normal advice each such fault read around
