@@ -116,7 +116,7 @@ async def test_a_pull_passes_over_a_damaged_record_counts_it_and_goes_on(tmp_pat
                 assert result.status is SendStatus.SEND_OK
         victims = [node.store.get_message("g", "D", 0, i, 1).messages[0] for i in (17, 39)]
     segment_bytes = node.config.store.commitlog_segment_bytes
-    # after a clean stop: nothing at start reads the records again
+    # after a clean stop: only the log's last records are read again at start
     for victim in victims:
         flip(tmp_path, int.from_bytes(victim[28:36], "big"), "properties", segment_bytes)
     async with running_broker(tmp_path) as node:
@@ -137,13 +137,17 @@ async def test_a_pull_passes_over_a_damaged_record_counts_it_and_goes_on(tmp_pat
                 found += [m.body.split(b".")[0].decode() for m in result.messages]
                 offset = result.next_begin_offset
         assert found == [f"m{i}" for i in range(40) if i not in (17, 39)]
-        assert node.ctx.stats.damaged_skipped["D"] == 4
+        # m17 was passed over by two pulls; m39, the log's last record, was cut at start
+        # as a damaged tail (copied to torn/, its queue offset kept by a placeholder)
+        assert node.store.recovery is not None
+        assert node.store.recovery.lost_offsets == {"D/0": (39, 40)}
+        assert node.ctx.stats.damaged_skipped["D"] == 2
         [family] = [
             f
             for f in BrokerCollector(node).collect()
             if f.name == "hamq_broker_damaged_records_skipped"
         ]
-        assert [(s.labels, s.value) for s in family.samples] == [({"topic": "D"}, 4)]
+        assert [(s.labels, s.value) for s in family.samples] == [({"topic": "D"}, 2)]
 
 
 async def test_check_crc_on_read_passes_over_a_flipped_body_byte(
@@ -160,7 +164,7 @@ async def test_check_crc_on_read_passes_over_a_flipped_body_byte(
     assert found == again == [f"m{i}" for i in range(30) if i != 12]
     assert skipped == 1
     assert store.commitlog.damaged.count == 2
-    [line] = [r.getMessage() for r in caplog.records if "damaged record" in r.getMessage()]
+    [line] = [r.getMessage() for r in caplog.records if "a pull passed over" in r.getMessage()]
     assert f"commitlog offset {offsets[12]}" in line and "body CRC" in line
     # without the check the record is sent as it is (the consumer's own CRC check fails)
     async with open_store(small_config(tmp_path, check_crc_on_read=False)) as store:
@@ -341,7 +345,14 @@ async def test_two_damaged_records_in_a_row_are_a_torn_tail_and_cut(tmp_path: Pa
         assert report.commitlog_end == offsets[400]
         assert report.truncated is not None and report.truncated[0] == offsets[400]
         assert report.truncated[1] <= end
-        assert store.max_offset_in_queue("T", 1) == 133  # m1 ... m397
+        # m1 ... m397 are left of queue 1; the offsets of m400 ... m898 (entries 133 to
+        # 299) were handed out, and are kept by placeholders that pulls pass over
+        assert report.lost_offsets == {f"T/{q}": (133 + (q == 0), 300) for q in range(3)}
+        assert store.max_offset_in_queue("T", 1) == 300
+        found, skipped = read_all(store, 1)
+        assert found == [f"m{i}" for i in range(1, 400, 3)] and skipped == 0
+        result = await store.put_message(message(queue_id=1, body=b"new"))
+        assert result.append is not None and result.append.queue_offset == 300
 
 
 async def test_put_status_is_unchanged_for_damage_elsewhere(tmp_path: Path) -> None:

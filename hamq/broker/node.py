@@ -318,6 +318,7 @@ class BrokerNode:
         ctx.topics.on_change.append(self._topics_changed)
         assert ctx.pull_holds is not None
         self.store.reput.listeners.append(ctx.pull_holds.on_dispatch)
+        self.store.on_topic_deleted(self._topic_deleted)
         async with trio.open_nursery() as nursery:
             embedded = await self._start_embedded_nameserver(nursery)
             await self._start_replication(nursery)
@@ -441,6 +442,13 @@ class BrokerNode:
     def _topics_changed(self) -> None:
         if self.registrar is not None:
             self.registrar.topics_changed()
+        self._persist_soon()
+
+    def _topic_deleted(self, topic: str) -> None:
+        """The store applied ``topic``'s deletion (here, or replicated from the master):
+        its consumer offsets and statistics go too (its queues start again at 0)."""
+        self.ctx.offsets.forget_topic(topic)
+        self.ctx.stats.forget_topic(topic)
         self._persist_soon()
 
     def _persist_soon(self) -> None:

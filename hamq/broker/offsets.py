@@ -60,6 +60,17 @@ class ConsumerOffsetManager(StateFile[ConsumerOffsetSerializeWrapper]):
         """The committed offset, -1 if the group never committed one for this queue."""
         return self.table.get(f"{topic}{TOPIC_GROUP_SEPARATOR}{group}", {}).get(queue_id, -1)
 
+    def forget_topic(self, topic: str) -> None:
+        """Drop every group's offsets (and reset marks) in ``topic``: it was deleted,
+        and its queues start again at 0 (RocketMQ's cleanOffsetByTopic)."""
+        prefix = f"{topic}{TOPIC_GROUP_SEPARATOR}"
+        keys = [key for key in self.table if key.startswith(prefix)]
+        for key in keys:
+            del self.table[key]
+            self.resets.pop(key, None)
+        if keys:
+            self.mark_dirty()
+
     def topics_of(self, group: str) -> list[str]:
         """The topics ``group`` committed offsets in (RocketMQ's whichTopicByConsumer)."""
         suffix = f"{TOPIC_GROUP_SEPARATOR}{group}"

@@ -85,6 +85,10 @@ PROPERTY_CONSUME_START_TIME = "CONSUME_START_TIME"
 PROPERTY_MSG_REGION = "MSG_REGION"
 PROPERTY_TRACE_SWITCH = "TRACE_ON"
 PROPERTY_CLUSTER = "CLUSTER"
+#: hamq's own: a record that holds a queue offset whose message a crash cut from the
+#: log (hamq/store/recovery.py writes it, with an empty body; pulls pass over it). Its
+#: value says where the lost record was.
+PROPERTY_LOST = "HAMQ_LOST"
 KEY_SEPARATOR = " "
 
 
@@ -151,6 +155,10 @@ SYSTEM_TOPICS = frozenset(
         TRANS_CHECK_MAX_TIME_TOPIC,
     }
 )
+#: hamq's own: a record of this topic (body: a topic's name) says the topic was deleted
+#: there: the topic's records before it are gone for every reader (hamq/store/
+#: deletions.py). It has no consume queue, and no producer may send to it.
+TOPIC_DELETION_TOPIC = "HAMQ_SYS_TOPIC_DELETION"
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 

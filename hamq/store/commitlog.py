@@ -70,7 +70,9 @@ class AppendResult:
 
 class CommitLog:
     def __init__(self, directory: Path, segment_size: int, clock: Callable[[], int]) -> None:
-        self.segments = SegmentQueue(directory, segment_size)
+        self.segments = SegmentQueue(
+            directory, segment_size, size_setting="commitlog_segment_bytes"
+        )
         self.segment_size = segment_size
         self._clock = clock
         #: next queue offset of each (topic, queue id)
@@ -82,7 +84,9 @@ class CommitLog:
         self.local_from: int | None = None
 
     def load(self) -> None:
-        self.segments.load()
+        """Open the segments; a last one cut short is brought back to full size and
+        listed in ``segments.extended`` (recovery then scans it as after a crash)."""
+        self.segments.load(extend_short_last=True)
 
     def close(self) -> None:
         self.segments.close()

@@ -26,6 +26,7 @@ import bisect
 import functools
 import itertools
 import logging
+import shutil
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -131,7 +132,12 @@ class ConsumeQueue:
         self.queue_id = queue_id
         self.directory = root / topic / str(queue_id)
         self.entries_per_file = entries_per_file
-        self.segments = SegmentQueue(self.directory, entries_per_file * ENTRY_SIZE, files)
+        self.segments = SegmentQueue(
+            self.directory,
+            entries_per_file * ENTRY_SIZE,
+            files,
+            size_setting="consume_queue_entries_per_file x 20 bytes",
+        )
         self.min_offset = 0
         self.max_offset = 0
         #: entries whose records are known to decode (read whole in this process)
@@ -222,21 +228,23 @@ class ConsumeQueue:
             segment.advise_written()
         self.max_offset = queue_offset + len(entries)
 
-    def truncate_dirty(self, physical_offset: int) -> int:
-        """Drop the entries that point at or past ``physical_offset``; returns how many.
+    def first_dirty(self, physical_offset: int) -> int:
+        """The first entry that points at or past ``physical_offset``, or is empty (a
+        hole a crash left among unflushed entries); ``max_offset`` if none is.
 
-        Commit-log offsets grow along a queue, so the cut is found by binary search.
-        """
+        Commit-log offsets grow along a queue and before the first dirty entry
+        everything was flushed, so the predicate is false, then true: a binary search."""
         offsets = range(self.min_offset, self.max_offset)
 
         def dirty(offset: int) -> bool:
-            # an empty entry (a hole a crash left among unflushed entries) counts as
-            # dirty; before the first dirty entry everything was flushed, so the
-            # predicate is false, then true: a binary search applies
             entry_offset, size, _tags = self._raw(offset)
             return size == 0 or entry_offset >= physical_offset
 
-        keep = offsets.start + bisect.bisect_left(offsets, True, key=dirty)
+        return offsets.start + bisect.bisect_left(offsets, True, key=dirty)
+
+    def truncate_dirty(self, physical_offset: int) -> int:
+        """Drop the entries from ``first_dirty(physical_offset)`` on; returns how many."""
+        keep = self.first_dirty(physical_offset)
         dropped = self.max_offset - keep
         if not dropped:
             return 0
@@ -259,6 +267,13 @@ class ConsumeQueue:
         self.segments.remove_after(0)
         self.min_offset = self.max_offset = 0
         self.checked = CheckedRanges()
+
+    def destroy(self) -> None:
+        """Remove every file and the queue's directory: its topic was deleted. The
+        object must not be used again."""
+        self.clear()
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     def delete_expired(self, commitlog_min_offset: int) -> int:
         """Delete files whose every entry points below the CommitLog's start, then move

@@ -46,6 +46,7 @@ from hamq.protocol.message import (
     SYSFLAG_TRANSACTION_COMMIT,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_NOT_TYPE,
+    TOPIC_DELETION_TOPIC,
     MessageFormatError,
     PropertiesTooLong,
     RecordTemplate,
@@ -62,10 +63,13 @@ from hamq.store.checkpoint import Checkpoint, load_checkpoint, save_with_backup
 from hamq.store.commitlog import AppendResult, CommitLog
 from hamq.store.config import StoreConfig
 from hamq.store.consume_queue import ConsumeQueue
+from hamq.store.deletions import TopicDeletions
 from hamq.store.durability import Durability, PutMessageStatus, ReplicaWaiter
+from hamq.store.extents import QueueExtents, forget_extents, load_extents, save_extents
 from hamq.store.files import DirectoryInUseError, DirectoryLock, fsync_directory
 from hamq.store.flush import FlushService
 from hamq.store.index import IndexService
+from hamq.store.records import is_lost_record
 from hamq.store.recovery import RecoveryReport, recover
 from hamq.store.reput import ConsumeQueueTable, ReputService
 from hamq.store.retention import RetentionService
@@ -237,11 +241,15 @@ class MessageStore:
         self.index = IndexService(
             config.index_dir, config.index_hash_slots, config.index_max_entries
         )
+        #: deleted topics: where each was deleted (hamq/store/deletions.py)
+        self.deletions = TopicDeletions(config.config_dir / "topicDeletions.json")
+        self._extents_path = config.config_dir / "queueExtents.json"
         self.reput = ReputService(
             self.commitlog,
             self.queues,
             self.index,
             self._delay_levels_ms,
+            self.deletions,
             check_crc=config.check_crc_on_read,
         )
         self._retention_floor = retention_floor or (lambda: self.commitlog.max_offset)
@@ -301,6 +309,7 @@ class MessageStore:
                     reput=self.reput,
                     checkpoint=checkpoint,
                     clean=clean,
+                    extents=load_extents(self._extents_path),
                 )
             )
             if self.recovery.paused is not None:
@@ -367,6 +376,8 @@ class MessageStore:
                 await self.flush.flush_queues_and_checkpoint()
                 if self.schedule is not None:
                     await self.schedule.persist()  # now that the delivered copies are flushed
+                extents = QueueExtents.of(self.queues.queues.values(), self.reput.offset)
+                await trio.to_thread.run_sync(save_extents, self._extents_path, extents)
                 self._abort_path.unlink(missing_ok=True)
                 await trio.to_thread.run_sync(fsync_directory, self.config.store_dir)
                 log.info(
@@ -403,6 +414,50 @@ class MessageStore:
             await nursery.start(self._run_schedule)
         else:
             self._schedule_scope.cancel()
+
+    async def delete_topic(self, topic: str) -> int:
+        """Delete every message of ``topic`` stored so far (hamq/store/deletions.py):
+        append its deletion record, its queues' next offsets back to 0 in the same step,
+        and return, with the record's offset, once the record is dispatched (the topic's
+        queues destroyed) and as safe as a put would be (flushed with SYNC_FLUSH,
+        replicated as configured). New sends to the topic start it afresh.
+
+        Raises:
+            StoreError: the store cannot take it (not running, a slave, dispatching
+                stopped, a full disk: nothing was deleted), or ``topic`` is not one a
+                producer can send to. A flush or replica that does not answer in time
+                raises nothing: the deletion is in the log, and goes on."""
+        if topic_error(topic) is not None or topic == TOPIC_DELETION_TOPIC:
+            raise StoreError(f"cannot delete topic {topic!r}: {topic_error(topic) or 'reserved'}")
+        unavailable = self._unavailable()
+        if unavailable is not None:
+            raise StoreError(f"cannot delete topic {topic} now: {unavailable.remark}")
+        template = make_record_template(
+            topic=TOPIC_DELETION_TOPIC, queue_id=0, body=topic.encode(), properties=""
+        )
+        try:
+            appended = self.commitlog.append(TOPIC_DELETION_TOPIC, template)
+        except (StoreError, OSError) as exc:
+            raise StoreError(f"cannot delete topic {topic} now: {exc}") from exc
+        for key in [key for key in self.commitlog.queue_offsets if key[0] == topic]:
+            del self.commitlog.queue_offsets[key]
+        self._appended()
+        if not await self.reput.wait_settled(appended.end_offset):
+            raise StoreError(
+                f"topic {topic}: its deletion is in the log, and is applied once dispatching "
+                f"gets there: {self.reput.failure}"
+            )
+        if self.durability.waits(True):
+            answered = trio.Event()
+            if self.durability.wait(appended.end_offset, True, lambda *_: answered.set()):
+                await answered.wait()
+        return appended.physical_offset
+
+    def on_topic_deleted(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(topic)`` whenever a topic's deletion is applied, here or (on a
+        slave) as its master's deletion record arrives: what the broker keeps of the
+        topic (consumer offsets, statistics) goes with it."""
+        self.reput.deletion_listeners.append(listener)
 
     def _recover_queue_offsets(self) -> None:
         """The next offset of every consume queue, from the queues (RocketMQ's
@@ -608,9 +663,9 @@ class MessageStore:
             for template, message in zip(templates, messages, strict=True)
         ]
 
-    def _refusal(self, message: MessageToStore) -> PutMessageResult | None:
-        """Why ``message`` cannot be stored whatever its properties say, None if it can:
-        the store's state, its topic, queue id and body size."""
+    def _unavailable(self) -> PutMessageResult | None:
+        """Why the store takes no puts now (not running, a slave, dispatching stopped or
+        behind after a disk error), None if it takes them."""
         if not self._running:
             return self._refuse(PutMessageStatus.SERVICE_NOT_AVAILABLE, "the store is not running")
         if not self._master:
@@ -622,8 +677,18 @@ class MessageStore:
             unavailable = self._dispatch_unavailable()
             if unavailable is not None:
                 return self._refuse(PutMessageStatus.SERVICE_NOT_AVAILABLE, unavailable)
+        return None
+
+    def _refusal(self, message: MessageToStore) -> PutMessageResult | None:
+        """Why ``message`` cannot be stored whatever its properties say, None if it can:
+        the store's state (``_unavailable``), its topic, queue id and body size."""
+        unavailable = self._unavailable()
+        if unavailable is not None:
+            return unavailable
         if message.topic not in self._valid_topics:
             problem = topic_error(message.topic)
+            if message.topic == TOPIC_DELETION_TOPIC:
+                problem = f"topic {TOPIC_DELETION_TOPIC} is the store's own; no one sends to it"
             if problem is not None:
                 return self._refuse(PutMessageStatus.MESSAGE_ILLEGAL, problem)
             if len(self._valid_topics) < 100_000:
@@ -651,6 +716,15 @@ class MessageStore:
         topic, queue_id = message.topic, message.queue_id
         properties = message.properties
         transaction = message.sys_flag & SYSFLAG_TRANSACTION_MASK
+        if (
+            transaction == SYSFLAG_TRANSACTION_COMMIT
+            and self.deletions.offsets
+            and self.deletions.dead(topic, message.prepared_transaction_offset)
+        ):
+            return self._refuse(
+                PutMessageStatus.MESSAGE_ILLEGAL,
+                f"topic {topic} was deleted after this transaction's half message was stored",
+            )
         delay = properties.get(PROPERTY_DELAY)
         if delay and transaction in (SYSFLAG_TRANSACTION_NOT_TYPE, SYSFLAG_TRANSACTION_COMMIT):
             if not delay.strip().lstrip("-").isdigit():
@@ -708,7 +782,15 @@ class MessageStore:
         self, message: StoredMessage, topic: str, queue_id: int, properties: dict[str, str]
     ) -> int | None:
         """Store a due delayed message under its real topic: the copy's end offset, -1 if
-        it can never be stored, None if the store refused it for now."""
+        it can never be stored (or its topic was deleted after it was sent), None if the
+        store refused it for now."""
+        if self.deletions.dead(topic, message.physical_offset):
+            log.info(
+                "delayed message at %d dropped: topic %s was deleted after it was sent",
+                message.physical_offset,
+                topic,
+            )
+            return -1
         result = self.put_message_nowait(copy_to_store(message, topic, queue_id, properties))
         if result.append is not None:
             return result.append.end_offset
@@ -751,6 +833,8 @@ class MessageStore:
             self.index.truncate(offset)
             self.reput.truncated(offset)
             self._recover_queue_offsets()
+            # (queues shrank: what the last clean stop recorded of them no longer holds)
+            await trio.to_thread.run_sync(forget_extents, self._extents_path)
             self.flush.reset(offset)
             if self.schedule is not None:
                 self.schedule.correct_offsets()
@@ -899,6 +983,12 @@ class MessageStore:
                         record = commitlog.read_checked(
                             physical_offset, size, entry, check_crc=check_crc
                         )
+                        if record is not None and is_lost_record(record):
+                            # a placeholder for a record a crash cut (recovery.py):
+                            # passed over, as a message removed, never marked checked
+                            scan.removed += 1
+                            next_offset += 1
+                            continue
                         if record is not None:
                             if next_offset != run_end:
                                 checked.add(run_start, run_end)
@@ -1001,24 +1091,44 @@ class MessageStore:
     def look_message_by_offset(
         self, physical_offset: int, size: int | None = None
     ) -> StoredMessage:
-        """The message at a CommitLog offset; StoreError if none starts there."""
+        """The message at a CommitLog offset; StoreError if none starts there (or what
+        starts there is no message: ``record_at``)."""
         if size is None:
             return decode_message(self.record_at(physical_offset), check_crc=False)
         try:
-            return decode_message(self.commitlog.read(physical_offset, size), check_crc=False)
+            record = self.commitlog.read(physical_offset, size)
+            message = decode_message(record, check_crc=False)
         except MessageFormatError as exc:
             raise StoreError(f"no message at commitlog offset {physical_offset}: {exc}") from None
+        self._check_readable(physical_offset, record, message.topic)
+        return message
 
     def record_at(self, physical_offset: int) -> memoryview:
         """The whole record that starts at ``physical_offset``, checked (magic, sizes,
-        CRC); StoreError if no record starts there (VIEW_MESSAGE_BY_ID)."""
+        CRC); StoreError if no record starts there, or if it is no message for anyone to
+        read: a lost record's placeholder (VIEW_MESSAGE_BY_ID)."""
         try:
             size = int.from_bytes(self.commitlog.read(physical_offset, 4), "big", signed=True)
             record = self.commitlog.read(physical_offset, size)
-            read_record(record)
+            topic = read_record(record).topic
         except (MessageFormatError, ValueError) as exc:
             raise StoreError(f"no message at commitlog offset {physical_offset}: {exc}") from None
+        self._check_readable(physical_offset, record, topic)
         return record
+
+    def _check_readable(self, physical_offset: int, record: memoryview, topic: str) -> None:
+        """StoreError if the sound record of ``topic`` at ``physical_offset`` is not a
+        message to hand out: the placeholder of a record lost in a crash, a topic's
+        deletion record, or a message of a topic deleted after it."""
+        problem = None
+        if is_lost_record(record):
+            problem = "it holds the queue offset of a message lost in a crash"
+        elif topic == TOPIC_DELETION_TOPIC:
+            problem = "it records a topic's deletion"
+        elif self.deletions.dead(topic, physical_offset):
+            problem = f"its topic {topic} was deleted after it"
+        if problem is not None:
+            raise StoreError(f"no message at commitlog offset {physical_offset}: {problem}")
 
     def query_records(
         self, topic: str, key: str, max_num: int, begin_ms: int = 0, end_ms: int = 2**62
@@ -1029,6 +1139,8 @@ class MessageStore:
         for physical_offset in self.index.query(topic, key, max_num * 4, begin_ms, end_ms):
             if physical_offset < self.commitlog.min_offset or len(found) >= max_num:
                 continue
+            if self.deletions.dead(topic, physical_offset):
+                continue  # (indexed before its topic was deleted)
             try:
                 record = self.record_at(physical_offset)
             except StoreError:

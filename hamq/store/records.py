@@ -15,6 +15,9 @@ defined there too. What the store needs beyond that lives here, in one place:
 - ``isolated_damage``: whether a damaged record is one record with intact neighbours
   (passed over: its bytes stay, the log goes on) or the start of a torn tail (cut).
   Recovery and the reput task use the same rule.
+- ``is_lost_record``: whether a sound record is a lost record's placeholder (its
+  properties start with PROPERTY_LOST, its body is empty: recovery.py writes them), which
+  pulls pass over as they pass over damage, without counting it as damage.
 - ``DamageLog``: damaged records met are all counted; one is logged at most every
   DAMAGE_LOG_INTERVAL_S (consumers pulling past the same record again and again must
   not flood the log).
@@ -35,6 +38,8 @@ from hamq.protocol.message import (
     BORN_HOST_AT,
     MAGIC_V1,
     MAGIC_V2,
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_LOST,
     RECORD_HEAD,
     SIZE_MAGIC,
     SYSFLAG_BORNHOST_V6,
@@ -135,6 +140,26 @@ def record_problem(
         if actual != crc:
             return f"body CRC {actual:#x} does not match stored {crc:#x}"
     return None
+
+
+#: how a lost record's placeholder's properties start
+_LOST_MARK = (PROPERTY_LOST + NAME_VALUE_SEPARATOR).encode()
+
+
+def is_lost_record(record: memoryview | bytes) -> bool:
+    """Whether ``record`` (one whole record, ``record_problem`` found sound) holds a queue
+    offset for a record a crash cut from the log: an empty body and properties that
+    start with PROPERTY_LOST. Cheap for every other record: one look at BODYLENGTH."""
+    sys_flag = int.from_bytes(record[36:40], "big")
+    at = _BODY_LENGTH_AT[(sys_flag >> 4) & 3]
+    if record[at : at + 4] != b"\0\0\0\0":
+        return False
+    at += 4
+    if _unpack_head(record)[1] == MAGIC_V2:
+        at += 2 + int.from_bytes(record[at : at + 2], "big")
+    else:
+        at += 1 + record[at]
+    return bytes(record[at + 2 : at + 2 + len(_LOST_MARK)]) == _LOST_MARK
 
 
 def record_ok(view: memoryview, pos: int, physical_offset: int) -> bool:

@@ -3,8 +3,12 @@
 Two paths, chosen by the abort marker (``<store>/abort``, created at start and removed
 by a clean stop):
 
-- clean stop: trust the checkpoint. The CommitLog ends at its flushed offset, which
-  a clean stop made the end of the log.
+- clean stop: trust the checkpoint — the CommitLog ends at its flushed offset, which
+  a clean stop made the end of the log — once the records of its last
+  CLEAN_TAIL_SCAN_BYTES read whole (``_clean_tail``). Zeros or damage there mean the
+  files changed after the stop (a disk, a person): they are dealt with as after a
+  crash (below), logged as such, and the store starts. A last segment cut short is
+  brought back to full size by ``CommitLog.load`` and scanned as after a crash.
 - crash: scan from the start of the segment holding the checkpoint's flushed offset,
   record by record, checking magic, sizes and body CRC, and each record's own
   PHYSICALOFFSET. The log ends at the first record that fails (or at zeros). Whatever
@@ -27,13 +31,25 @@ error while dispatching (a full disk) does not stop the start: the store runs wi
 dispatching paused there (``RecoveryReport.paused``), serves what is dispatched,
 refuses sends, and its reput task finishes the rest once there is room.
 
+Queue offsets are never handed out twice. Entries whose records are no longer in the
+log (cut after a crash, or damaged after a clean stop: ``lost_entries``, a sane run of
+them only) gave out queue offsets a consumer may have read; each such offset is kept
+by a placeholder record appended to the log (PROPERTY_LOST, empty body, logged as an
+error: ``_keep_lost_offsets``) before the store serves, and pulls pass over them. So
+is a rebuilt queue's offset up to what the last clean stop recorded of it
+(hamq/store/extents.py). Not while dispatching is paused by a full disk: the queues'
+ends are not known then (logged).
+
 Last, the consume queues are checked against the CommitLog (``check_consume_queues``):
 a queue whose files do not load, whose files show empty entries at their ends or
-offsets going back, whose last entry does not point at the record it should, or that
-ends before a record of it in the last TAIL_CHECK_BYTES of the log (zeroed or deleted
-files) is rebuilt from the whole log, as deleting consumequeue/ does, and logged:
-otherwise new sends would reuse its queue offsets. The check reads the queue files
-(two entries each), one record header per queue, and the log's tail in order.
+offsets going back, whose last entry does not point at the record it should, that ends
+before or starts after a record of it in the last TAIL_CHECK_BYTES of the log, that
+holds less than the last clean stop recorded of it (zeroed or deleted files anywhere),
+or that still holds entries of its topic from before the topic's deletion
+(hamq/store/deletions.py) is rebuilt from the whole log, as deleting consumequeue/
+does, and logged: otherwise new sends would reuse its queue offsets. The check reads
+the queue files (two entries each), one record header per queue, and the log's tail in
+order.
 
 Everything here blocks: MessageStore runs it in a worker thread before serving.
 """
@@ -44,7 +60,7 @@ import bisect
 import logging
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import attrs
@@ -53,18 +69,24 @@ from hamq.protocol.message import (
     BLANK_MAGIC,
     MAGIC_V1,
     MAGIC_V2,
+    PROPERTY_LOST,
     RECORD_HEAD,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
+    TOPIC_DELETION_TOPIC,
     MessageFormatError,
+    encode_properties,
     is_blank,
+    make_record_template,
     read_record,
     topic_error,
 )
 from hamq.store.checkpoint import Checkpoint
 from hamq.store.commitlog import CommitLog
 from hamq.store.consume_queue import ENTRY_SIZE, ConsumeQueue
+from hamq.store.deletions import TopicDeletions
+from hamq.store.extents import Extent, QueueExtents
 from hamq.store.files import fsync_directory, write_atomically
 from hamq.store.index import IndexService
 from hamq.store.records import MIN_RECORD_BYTES, fields, isolated_damage, scan_problem
@@ -77,6 +99,11 @@ log = logging.getLogger(__name__)
 #: consume queues (a queue that lost entries further back is not noticed: delete
 #: consumequeue/ to rebuild them all)
 TAIL_CHECK_BYTES = 16 * 1024 * 1024
+#: after a clean stop, the records in this much of the log's end are checked whole
+#: (sizes, body CRC, their own offset) before the checkpoint's end is trusted
+CLEAN_TAIL_SCAN_BYTES = 4 * 1024 * 1024
+#: the most queue offsets recovery keeps for one queue's lost records (placeholders)
+MAX_LOST_PER_QUEUE = 1_000_000
 _SEGMENT_NAME = re.compile(r"\d{20}")
 
 
@@ -98,6 +125,9 @@ class RecoveryReport:
     #: why dispatching is paused (a full disk) short of the log's end, if it is: the
     #: store runs, and its reput task retries
     paused: str | None = None
+    #: queue offsets handed out for records no longer in the log, kept by placeholders
+    #: ("topic/queue id" -> [first, stop)): pulls pass over them, new messages follow
+    lost_offsets: dict[str, tuple[int, int]] = attrs.field(factory=dict)
 
 
 def _last_nonzero(segment: Segment, start: int) -> int:
@@ -123,8 +153,9 @@ class Scan:
     damaged: tuple[tuple[int, int, str], ...] = ()
 
 
-def scan_commitlog(commitlog: CommitLog, from_offset: int) -> Scan:
-    """Where the valid log ends, scanning from the segment holding ``from_offset``;
+def scan_commitlog(commitlog: CommitLog, from_offset: int, *, at_record: bool = False) -> Scan:
+    """Where the valid log ends, scanning from the start of the segment holding
+    ``from_offset`` (``at_record``: from ``from_offset`` itself, where a record starts);
     damaged records with intact neighbours are passed over (``isolated_damage``)."""
     segments = commitlog.segments.segments
     if not segments:
@@ -145,7 +176,7 @@ def scan_commitlog(commitlog: CommitLog, from_offset: int) -> Scan:
         if segment.start != offset:
             break  # the previous segment ended early: this one is after the end
         view = segment.view(0, segment.size)
-        pos = 0
+        pos = from_offset - segment.start if at_record and segment is first else 0
         while True:
             if segment.size - pos < 8:
                 return ended(segment.start + pos, "a segment ends without a blank marker")
@@ -461,10 +492,12 @@ def _first_at_or_after(queue: ConsumeQueue, physical_offset: int) -> int | None:
     return entry[0] if entry is not None and entry[1] > 0 else None
 
 
-def _tail_start(commitlog: CommitLog, queues: ConsumeQueueTable, end: int) -> int:
-    """Where a record starts at or just after ``end - TAIL_CHECK_BYTES``: a segment's
-    start or a queue entry's record (checked to say it is there)."""
-    target = end - TAIL_CHECK_BYTES
+def _tail_start(
+    commitlog: CommitLog, queues: ConsumeQueueTable, end: int, window: int = TAIL_CHECK_BYTES
+) -> int:
+    """Where a record starts at or just after ``end - window``: a segment's start or a
+    queue entry's record (checked to say it is there)."""
+    target = end - window
     if target <= commitlog.min_offset:
         return commitlog.min_offset
     holder = commitlog.segments.find(target)
@@ -487,12 +520,13 @@ _Seen = tuple[int, int, int]
 
 
 def _tail_records(
-    commitlog: CommitLog, start: int, end: int
+    commitlog: CommitLog, start: int, end: int, deletions: TopicDeletions
 ) -> Iterator[tuple[tuple[str, int], _Seen]]:
     """((topic, queue id), the record) for each record in [start, end) that has a
     consume queue entry (header and topic read, nothing more: this runs for every
-    record of the window at each start); damaged ones are passed over by their size,
-    the walk stops where nothing can be read."""
+    record of the window at each start): not a deletion record, nor one of a topic
+    deleted after it. Damaged ones are passed over by their size, the walk stops where
+    nothing can be read."""
     offset = start
     topics: dict[bytes, str | None] = {}
     no_entry = (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK)
@@ -520,8 +554,13 @@ def _tail_records(
                 topic = topics.get(raw, "")
                 if topic == "":
                     topic = topics[raw] = _topic_name(raw)
-                if topic is not None:
-                    yield (topic, queue_id), (segment.start + pos, size, queue_offset)
+                at = segment.start + pos
+                if (
+                    topic is not None
+                    and topic != TOPIC_DELETION_TOPIC
+                    and not deletions.dead(topic, at)
+                ):
+                    yield (topic, queue_id), (at, size, queue_offset)
             pos += size
         if pos + 8 > stop:
             return
@@ -538,12 +577,14 @@ def _topic_name(raw: bytes) -> str | None:
 
 
 def _tail_problems(
-    commitlog: CommitLog, queues: ConsumeQueueTable, end: int
+    commitlog: CommitLog, queues: ConsumeQueueTable, end: int, deletions: TopicDeletions
 ) -> dict[tuple[str, int], str]:
     """Queues that the records in the log's last TAIL_CHECK_BYTES show to be wrong: one
-    ends before a record of it, or its entries for them point elsewhere."""
+    ends before a record of it or starts after one, or its entries for them point
+    elsewhere."""
     seen: dict[tuple[str, int], list[_Seen]] = {}
-    for key, record in _tail_records(commitlog, _tail_start(commitlog, queues, end), end):
+    start = _tail_start(commitlog, queues, end)
+    for key, record in _tail_records(commitlog, start, end, deletions):
         records = seen.get(key)
         if records is None:
             seen[key] = [record]
@@ -557,12 +598,16 @@ def _tail_problems(
             have = "there is no such queue" if queue is None else f"it ends at {queue.max_offset}"
             problems[key] = f"the commitlog has its entry {last} at {last_offset}, {have}"
             continue
-        first = max(records[0][2], queue.min_offset)
+        first_offset, _size, first = records[0]
+        if first < queue.min_offset:  # (every record of the window is in the log)
+            problems[key] = (
+                f"it starts at entry {queue.min_offset}, the commitlog has its entry {first} "
+                f"at {first_offset}"
+            )
+            continue
         entries = queue.entries(first, last + 1 - first)
         for offset, size, queue_offset in records:
             index = queue_offset - first
-            if index < 0:
-                continue  # (expired)
             entry = entries[index] if index < len(entries) else None
             if entry is None or entry[0] != offset or entry[1] != size:
                 problems[key] = f"entry {queue_offset} is {entry}, the record is at {offset}+{size}"
@@ -571,16 +616,31 @@ def _tail_problems(
 
 
 def check_consume_queues(
-    commitlog: CommitLog, queues: ConsumeQueueTable, end: int
+    commitlog: CommitLog,
+    queues: ConsumeQueueTable,
+    end: int,
+    deletions: TopicDeletions,
+    extents: QueueExtents | None = None,
 ) -> dict[tuple[str, int], str]:
     """Consume queues that do not match the CommitLog (dispatched up to ``end``), with
-    what is wrong: their files read alone (``_queue_files_problem``), their last entry
-    against the record it points at, and the log's last TAIL_CHECK_BYTES against them.
-    The CommitLog reads are one record header per queue plus the tail window, read in
-    order: the check stays cheap on a big store."""
-    problems = _tail_problems(commitlog, queues, end)
+    what is wrong: what the last clean stop's ``extents`` say they held, their files
+    read alone (``_queue_files_problem``), their last entry against the record it
+    points at, the log's last TAIL_CHECK_BYTES against them, and (a topic deleted) an
+    entry left from before the deletion. The CommitLog reads are one record header per
+    queue plus the tail window, read in order: the check stays cheap on a big store."""
+    problems = _tail_problems(commitlog, queues, end, deletions)
+    if extents is not None:
+        found = extents.problems(queues.queues, deletions, commitlog.min_offset)
+        problems = found | problems
     for key, queue in queues.queues.items():
         if key in problems:
+            continue
+        first = queue.entry(queue.min_offset)
+        if first is not None and deletions.dead(queue.topic, first[0]):
+            problems[key] = (
+                f"its topic was deleted at commitlog offset {deletions.offsets[queue.topic]}, "
+                f"its entry {queue.min_offset} is of a record before that"
+            )
             continue
         problem = _queue_files_problem(queue)
         if problem is None and queue.max_offset > queue.min_offset:
@@ -633,43 +693,62 @@ def recover(
     reput: ReputService,
     checkpoint: Checkpoint | None,
     clean: bool,
+    extents: QueueExtents | None = None,
 ) -> RecoveryReport:
     """Load and recover everything; on return the store can serve, and ``reput`` has
     dispatched every record of the log. StoreCorruptionError if it cannot: the store
     must not start (what was cut or moved aside so far stays so, and is logged).
 
-    The steps: load the files; find where the log ends (``_clean_end``, or after a crash
-    ``_crash_end``: cut there); dispatch again from where the consume queues and the
-    index are known complete (``_dispatch_start``); check and rebuild the queues that do
-    not match the log (``_repair_queues``)."""
+    The steps: load the files (the topic deletions too: ``reput.deletions``); find where
+    the log ends (``_clean_end``, its tail checked by ``_clean_tail``, or after a crash
+    ``_crash_end``: cut there); note the queue entries whose records are gone
+    (``lost_entries``); dispatch again from where the consume queues and the index are
+    known complete (``_dispatch_start``); check and rebuild the queues that do not match
+    the log or the last clean stop's ``extents`` (``_repair_queues``); and keep the queue
+    offsets handed out for records that are gone (``_keep_lost_offsets``)."""
     commitlog.load()
+    reput.deletions.load()
     unloadable = remove_unloadable_queues(queues.root, queues.entries_per_file)
     queues.load()
     index.load()
     segments = commitlog.segments
+    space_end = segments.last.end if segments.last is not None else 0
     dispatcher = _Dispatcher(commitlog, queues, reput, store_dir / "torn")
     if clean and checkpoint is None and not segments.empty:
         log.warning("no checkpoint in %s: scanning the commitlog as after a crash", store_dir)
+        clean = False
+    if clean and segments.extended:
+        log.error("a commitlog segment was cut short: scanning it as after a crash")
         clean = False
     if segments.empty:
         found = _LogEnd(0)
     elif clean:
         assert checkpoint is not None
-        found = _LogEnd(_clean_end(commitlog, checkpoint, store_dir))
+        found = _clean_tail(
+            commitlog, queues, _clean_end(commitlog, checkpoint, store_dir), dispatcher
+        )
     else:
         found = _crash_end(commitlog, checkpoint, dispatcher)
     end = found.end
+    lost = lost_entries(queues, end, space_end)
     start = _dispatch_start(commitlog, queues, index, checkpoint, end)
     reput.offset = start
     dispatcher.run()
-    problems = _repair_queues(dispatcher, unloadable, end, store_dir)
+    if dispatcher.paused:  # (what the queues hold is not all they will hold: no judging)
+        extents = None
+    kept = _keep_lost_offsets(dispatcher, lost)
+    # (the placeholders kept are the log's end now)
+    problems = _repair_queues(dispatcher, unloadable, segments.max_offset, store_dir, extents)
+    if extents is not None and problems and not dispatcher.paused:
+        # (rebuilt queues keep the offsets they had handed out)
+        kept |= _keep_lost_offsets(dispatcher, {}, extents.standing(reput.deletions))
     for queue in queues.queues.values():
         queue.delete_expired(segments.min_offset)  # minimums follow the log's start
     commitlog.queue_offsets = {key: q.max_offset for key, q in queues.queues.items()}
-    _log_recovered(dispatcher, clean=clean, start=start, end=end)
+    _log_recovered(dispatcher, clean=clean, start=start, end=found.end)
     return RecoveryReport(
         clean=clean,
-        commitlog_end=end,
+        commitlog_end=found.end,
         dispatched_from=start,
         records_dispatched=dispatcher.records,
         truncated=found.truncated,
@@ -678,6 +757,7 @@ def recover(
         damaged=tuple(sorted(dispatcher.reported)),
         rebuilt_queues=tuple(f"{t}/{q}" for t, q in sorted(problems)),
         paused=reput.failure if dispatcher.paused else None,
+        lost_offsets=kept,
     )
 
 
@@ -719,28 +799,211 @@ def _crash_end(
     segments = commitlog.segments
     scan_from = checkpoint.commitlog_flushed_offset if checkpoint else segments.min_offset
     scan = scan_commitlog(commitlog, scan_from)
-    found = _LogEnd(scan.end, scan.reason)
     _report_damaged(commitlog, scan, dispatcher)
-    if written_past(commitlog, found.end):
-        data_end = max(s.start + _last_nonzero(s, 0) for s in segments.segments)
-        copies = cut_commitlog(commitlog, found.end, dispatcher.torn_dir)
-        found = attrs.evolve(found, truncated=(found.end, data_end), copies=copies)
-        log.error(
-            "crash recovery: commitlog cut at %d (%s); bytes [%d, %d) copied to %s",
-            found.end,
-            found.reason or "data after the end",
-            found.end,
-            data_end,
-            ", ".join(str(c) for c in copies),
-        )
-    else:
-        segments.set_end(found.end)
+    found = _end_log(commitlog, _LogEnd(scan.end, scan.reason), dispatcher, "crash recovery")
     # what survived a killed process may still be only in the page cache: make it
     # durable before the flush service counts it as flushed
     for segment in segments.segments:
         if segment.end > scan_from:
             segment.sync_data()
     return found
+
+
+def _end_log(commitlog: CommitLog, found: _LogEnd, dispatcher: _Dispatcher, what: str) -> _LogEnd:
+    """End the log at ``found.end``: whatever lies after it is copied to torn/ and cut
+    (``cut_commitlog``, logged as an error starting with ``what``); ``found`` with the
+    range cut and the copies made."""
+    segments = commitlog.segments
+    if not written_past(commitlog, found.end):
+        segments.set_end(found.end)
+        return found
+    data_end = max(s.start + _last_nonzero(s, 0) for s in segments.segments)
+    copies = cut_commitlog(commitlog, found.end, dispatcher.torn_dir)
+    log.error(
+        "%s: commitlog cut at %d (%s); bytes [%d, %d) copied to %s",
+        what,
+        found.end,
+        found.reason or "data after the end",
+        found.end,
+        data_end,
+        ", ".join(str(c) for c in copies),
+    )
+    return attrs.evolve(found, truncated=(found.end, data_end), copies=copies)
+
+
+def _clean_tail(
+    commitlog: CommitLog, queues: ConsumeQueueTable, end: int, dispatcher: _Dispatcher
+) -> _LogEnd:
+    """After a clean stop, the log's last CLEAN_TAIL_SCAN_BYTES before the checkpoint's
+    ``end`` checked whole, as a crash scan checks records: a damaged record between whole
+    ones is passed over (copied to torn/), a damaged tail is cut there (copied to torn/
+    first), and either is logged as an error. The log's end, cut or not.
+
+    A clean stop wrote everything up to ``end``: zeros or damage before it mean the
+    files were damaged since (by a disk, or by hand), not a crash; the store deals with
+    them as crash recovery would rather than refuse to start."""
+    start = _tail_start(commitlog, queues, end, CLEAN_TAIL_SCAN_BYTES)
+    scan = scan_commitlog(commitlog, start, at_record=True)
+    stop = min(scan.end, end)  # (what lies past the clean end is not the log's)
+    damaged = tuple(d for d in scan.damaged if d[0] < stop)
+    _report_damaged(commitlog, Scan(stop, scan.reason, damaged), dispatcher)
+    if stop == end:
+        return _LogEnd(end)
+    reason = scan.reason or "zeros"
+    log.error(
+        "the commitlog was stopped cleanly at %d but its records end at %d (%s): the "
+        "bytes from there on were damaged after the stop; dealt with as after a crash",
+        end,
+        stop,
+        reason,
+    )
+    found = _end_log(commitlog, _LogEnd(stop, reason), dispatcher, "recovery of a damaged log")
+    holder = commitlog.segments.find(stop)
+    if holder is not None:
+        holder.sync_data()
+    return found
+
+
+@attrs.frozen
+class LostEntries:
+    """A queue's entries [first, first + count) whose records are not in the log any
+    more (cut after a crash, or damaged after a clean stop); the first pointed at
+    CommitLog offset ``at``."""
+
+    first: int
+    count: int
+    at: int
+
+
+def lost_entries(
+    queues: ConsumeQueueTable, end: int, space_end: int
+) -> dict[tuple[str, int], LostEntries]:
+    """The entries of each queue that point at or past the log's ``end`` (and below
+    ``space_end``, where its segments ended before any cut): their queue offsets were
+    handed out, and a consumer may have read them. Only a run of sane entries counts —
+    sizes of a record, CommitLog offsets going forward without overlapping, empty
+    entries (holes an unflushed page left) only before a sane one — so that garbage in a
+    queue file never passes for lost records."""
+    lost = {}
+    for key, queue in queues.queues.items():
+        first = queue.first_dirty(end)
+        count, previous_end, at = 0, end, -1
+        offset = first
+        while offset < queue.max_offset:
+            batch = queue.entries(offset, 4096)
+            if not batch:
+                break
+            for physical_offset, size, _tags in batch:
+                offset += 1
+                if size == 0:
+                    continue  # (counted once a sane entry follows it)
+                sane = (
+                    size >= MIN_RECORD_BYTES
+                    and physical_offset >= previous_end
+                    and physical_offset + size <= space_end
+                )
+                if not sane:
+                    offset = queue.max_offset  # (the rest is not trusted)
+                    break
+                previous_end = physical_offset + size
+                count = offset - first
+                if at < 0:
+                    at = physical_offset
+        if count:
+            lost[key] = LostEntries(first, count, at)
+    return lost
+
+
+def _keep_lost_offsets(
+    dispatcher: _Dispatcher,
+    lost: dict[tuple[str, int], LostEntries],
+    floors: Mapping[tuple[str, int], Extent] | None = None,
+) -> dict[str, tuple[int, int]]:
+    """Queue offsets are never handed out twice: where a queue ends before the entries
+    it had for records that are gone (``lost``), or before the max offset the last
+    clean stop recorded (``floors``; for a queue the log still has records of), a
+    placeholder record per missing offset is appended to the log (PROPERTY_LOST, empty
+    body: pulls pass over it) and dispatched, so new messages follow them. Each queue
+    kept so is logged as an error. Returns "topic/queue id" -> the offsets kept
+    [first, stop).
+
+    StoreCorruptionError if a placeholder cannot be written (a full disk, with no room
+    left in the last segment): the store must not start and hand the offsets out."""
+    queues, commitlog = dispatcher.queues, dispatcher.commitlog
+    floors = floors or {}
+    kept: dict[str, tuple[int, int]] = {}
+    if dispatcher.paused:  # (a full disk: the queues' ends are not known yet)
+        for key, entries in lost.items():
+            log.error(
+                "consume queue %s/%d: entries [%d, %d) were handed out for records the "
+                "commitlog no longer has; dispatching is paused, so they are not kept and "
+                "may be handed out again",
+                *key,
+                entries.first,
+                entries.first + entries.count,
+            )
+        return kept
+    for key in sorted(set(lost) | set(floors)):
+        queue = queues.get(*key)
+        have = queue.max_offset if queue is not None else 0
+        floor = floors.get(key)
+        target = floor.max_offset if floor is not None and have else 0
+        missing = lost.get(key)
+        if missing is not None:
+            target = max(target, missing.first + missing.count)
+        if target <= have:
+            continue
+        if target - have > MAX_LOST_PER_QUEUE:
+            log.error(
+                "consume queue %s/%d: %d queue offsets from %d have no record any more; only "
+                "the last %d are kept",
+                *key,
+                target - have,
+                have,
+                MAX_LOST_PER_QUEUE,
+            )
+            have = target - MAX_LOST_PER_QUEUE
+        where = f"at commitlog offset {missing.at}" if missing is not None else "before a crash"
+        _append_placeholders(commitlog, key, have, target, where)
+        kept[f"{key[0]}/{key[1]}"] = (have, target)
+        log.error(
+            "consume queue %s/%d: entries [%d, %d) were handed out for records the commitlog "
+            "no longer has (the first was %s); they are kept by placeholders that pulls pass "
+            "over, and new messages continue at %d",
+            *key,
+            have,
+            target,
+            where,
+            target,
+        )
+    if kept:
+        dispatcher.run()
+        last = commitlog.segments.last
+        if last is not None:
+            last.sync_data()
+    return kept
+
+
+def _append_placeholders(
+    commitlog: CommitLog, key: tuple[str, int], first: int, stop: int, where: str
+) -> None:
+    """Append placeholders for queue offsets [first, stop) of ``key``'s queue."""
+    topic, queue_id = key
+    template = make_record_template(
+        topic=topic,
+        queue_id=queue_id,
+        body=b"",
+        properties=encode_properties({PROPERTY_LOST: where}),
+    )
+    commitlog.queue_offsets[key] = first
+    try:
+        for _ in range(first, stop):
+            commitlog.append(topic, template)
+    except (StoreError, OSError) as exc:
+        raise StoreCorruptionError(
+            f"consume queue {topic}/{queue_id}: the placeholders that keep queue offsets "
+            f"[{first}, {stop}) from being handed out again cannot be written: {exc}"
+        ) from exc
 
 
 def _dispatch_start(
@@ -774,15 +1037,22 @@ def _dispatch_start(
 
 
 def _repair_queues(
-    dispatcher: _Dispatcher, unloadable: list[str], end: int, store_dir: Path
+    dispatcher: _Dispatcher,
+    unloadable: list[str],
+    end: int,
+    store_dir: Path,
+    extents: QueueExtents | None,
 ) -> dict[tuple[str, int], str]:
-    """Check the consume queues against the log dispatched up to ``end`` and rebuild
-    those that do not match it, or whose files could not be loaded (``unloadable``,
-    "topic/queue id"s): each with what was wrong, the ones dispatching rebuilt too."""
+    """Check the consume queues against the log dispatched up to ``end`` (and the
+    ``extents`` of the last clean stop) and rebuild those that do not match it, or whose
+    files could not be loaded (``unloadable``, "topic/queue id"s): each with what was
+    wrong, the ones dispatching rebuilt too."""
     reput = dispatcher.reput
     # (paused by a full disk: what is dispatched so far is checked, the rest waits)
     checked_to = reput.offset if dispatcher.paused else end
-    problems = check_consume_queues(dispatcher.commitlog, dispatcher.queues, checked_to)
+    problems = check_consume_queues(
+        dispatcher.commitlog, dispatcher.queues, checked_to, reput.deletions, extents
+    )
     for name in unloadable:  # (records anywhere in the log: the tail check may miss them)
         topic, _, queue_id = name.rpartition("/")
         problems.setdefault((topic, int(queue_id)), "its files could not be loaded")
@@ -818,7 +1088,7 @@ def _report_damaged(commitlog: CommitLog, scan: Scan, dispatcher: _Dispatcher) -
     for offset, size, problem in scan.damaged:
         copy = _copy_damaged(dispatcher.torn_dir, offset, bytes(commitlog.read(offset, size)))
         log.error(
-            "crash recovery: the damaged record [%d, %d) (%s) is passed over, not cut; "
+            "recovery: the damaged record [%d, %d) (%s) is passed over, not cut; "
             "copied to %s, the records after it are kept",
             offset,
             offset + size,

@@ -7,13 +7,16 @@ and for each one adds a consume-queue entry and index keys, then tells the liste
   time, and never past the CommitLog's end; a record not yet complete (a slave's
   replicated bytes can stop mid-record) is waited for, not reported;
 - prepared and rolled-back transaction messages get no consume-queue entry, rolled-back
-  ones no index keys (RocketMQ's rules);
+  ones no index keys (RocketMQ's rules); nor do the records of a deleted topic from
+  before its deletion, and a deletion record destroys its topic's queues
+  (hamq/store/deletions.py);
 - for SCHEDULE_TOPIC_XXXX the tags code is the delivery time: store time + the delay
   of the message's level;
 - dispatching a record twice is harmless (consume queues and index skip what they have);
 - every record dispatched was read whole (``read_summary``): its entry is marked in its
   queue's ``checked`` (with ``check_crc``, only if this process appended it, computing
-  its CRC), and pulls need not check it again;
+  its CRC), and pulls need not check it again — except a lost record's placeholder
+  (PROPERTY_LOST, written by recovery): pulls read it and pass over it;
 - a disk error (an OSError: a full disk, too many open files) stops dispatching at the
   record it failed on, which is tried again with backoff (RETRY_MIN_S doubling up to
   RETRY_MAX_S) until it succeeds; meanwhile ``failure`` says why, and the store refuses
@@ -37,6 +40,7 @@ import errno
 import logging
 import math
 import mmap
+import shutil
 import struct
 import time
 from collections.abc import Callable, Mapping
@@ -49,6 +53,7 @@ from hamq.protocol.message import (
     BLANK_MAGIC,
     PROPERTY_DELAY,
     PROPERTY_KEYS,
+    PROPERTY_LOST,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     SCHEDULE_TOPIC,
@@ -56,7 +61,9 @@ from hamq.protocol.message import (
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
+    TOPIC_DELETION_TOPIC,
     MessageFormatError,
+    decode_message,
     decode_properties,
     read_summary,
     tags_code,
@@ -64,6 +71,7 @@ from hamq.protocol.message import (
 )
 from hamq.store.commitlog import AppendResult, CommitLog
 from hamq.store.consume_queue import ConsumeQueue
+from hamq.store.deletions import TopicDeletions
 from hamq.store.files import open_files_limit
 from hamq.store.index import IndexService
 from hamq.store.records import (
@@ -173,6 +181,11 @@ class ConsumeQueueTable:
             self.queues[key] = queue
         return queue
 
+    def remove_topic_directory(self, topic: str) -> None:
+        """Remove ``consumequeue/<topic>`` and what is left in it (the queues' own
+        directories): the topic was deleted, and its queues destroyed."""
+        shutil.rmtree(self.root / topic, ignore_errors=True)
+
     def close(self) -> None:
         for queue in self.queues.values():
             queue.close()
@@ -185,11 +198,14 @@ class ReputService:
         queues: ConsumeQueueTable,
         index: IndexService,
         delay_levels_ms: tuple[int, ...],
+        deletions: TopicDeletions,
         *,
         offset: int = 0,
         check_crc: bool = False,
     ) -> None:
         self.commitlog = commitlog
+        #: deleted topics: their records before the deletion are not dispatched
+        self.deletions = deletions
         #: the store checks CRCs on reads: an entry is ``checked`` only if its record's
         #: CRC is known good too (appended by this process); pulls check the others
         self.check_crc = check_crc
@@ -200,6 +216,8 @@ class ReputService:
         #: store time of the last record dispatched (for the checkpoint)
         self.last_store_timestamp = 0
         self.listeners: list[Callable[[DispatchRequest], None]] = []
+        #: told the name of each topic whose deletion is applied (``_apply_deletion``)
+        self.deletion_listeners: list[Callable[[str], None]] = []
         #: the dispatch requests of records this process appended and has not dispatched
         #: yet, by physical offset (``appended``): the put knew all of it (properties
         #: decoded, place and time), dispatching need not read the record again
@@ -429,7 +447,7 @@ class ReputService:
         offset = segment.start + pos
         topic, queue_id, queue_offset, sys_flag = identity(segment.view(0, pos + size), pos)
         transaction = sys_flag & SYSFLAG_TRANSACTION_MASK
-        if transaction in _UNQUEUED:
+        if transaction in _UNQUEUED or (topic is not None and self.deletions.dead(topic, offset)):
             return  # such records have no entry
         queue = self.queues.get(topic, queue_id) if topic is not None else None
         if queue is None and topic is not None and queue_offset == 0 and queue_id >= 0:
@@ -557,24 +575,38 @@ class ReputService:
 
     def _dispatch(self, run: list[DispatchRequest]) -> None:
         """Dispatch one record, or a run of them (``_run``): their consume-queue entries
-        written together, then each indexed and told to the listeners."""
+        written together, then each indexed and told to the listeners. A record of a
+        deleted topic from before its deletion gets neither entry nor index keys; a
+        topic's deletion record is applied (``_apply_deletion``)."""
         first = run[0]
         transaction = first.sys_flag & SYSFLAG_TRANSACTION_MASK
-        if transaction not in _UNQUEUED:
-            queue = self.queues.queues.get((first.topic, first.queue_id))
-            if queue is None:
+        queued = transaction not in _UNQUEUED
+        indexed = transaction != SYSFLAG_TRANSACTION_ROLLBACK
+        deleted = self.deletions.offsets
+        if deleted and first.physical_offset < deleted.get(first.topic, -1):
+            queued = indexed = False  # (a run is of one topic, and lies on one side)
+        queue = self.queues.queues.get((first.topic, first.queue_id)) if queued else None
+        if queued and queue is None:
+            if first.topic == TOPIC_DELETION_TOPIC:  # (that topic never has a queue)
+                self._apply_deletion(first)
+                queued = indexed = False
+            else:
                 queue = self.queues.get_or_create(first.topic, first.queue_id)
+        if queue is not None:
             queue_offset = first.queue_offset
             if self.unplaced and queue_offset > queue.max_offset and not queue.segments.empty:
                 self._fill_gap(queue, queue_offset)
             queue.put_run(queue_offset, [(r.physical_offset, r.size, r.tags_code) for r in run])
             # read whole by read_summary: what a pull checks, but for the CRC, which is
             # known good if this process appended the record (CommitLog.appended_here)
+            # (a lost record's placeholder is never: pulls read it and pass over it)
             local = self.commitlog.local_from
-            if not self.check_crc or (local is not None and first.physical_offset >= local):
+            if (
+                not self.check_crc or (local is not None and first.physical_offset >= local)
+            ) and PROPERTY_LOST not in first.properties:
                 queue.checked.add(queue_offset, queue_offset + len(run))
         for request in run:
-            if transaction != SYSFLAG_TRANSACTION_ROLLBACK:
+            if indexed:
                 self._index(request)
             self.offset = request.physical_offset + request.size  # listeners see it moved
             self.last_store_timestamp = request.store_timestamp
@@ -583,6 +615,33 @@ class ReputService:
                     listener(request)
                 except Exception:
                     log.exception("dispatch listener failed for %s", request)
+
+    def _apply_deletion(self, request: DispatchRequest) -> None:
+        """The record of a topic's deletion (hamq/store/deletions.py): recorded in the
+        table (saved), then the topic's consume queues destroyed. Applied once: the
+        table tells a record dispatched again. OSError (the table cannot be saved) fails
+        the dispatch there, to be tried again."""
+        record = self.commitlog.read(request.physical_offset, request.size)
+        try:
+            topic = str(decode_message(record, check_crc=False).body, "utf-8")
+        except (MessageFormatError, UnicodeDecodeError) as exc:
+            log.error(
+                "a topic deletion record at %d does not read: %s", request.physical_offset, exc
+            )
+            return
+        if topic_error(topic) is not None:
+            log.error("a topic deletion record at %d names no topic", request.physical_offset)
+            return
+        if not self.deletions.apply(topic, request.physical_offset, self.commitlog.min_offset):
+            return
+        for key in [key for key in self.queues.queues if key[0] == topic]:
+            self.queues.queues.pop(key).destroy()
+        self.queues.remove_topic_directory(topic)
+        for listener in self.deletion_listeners:
+            try:
+                listener(topic)
+            except Exception:
+                log.exception("topic deletion listener failed for %s", topic)
 
     def _index(self, request: DispatchRequest) -> None:
         """Index a record's keys (KEYS and UNIQ_KEY)."""

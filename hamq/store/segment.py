@@ -163,8 +163,39 @@ def check_size(path: Path, size: int) -> None:
     actual = path.stat().st_size
     if actual != size:
         raise StoreCorruptionError(
-            f"{path} has {actual} bytes, expected {size}; was its size configuration changed?"
+            f"{path} has {actual} bytes, not {size}: it was cut short or changed by "
+            f"something else, or the store's configured file size changed since it was "
+            f"written"
         )
+
+
+def _size_problem(path: Path, size: int, sizes: list[int], owner: SegmentQueue) -> str:
+    """Why a segment file of ``size`` bytes among files of ``sizes`` does not load, with
+    the explanations its neighbours leave open."""
+    configured, setting = owner.segment_size, owner.size_setting
+    text = f"{path} has {size} bytes, not the {configured} that {setting} says"
+    if len(set(sizes)) == 1 and len(sizes) > 1:
+        return (
+            f"{text}, and so do the other {len(sizes) - 1} files in {owner.directory}: the "
+            f"store was written with {setting} = {size}; set it back to that"
+        )
+    if size == 0:
+        return f"{text}: it is empty (cut to nothing, or never written); remove it if so"
+    if size > configured:
+        return (
+            f"{text}: it is larger, so {setting} was probably made smaller since the store "
+            f"was written (set it back), or the file was replaced by another"
+        )
+    if len(sizes) == 1:
+        return (
+            f"{text}: either {setting} was changed since the store was written (then set "
+            f"it back to {size}), or the file was cut short (truncated, or only partly "
+            f"copied or restored)"
+        )
+    return (
+        f"{text}, unlike the segments after it: it was cut short (truncated, or only "
+        f"partly copied or restored) or replaced; restore it from a copy or a replica"
+    )
 
 
 def close_map(mm: mmap.mmap, path: Path) -> None:
@@ -438,15 +469,31 @@ class SegmentQueue:
     its segments are mapped only while used (see MappedFiles)."""
 
     def __init__(
-        self, directory: Path, segment_size: int, files: MappedFiles | None = None
+        self,
+        directory: Path,
+        segment_size: int,
+        files: MappedFiles | None = None,
+        *,
+        size_setting: str = "the segment size",
     ) -> None:
         self.directory = directory
         self.segment_size = segment_size
         self.files = files
         self.segments: list[Segment] = []
+        #: what configures ``segment_size``, for error messages
+        self.size_setting = size_setting
+        #: segment files found cut short and brought back to full size by ``load``
+        #: (``extend_short_last``): (the file, the bytes it had)
+        self.extended: list[tuple[Path, int]] = []
 
-    def load(self) -> None:
+    def load(self, *, extend_short_last: bool = False) -> None:
         """Open every segment file; StoreCorruptionError for a gap or a stray size.
+
+        A file of another size than ``segment_size`` is named with what can explain it
+        (``_size_problem``). With ``extend_short_last``, a last file shorter than the
+        others, which have the configured size, was cut short (truncated, or only partly
+        copied): it is brought back to full size with zeros and listed in ``extended``;
+        its owner must then scan it as after a crash.
 
         Loaded segments count as full; their owner sets the real end (``set_end``).
         """
@@ -455,6 +502,7 @@ class SegmentQueue:
             log.warning("removing %s, a segment whose creation was interrupted", leftover)
             leftover.unlink()
         names = sorted(p.name for p in self.directory.iterdir() if _NAME.fullmatch(p.name))
+        self._check_sizes(names, extend_short_last)
         expected: int | None = None
         for name in names:
             start = int(name)
@@ -472,6 +520,45 @@ class SegmentQueue:
                 Segment.open(self.directory / name, start, self.segment_size, self.files)
             )
             expected = start + self.segment_size
+
+    def _check_sizes(self, names: list[str], extend_short_last: bool) -> None:
+        """StoreCorruptionError naming the first file whose size is not ``segment_size``
+        and what can explain it; a short last file extended instead, if allowed."""
+        sizes = [(self.directory / name).stat().st_size for name in names]
+        for i, (name, size) in enumerate(zip(names, sizes, strict=True)):
+            if size == self.segment_size:
+                continue
+            path = self.directory / name
+            last_cut_short = i == len(names) - 1 and i > 0 and 0 < size < self.segment_size
+            if extend_short_last and last_cut_short:
+                self._extend(path, size)
+                continue
+            raise StoreCorruptionError(_size_problem(path, size, sizes, self))
+
+    def _extend(self, path: Path, size: int) -> None:
+        """Bring a segment file cut short back to ``segment_size`` (zeros, blocks
+        reserved); StoreCorruptionError if the disk cannot take it."""
+        log.error(
+            "%s has %d bytes, not %d like the segments before it: it was cut short "
+            "(truncated, or only partly copied); it is brought back to full size with "
+            "zeros and scanned as after a crash (what it lost is lost)",
+            path,
+            size,
+            self.segment_size,
+        )
+        try:
+            fd = os.open(path, os.O_RDWR)
+            try:
+                reserve_blocks(fd, self.segment_size, path)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StoreCorruptionError(
+                f"{path} has {size} bytes, not {self.segment_size}: it was cut short, and "
+                f"bringing it back to full size failed: {exc}"
+            ) from exc
+        self.extended.append((path, size))
 
     @property
     def empty(self) -> bool:

@@ -44,7 +44,7 @@ from hamq.protocol.headers import (
     QueryMessageResponseHeader,
     ViewMessageRequestHeader,
 )
-from hamq.protocol.message import SYSTEM_TOPICS
+from hamq.protocol.message import SYSTEM_TOPICS, TOPIC_DELETION_TOPIC
 from hamq.remoting import Connection, Dispatcher
 from hamq.store import StoreError
 from hamq.store.schedule import encode_delay_offsets
@@ -60,7 +60,7 @@ class AdminProcessor:
     def install(self, dispatcher: Dispatcher) -> None:
         d = dispatcher
         d.register(RequestCode.UPDATE_AND_CREATE_TOPIC, self.create_topic)
-        d.register(RequestCode.DELETE_TOPIC_IN_BROKER, self.delete_topic)
+        d.register_async(RequestCode.DELETE_TOPIC_IN_BROKER, self.delete_topic)
         d.register(RequestCode.GET_ALL_TOPIC_CONFIG, self.all_topics)
         d.register(RequestCode.GET_TOPIC_STATS_INFO, self.topic_stats)
         d.register(RequestCode.GET_ALL_CONSUMER_OFFSET, self.all_offsets)
@@ -108,12 +108,19 @@ class AdminProcessor:
             raise RequestError(ResponseCode.SYSTEM_ERROR, str(exc)) from None
         return request.response_to()
 
-    def delete_topic(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+    async def delete_topic(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        """The topic's messages first (the store's deletion record: its queues are
+        destroyed, and its consumer offsets and statistics go with them, here and on
+        the slaves as the record reaches them), then its configuration. A store that
+        cannot take the deletion now (a slave, a full disk) leaves everything as it was."""
         header = request.header(DeleteTopicRequestHeader)
-        if header.topic in SYSTEM_TOPICS:
+        if header.topic in SYSTEM_TOPICS or header.topic == TOPIC_DELETION_TOPIC:
             raise RequestError(ResponseCode.SYSTEM_ERROR, f"{header.topic} is a system topic")
+        try:
+            await self.ctx.store.delete_topic(header.topic)
+        except StoreError as exc:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, str(exc)) from None
         self.ctx.topics.delete(header.topic)
-        self.ctx.stats.forget_topic(header.topic)
         return request.response_to()
 
     def all_topics(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
