@@ -1,7 +1,7 @@
-"""Clocks (issue 30, item 5): a wall clock behind, or set back, does not stall the
-check-backs of open transactions.
+"""Clocks (issue 30, item 5): a wall clock behind, or set back, stalls neither the
+check-backs of open transactions nor delay-level messages.
 
-The tests run a store and the transaction check in virtual time (Trio's
+The first tests run a store and the transaction check in virtual time (Trio's
 MockClock), with a wall clock that follows it ``skew_ms`` off, set by the test: a
 "restart" is the store closed and opened again with the clock behind, as a broker
 restarted with a wrong clock or a new master whose clock is behind the old one's
@@ -31,14 +31,20 @@ from hamq.protocol.message import (
     PROPERTY_CHECK_IMMUNITY_TIME,
     PROPERTY_TRANSACTION_CHECK_TIMES,
     TRANS_HALF_TOPIC,
+    StoredMessage,
 )
 from hamq.store import MessageStore
+from hamq.store.schedule import SEEN_GRAIN_S, SeenMarks
 from tests.support.brokers import broker_config
 from tests.support.store import message, open_store, small_config
+from tests.support.timing import wait_for
 
 HOUR_MS = 3_600_000
 #: how far behind the clock is at the restart: a new master's few seconds, or an hour
 BEHIND_MS = [pytest.param(5_000, id="5s-behind"), pytest.param(HOUR_MS, id="1h-behind")]
+#: delay levels of the store tests: level 3 is 10 s
+LEVELS = "1s 5s 10s"
+LEVEL_3_S = 10.0
 TIMEOUT_S = 6.0  # transaction_timeout_s
 
 
@@ -60,6 +66,94 @@ class WallClock:
 async def settle(store: MessageStore) -> None:
     with trio.fail_after(10):
         await store.wait_dispatched()
+
+
+# ---------------------------------------------------------------------- delay levels
+def delivered(store: MessageStore, queue_id: int) -> list[StoredMessage]:
+    """The messages in topic T's queue ``queue_id``: the delivered copies."""
+    queue = store.queues.get("T", queue_id)
+    found = []
+    for offset in range(queue.max_offset if queue is not None else 0):
+        assert queue is not None
+        entry = queue.entry(offset)
+        assert entry is not None
+        found.append(store.look_message_by_offset(entry[0], entry[1]))
+    return found
+
+
+async def put_delayed(store: MessageStore, body: str) -> None:
+    result = await store.put_message(message(queue_id=1, body=body.encode(), DELAY="3"))
+    assert result.append is not None, result
+
+
+@pytest.mark.parametrize("behind_ms", BEHIND_MS)
+async def test_delayed_messages_stored_before_a_restart_with_the_clock_behind_come_in_one_delay(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, behind_ms: int
+) -> None:
+    """Stored at 0, 1, 2 s (due at 10, 11, 12 s by that clock), restarted at about 3 s
+    with the clock behind: each is delivered one level delay (10 s) after the restart,
+    in order, and a message stored after the restart comes after them."""
+    wall = WallClock()
+    config = small_config(tmp_path, message_delay_level=LEVELS)
+    async with open_store(config, clock=wall) as store:
+        for i in range(3):
+            await put_delayed(store, f"before {i}")
+            await trio.sleep(1)
+        await settle(store)
+    wall.skew_ms = -behind_ms
+    async with open_store(config, clock=wall) as store:
+        restart = trio.current_time()
+        await put_delayed(store, "after")
+        copies = await wait_for(
+            lambda: len(found := delivered(store, 1)) == 4 and found,
+            60,
+            what=lambda: f"the delayed messages: {[m.body for m in delivered(store, 1)]}",
+        )
+    assert [m.body for m in copies] == [b"before 0", b"before 1", b"before 2", b"after"]
+    for copy in copies:
+        at = wall.trio_time(copy.store_timestamp) - restart
+        assert LEVEL_3_S <= at <= LEVEL_3_S + SEEN_GRAIN_S, (copy.body, at)
+
+
+async def test_a_clock_set_back_while_messages_wait_delays_none_of_them(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Stored at 0 and 1 s, the clock set back an hour at 2 s, one more stored then:
+    each is delivered 10 s after it was stored, as if nothing had happened."""
+    wall = WallClock()
+    config = small_config(tmp_path, message_delay_level=LEVELS)
+    async with open_store(config, clock=wall) as store:
+        start = trio.current_time()
+        await put_delayed(store, "first")
+        await trio.sleep(1)
+        await put_delayed(store, "second")
+        await trio.sleep(1)
+        wall.skew_ms = -HOUR_MS
+        await put_delayed(store, "third")
+        copies = await wait_for(
+            lambda: len(found := delivered(store, 1)) == 3 and found, 60, what="3 deliveries"
+        )
+    assert [m.body for m in copies] == [b"first", b"second", b"third"]
+    for stored_at, copy in enumerate(copies):
+        at = wall.trio_time(copy.store_timestamp) - start
+        assert stored_at + LEVEL_3_S <= at <= stored_at + LEVEL_3_S + SEEN_GRAIN_S, (copy.body, at)
+
+
+def test_seen_marks_count_an_entry_seen_late_by_less_than_the_grain_never_early() -> None:
+    marks = SeenMarks()
+    marks.saw(3, 100.0)  # entries 0-2, at the start
+    marks.saw(4, 100.4)  # entry 3: the same mark, which now counts as seen at 100.4
+    marks.saw(4, 100.5)  # (nothing new)
+    marks.saw(6, 101.2)  # entries 4-5: a new mark, past the first one's grain
+    assert [marks.seen(offset) for offset in range(7)] == [
+        100.4,
+        100.4,
+        100.4,
+        100.4,
+        101.2,
+        101.2,
+        None,  # not seen yet: the caller counts it as seen now
+    ]
 
 
 # ---------------------------------------------------------------------- transactions
