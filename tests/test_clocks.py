@@ -8,6 +8,8 @@ restarted with a wrong clock or a new master whose clock is behind the old one's
 would read the records. Check passes are run by hand, so what each pass could see is
 known; no producer is connected, so a check shows as the copy it puts back in the
 half queue (TRANSACTION_CHECK_TIMES one higher).
+
+tests/test_clocks_process.py does it with ``hamq broker`` processes under libfaketime.
 """
 
 from __future__ import annotations
