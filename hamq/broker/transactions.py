@@ -15,17 +15,17 @@
 3. **Check-back** (master only, every ``transaction_check_interval_s``): from the
    progress offsets (consumer group CID_RMQ_SYS_TRANS on the half and op queues, in
    consumerOffset.json, so slaves copy them every metadata sync), the op records name
-   the half messages that are settled; each other half message stored at least
-   ``transaction_timeout_s`` ago (CHECK_IMMUNITY_TIME_IN_SECONDS on its first check,
-   when the producer set it) is put back at the half queue's end with
-   TRANSACTION_CHECK_TIMES one higher, an op record settles the original, and a
-   producer of its group still connected is asked (CHECK_TRANSACTION_STATE, 39, oneway;
-   the body is the message with its real topic and queue). The answer is an
-   END_TRANSACTION for the copy. A half message checked ``transaction_check_max`` times
-   goes to TRANS_CHECK_MAX_TIME_TOPIC instead (and an op record settles it): no
-   producer could say what became of it, and an operator can read it there. A check
-   finding no producer connected counts as a check, as in RocketMQ: a group gone for
-   good ends in that topic.
+   the half messages that are settled; each other half message open at least
+   ``transaction_timeout_s`` (CHECK_IMMUNITY_TIME_IN_SECONDS on its first check, when
+   the producer set it; how that is timed: "Clocks" below) is put back at the half
+   queue's end with TRANSACTION_CHECK_TIMES one higher, an op record settles the
+   original, and a producer of its group still connected is asked
+   (CHECK_TRANSACTION_STATE, 39, oneway; the body is the message with its real topic
+   and queue). The answer is an END_TRANSACTION for the copy. A half message checked
+   ``transaction_check_max`` times goes to TRANS_CHECK_MAX_TIME_TOPIC instead (and an
+   op record settles it): no producer could say what became of it, and an operator can
+   read it there. A check finding no producer connected counts as a check, as in
+   RocketMQ: a group gone for good ends in that topic.
 
 Exactly once, where RocketMQ is at least once. One transaction (its UNIQ_KEY) may have
 several half messages: the original and the copies checks put back. Whichever is
@@ -39,11 +39,33 @@ The progress offsets only move past half messages that are settled, put back or
 discarded, and past op records of half messages behind the half offset, so a restart
 or a new master — from offsets up to one metadata sync old — looks at some half
 messages again and asks about none that are settled.
+
+A pass looks at the CHECK_BATCH half messages past the progress offset and does not
+stop at one that is not due: those after it are checked when they are due (an op
+record then settles each, as any check does), and the progress offset stays at the
+first one not done. Half messages more than CHECK_BATCH past one not due wait for it.
+
+**Clocks.** How long a half message has been open is counted on this master's
+monotonic clock (Trio's), from when a check pass of this master term first read it,
+back-dated by as much as its store timestamp lies in the past of this broker's wall
+clock (``OpenSince``). A store timestamp ahead of the wall clock — written by a clock
+that was ahead (an old master's), or before this clock was set back — counts as "read
+now": the message is asked about ``transaction_timeout_s`` after this master first
+read it, as a new one would be, never an hour later when the clock catches up.
+RocketMQ (TransactionalMessageServiceImpl.check) counts from the producer's born
+timestamp and asks about a message born in the future at once; waiting one timeout
+spares a producer being asked while its local transaction still runs (an UNKNOW that
+counts as one of ``transaction_check_max`` checks). Once read, the age no longer
+depends on the wall clock: a clock set back while running delays no message read
+before, and one first read after waits one timeout from that read. A clock ahead of
+the one that stamped the messages (a new master's, or one set forward) makes checks
+come early, by at most the skew.
 """
 
 from __future__ import annotations
 
 import collections
+import enum
 import logging
 from collections.abc import Callable, Mapping
 
@@ -132,6 +154,39 @@ def _real_place(half: StoredMessage) -> tuple[str, int] | None:
     return topic, int(queue)
 
 
+class OpenSince:
+    """Since when each half message past the progress offset counts as open, for one
+    master term (the module docstring's "Clocks"): Trio time (s), fixed when a check
+    pass first reads the message. Holds one entry per half message read and not yet
+    passed by the progress offset (at most CHECK_BATCH)."""
+
+    def __init__(self) -> None:
+        self._since: dict[int, float] = {}
+
+    def age_ms(self, offset: int, store_timestamp: int, wall_ms: int, now_s: float) -> float:
+        """How long half message ``offset`` has been open (ms) at Trio time ``now_s``.
+        At its first read: since ``now_s`` less the time its ``store_timestamp`` lies
+        before ``wall_ms`` (this broker's clock now), never less than that (a timestamp
+        ahead of the clock counts as now); later reads go on from there."""
+        since = self._since.get(offset)
+        if since is None:
+            since = self._since[offset] = now_s - max(0, wall_ms - store_timestamp) / 1000
+        return (now_s - since) * 1000
+
+    def forget_below(self, offset: int) -> None:
+        """The progress offset moved to ``offset``: the half messages below are done."""
+        if any(known < offset for known in self._since):
+            self._since = {known: t for known, t in self._since.items() if known >= offset}
+
+
+class _Look(enum.Enum):
+    """What the check pass made of one half message."""
+
+    DONE = "done"  # settled, checked back, discarded or unreadable: the progress may pass it
+    NOT_DUE = "not due"  # open, and younger than its timeout: the pass goes on past it
+    REFUSED = "refused"  # the store refused a write: the rest waits for the next pass
+
+
 def op_offsets(body: bytes) -> list[int]:
     """The half queue offsets an op record settles (one, or RocketMQ 5's comma list);
     ValueError if the body is not that."""
@@ -164,6 +219,8 @@ class TransactionService:
         self._checking = trio.CancelScope()
         self._in_flight = 0
         self._master = False
+        #: this master term's ages of the half messages past the progress offset
+        self._open_since = OpenSince()
         self.committed = self.rolled_back = self.checks_sent = self.discarded = 0
         self.duplicates = 0
 
@@ -185,6 +242,7 @@ class TransactionService:
         self._master = master
         if master:
             assert self._nursery is not None, "the transaction service is not running"
+            self._open_since = OpenSince()  # (offsets may name other records now)
             self._checking = trio.CancelScope()
             self._nursery.start_soon(self._check_loop, self._checking)
         else:
@@ -339,7 +397,8 @@ class TransactionService:
     # ------------------------------------------------------------------ check-back
     async def check_once(self) -> bool:
         """One pass over up to CHECK_BATCH half messages past the progress offset (module
-        docstring); True if it stopped at CHECK_BATCH with more to look at."""
+        docstring); True if it got through all CHECK_BATCH with more to look at (the
+        loop then goes on at once)."""
         queues = self.store.queues
         half_queue = queues.get(TRANS_HALF_TOPIC, 0)
         if half_queue is None:
@@ -365,15 +424,22 @@ class TransactionService:
             highest.append(max(named, default=-1))
             if op_offset % 1000 == 999:
                 await trio.lowlevel.checkpoint()
-        half_next = half_start
-        now = self._clock()
+        wall_ms, now_s = self._clock(), trio.current_time()
         batch_end = min(half_queue.max_offset, half_start + CHECK_BATCH)
+        half_next: int | None = None  # the first half message not done
         for offset in range(half_start, batch_end):
-            if offset not in settled and not self._check_one(half_queue, offset, now):
-                break  # not due yet, or the store refused: the rest waits for the next pass
-            half_next = offset + 1
+            look = (
+                _Look.DONE if offset in settled else self._look(half_queue, offset, wall_ms, now_s)
+            )
+            if look is not _Look.DONE and half_next is None:
+                half_next = offset
+            if look is _Look.REFUSED:
+                break
             if offset % 100 == 99:
                 await trio.lowlevel.checkpoint()
+        if half_next is None:
+            half_next = batch_end
+        self._open_since.forget_below(half_next)
         op_next = op_start
         for named_highest in highest:
             if named_highest >= half_next:
@@ -395,31 +461,31 @@ class TransactionService:
             log.error("transaction op record %d cannot be read, passed over: %s", op_offset, exc)
             return []
 
-    def _check_one(self, half_queue: ConsumeQueue, offset: int, now: int) -> bool:
-        """Look at half message ``offset`` (not settled by an op record): pass it over if
-        its transaction is settled or it cannot be read, discard it after too many checks,
-        else check it back if it is due. False if it is not due (or the store refused),
-        so the pass stops there."""
+    def _look(self, half_queue: ConsumeQueue, offset: int, wall_ms: int, now_s: float) -> _Look:
+        """Look at half message ``offset`` (not settled by an op record) at wall clock
+        ``wall_ms`` and Trio time ``now_s``: pass it over if its transaction is settled
+        or it cannot be read, discard it after too many checks, else check it back if it
+        is due (its age: ``OpenSince``)."""
         entry = half_queue.entry(offset)
         if entry is None:
-            return True
+            return _Look.DONE
         try:
             half = self.store.look_message_by_offset(entry[0], entry[1])
         except StoreError as exc:
             log.error("half message %d cannot be read, passed over: %s", offset, exc)
-            return True
+            return _Look.DONE
         if self.outcome(half) is not None:
-            return True  # (a copy of a transaction settled through another copy)
+            return _Look.DONE  # (a copy of a transaction settled through another copy)
         checks = _count(half.properties.get(PROPERTY_TRANSACTION_CHECK_TIMES))
         if checks >= self.config.transaction_check_max:
-            return self._discard(half)
+            return _Look.DONE if self._discard(half) else _Look.REFUSED
         wait_ms = self.config.transaction_timeout_s * 1000
         if checks == 0:
             immunity = _count(half.properties.get(PROPERTY_CHECK_IMMUNITY_TIME))
             wait_ms = max(wait_ms, immunity * 1000)
-        if now - half.store_timestamp < wait_ms:
-            return False
-        return self._check_back(half, checks + 1)
+        if self._open_since.age_ms(offset, half.store_timestamp, wall_ms, now_s) < wait_ms:
+            return _Look.NOT_DUE
+        return _Look.DONE if self._check_back(half, checks + 1) else _Look.REFUSED
 
     def _move(
         self, half: StoredMessage, topic: str, properties: Mapping[str, str], what: str

@@ -17,6 +17,23 @@ is also the body of GET_ALL_DELAY_OFFSET for slaves. Times come from the store's
 as ``delayOffset.json.bak``, used (with a warning) when the file is damaged
 (hamq/store/checkpoint.py ``load_with_backup``). A delayed message whose record is
 damaged (it does not decode) is logged and skipped, as a pull skips it.
+
+**Clocks.** The delivery time in a consume-queue entry is a wall-clock time, often
+written by another clock (the old master's, before a failover) or before this clock
+was set back. It is read once per entry, when the entry comes to the head of its level
+queue, and turned into a due time on Trio's clock (monotonic): the time the entry says
+is left, but never more than the level's delay from when this run first knew of the
+entry (``SeenMarks``: when it was dispatched, or the schedule's start for entries
+stored before). A delivery time in the future by an hour — a broker restarted with its
+clock an hour behind, a new master whose clock is behind the old one's, a clock set
+back while running — thus delays a message by at most its level's delay from when this
+run saw it (plus SEEN_GRAIN_S), never until the clock catches up; the due time is not
+read again from the wall clock while waiting for it. A level queue stays FIFO: an
+entry waits for those before it, but they were seen no later than it was, so they are
+due no later than the level's delay after it was seen, and so is it. A clock ahead of
+the one that stamped an entry brings its delivery forward, by at most the skew
+(RocketMQ's ``correctDeliverTimestamp`` delivers an entry due beyond now + its delay
+at once: that would deliver a whole level at once after a clock was set back).
 """
 
 from __future__ import annotations
@@ -44,6 +61,8 @@ log = logging.getLogger(__name__)
 
 #: how long to wait before trying a failed delivery again
 RETRY_DELIVERY_S = 1.0
+#: entries dispatched within this long of each other share a seen-time (the latest)
+SEEN_GRAIN_S = 1.0
 
 
 def load_delay_offsets(path: Path) -> dict[int, int]:
@@ -77,6 +96,40 @@ def encode_delay_offsets(offsets: dict[int, int]) -> bytes:
     ).encode()
 
 
+class SeenMarks:
+    """When this run first knew of the entries of one level queue, as marks
+    (end, first, last) in offset order: the entries below ``end`` and not below the mark
+    before it were first known between Trio times ``first`` and ``last`` (s), and count
+    as seen at ``last``. A mark takes in new entries while they come within SEEN_GRAIN_S
+    of its ``first``, so an entry counts as seen at most SEEN_GRAIN_S late, never early,
+    and there is one mark per SEEN_GRAIN_S of waiting entries at most."""
+
+    def __init__(self) -> None:
+        self._marks: collections.deque[tuple[int, float, float]] = collections.deque()
+
+    def saw(self, end: int, at: float) -> None:
+        """The entries below ``end`` are known at Trio time ``at`` (never earlier than
+        the previous call's)."""
+        marks = self._marks
+        if marks and end <= marks[-1][0]:
+            return  # (known before)
+        if marks and at - marks[-1][1] < SEEN_GRAIN_S:
+            marks[-1] = (end, marks[-1][1], at)
+        else:
+            marks.append((end, at, at))
+
+    def seen(self, offset: int) -> float | None:
+        """When entry ``offset`` counts as seen; None if no mark covers it. Forgets the
+        marks of the entries before ``offset`` (call it with offsets that only grow)."""
+        marks = self._marks
+        while marks and marks[0][0] <= offset:
+            marks.popleft()
+        return marks[0][2] if marks else None
+
+    def clear(self) -> None:
+        self._marks.clear()
+
+
 class ScheduleService:
     def __init__(
         self,
@@ -106,16 +159,22 @@ class ScheduleService:
             level: collections.deque() for level in self.levels
         }
         self.delivered = 0
+        #: per level, when this run first knew of each entry (see "Clocks")
+        self._seen = {level: SeenMarks() for level in self.levels}
+        #: per level, the entry at its head: (queue offset, due time on Trio's clock)
+        self._heads: dict[int, tuple[int, float]] = {}
 
     @property
     def levels(self) -> range:
         return range(1, len(self.delay_levels_ms) + 1)
 
     def on_dispatch(self, request: DispatchRequest) -> None:
-        """Dispatch listener: wake the level a new delayed message joined."""
+        """Dispatch listener: note when the entry was seen, wake the level it joined."""
         if request.topic == SCHEDULE_TOPIC:
-            event = self._arrived.get(request.queue_id + 1)
+            level = request.queue_id + 1
+            event = self._arrived.get(level)
             if event is not None:
+                self._seen[level].saw(request.queue_offset + 1, trio.current_time())
                 event.set()
 
     def correct_offsets(self) -> None:
@@ -136,9 +195,16 @@ class ScheduleService:
                 )
                 self.offsets[level] = end
                 self._unflushed[level].clear()
+                self._seen[level].clear()  # (the entries there now are new ones)
+                self._heads.pop(level, None)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.correct_offsets()
+        now = trio.current_time()
+        for level in self.levels:  # the entries stored before: seen now
+            queue = self.queues.get(SCHEDULE_TOPIC, level - 1)
+            if queue is not None:
+                self._seen[level].saw(queue.max_offset, now)
         try:
             async with trio.open_nursery() as nursery:
                 for level in self.levels:
@@ -178,7 +244,6 @@ class ScheduleService:
                 log.exception("persisting delay offsets failed; retrying")
 
     async def _deliver_level(self, level: int) -> None:
-        delay_ms = self.delay_levels_ms[level - 1]
         while True:
             self._arrived[level] = arrived = trio.Event()
             queue = self.queues.get(SCHEDULE_TOPIC, level - 1)
@@ -198,11 +263,11 @@ class ScheduleService:
             entry = queue.entry(offset)
             assert entry is not None
             physical_offset, size, deliver_at = entry
-            now = self._clock()
-            if deliver_at > now + delay_ms:  # a clock that jumped back: wait one delay
-                deliver_at = now + delay_ms
-            if deliver_at > now:
-                await trio.sleep((deliver_at - now) / 1000)
+            head = self._heads.get(level)
+            if head is None or head[0] != offset:  # (the wall clock is read once per entry)
+                head = self._heads[level] = (offset, self._due_time(level, offset, deliver_at))
+            if head[1] > trio.current_time():
+                await trio.sleep_until(head[1])
                 continue
             outcome = await self._deliver_one(level, physical_offset, size)
             if outcome is None:
@@ -212,6 +277,18 @@ class ScheduleService:
             if outcome >= 0:
                 self.delivered += 1
                 self._unflushed[level].append((offset + 1, outcome))
+
+    def _due_time(self, level: int, offset: int, deliver_at: int) -> float:
+        """When entry ``offset`` of ``level``, whose delivery time is ``deliver_at`` (ms,
+        wall clock), is due on Trio's clock: what is left until ``deliver_at`` by this
+        broker's clock now, but no later than the level's delay after the entry was
+        seen (module docstring, "Clocks")."""
+        now = trio.current_time()
+        by_stamp = now + max(0, deliver_at - self._clock()) / 1000
+        seen = self._seen[level].seen(offset)
+        return min(
+            by_stamp, (now if seen is None else seen) + self.delay_levels_ms[level - 1] / 1000
+        )
 
     async def _deliver_one(self, level: int, physical_offset: int, size: int) -> int | None:
         """Store the message due at ``physical_offset`` under its real topic. Returns the
