@@ -552,18 +552,8 @@ def _bodies(
         raise fail("give BODY or --body-file, not both", 2)
     if whole and body != STDIN:
         raise fail("--whole goes with BODY '-' (stdin); --body-file is one body already", 2)
-    stdin = sys.stdin.buffer
-    if body == STDIN and stdin.isatty():
-        typer.echo(
-            f"reading messages from stdin, {'all of it one' if whole else 'one a line'} "
-            "(Ctrl-D ends)",
-            err=True,
-        )
-    if body == STDIN and not whole:
-        lines = _read_lines(stdin, count)
-        return _Bodies(read=tuple(lines)), len(lines)
     if body == STDIN or body_file == Path(STDIN):
-        return _Bodies(read=(_read_whole(stdin, "stdin"),)), count or 1
+        return _stdin_bodies(lines=body == STDIN and not whole, count=count)
     if body_file is not None:
         try:
             with body_file.open("rb") as file:
@@ -573,6 +563,20 @@ def _bodies(
             raise fail(f"--body-file {body_file}: {reason[:1].lower()}{reason[1:]}", 2) from None
         return _Bodies(read=(data,)), count or 1
     return _Bodies(template=body if body is not None else DEFAULT_BODY), count or 1
+
+
+def _stdin_bodies(*, lines: bool, count: int | None) -> tuple[_Bodies, int]:
+    """``_bodies`` from stdin: one a line, or all of it one body."""
+    if sys.stdin is None:  # (the command started with its stdin closed)
+        raise fail("stdin is closed: there are no bodies to read", 2)
+    stdin = sys.stdin.buffer
+    if stdin.isatty():
+        how = "one message a line" if lines else "all of it one body"
+        typer.echo(f"reading stdin, {how} (Ctrl-D ends)", err=True)
+    if lines:
+        read = _read_lines(stdin, count)
+        return _Bodies(read=tuple(read)), len(read)
+    return _Bodies(read=(_read_whole(stdin, "stdin"),)), count or 1
 
 
 def produce(

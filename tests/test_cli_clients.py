@@ -602,6 +602,26 @@ async def test_bad_bodies_are_refused_before_anything_is_sent(
     assert done.stdout == b""
 
 
+@pytest.mark.parametrize(
+    ("body", "code", "error"),
+    [
+        ("-", 2, "error: stdin is closed: there are no bodies to read"),
+        ("text", 1, "error: no nameserver answered: 127.0.0.1:1"),  # stdin not needed
+    ],
+    ids=["stdin-body", "text-body"],
+)
+async def test_produce_started_with_stdin_closed(body: str, code: int, error: str) -> None:
+    """A command started with no stdin at all (``<&-``) reads none: '-' is refused by
+    name, and any other body goes on as ever (no traceback)."""
+    closed = ["sh", "-c", 'exec "$@" <&-', "sh", *HAMQ_AS_RUN]
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [*closed, "produce", "-t", "T", body, "-n", "127.0.0.1:1"],
+            capture_stdout=True, capture_stderr=True, check=False, cwd=ROOT, env=user_env(),
+        )  # fmt: skip
+    assert done.returncode == code and one_error_line(done).startswith(error), done.stderr
+
+
 async def test_a_body_over_the_brokers_own_limit_is_refused_naming_both(tmp_path: Path) -> None:
     """A broker whose store.max_message_bytes is below the client's 4 MiB refuses the
     message (MESSAGE_ILLEGAL, not retried): the error says refused, with the body's
