@@ -9,7 +9,9 @@
   ``broker-epoch``.
 
 Each command prints tables for people, and with ``--json`` one JSON object instead,
-its keys stable and listed in the README ("Operating a cluster: hamq admin"). The
+its keys stable and listed in the README ("Operating a cluster: hamq admin"): field
+names in camelCase, values typed (hamq/client/admin.py's ``to_json``; a broker's
+settings by their types, hamq/broker/live_config.py's ``typed_settings``). The
 requests and their decoding live in hamq/client/admin.py; this module parses the
 command line and chooses what to print. A broker or controller that refuses, or
 that no one answers, ends a command with one ``error:`` line (exit code 1); input
@@ -19,6 +21,7 @@ refuses) with exit code 2.
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
@@ -39,11 +42,13 @@ from cli.common import (
     run,
 )
 from cli.topic import JsonOption, print_json, when
+from hamq.broker.live_config import typed_settings
 from hamq.client import AdminClient
 from hamq.client.admin import (
     FoundMessage,
     GroupSummary,
     broker_epochs,
+    camel_case_keys,
     elect_master,
     known_broker_groups,
     setting_name,
@@ -134,22 +139,24 @@ def broker_status(
     namesrv: NamesrvOption = DEFAULT_NAMESRV,
 ) -> None:
     """A broker's runtime statistics (GET_BROKER_RUNTIME_INFO), sorted by name; every
-    broker of the cluster without --broker."""
+    broker of the cluster without --broker. Names in camelCase; with --json, numbers,
+    booleans and null typed as such."""
     addrs = _addresses(broker, "--broker") if broker is not None else None
 
     async def main() -> None:
         async with AdminClient(namesrv, **client_options()) as admin:
             targets = addrs if addrs is not None else await admin.all_broker_addrs()
-            tables = [(addr, await admin.broker_status(addr)) for addr in targets]
+            statuses = [await admin.broker_status(addr) for addr in targets]
         if as_json:
-            print_json({"brokers": [{"address": a, "table": t} for a, t in tables]})
+            print_json({"brokers": [status.to_json() for status in statuses]})
             return
-        for addr, values in tables:
-            table = Table(title=f"broker {addr}")
+        for status in statuses:
+            table = Table(title=f"broker {status.address}")
             table.add_column("name")
             table.add_column("value")
-            for key, value in values.items():
-                table.add_row(key, value)
+            for key, value in status.values.items():
+                shown = value if isinstance(value, str) else json.dumps(value)
+                table.add_row(key, "-" if value is None else shown)
             console.print(table)
 
     run(main)
@@ -167,7 +174,7 @@ def broker_config(
         async with AdminClient(namesrv, **client_options()) as admin:
             view = await admin.broker_config(addr)
         if as_json:
-            print_json(view.to_json())
+            print_json(view.to_json(typed_settings(view.values)))
             return
         table = Table(title=f"configuration of {addr}")
         for column in ("key", "value", "live"):
@@ -208,7 +215,7 @@ def update_broker_config(
             now = await admin.broker_config(addr)
         updated = {setting_name(k): now.values.get(setting_name(k), v) for k, v in changes.items()}
         if as_json:
-            print_json({"address": addr, "updated": updated})
+            print_json({"address": addr, "updated": typed_settings(updated)})
         else:
             shown = ", ".join(f"{k} = {v}" for k, v in sorted(updated.items()))
             typer.echo(f"broker {addr}: {shown} (until it stops)")
@@ -231,7 +238,7 @@ def ha_status(
             addrs = [broker] if broker is not None else await admin.all_broker_addrs()
             statuses = [await admin.ha_status(addr) for addr in addrs]
         if as_json:
-            print_json({"brokers": statuses})
+            print_json({"brokers": [camel_case_keys(status) for status in statuses]})
             return
         table = Table(title="replication")
         for column in ("broker", "id", "address", "role", "epoch", "replication"):

@@ -1,5 +1,12 @@
 """``hamq produce`` and ``hamq consume``: a producer and a push consumer at the terminal.
 
+produce's bodies: BODY ('{i}' numbered), ``--body-file F`` (bytes as they are, one body
+for every message; ``-``: stdin), or BODY ``-``: stdin, one message a line (``--whole``:
+one body). Whatever is read is read whole (stdin to its end, or to COUNT lines) and
+every message checked before the first is sent: bad input (a body over MAX_BODY_BYTES,
+an empty one, a file that cannot be read) ends the command with exit code 2, having
+sent nothing.
+
 produce: ``--concurrency`` tasks (1) send requests of ``--batch`` messages (1: one
 message a request; more: SEND_BATCH_MESSAGE, a batch stored in one queue), numbered
 0 to COUNT - 1 and taken in turn, each task one request at a time. Each request may
@@ -28,10 +35,14 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
+import stat
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import Annotated, Any
+from pathlib import Path
+from typing import Annotated, Any, BinaryIO
 
 import attrs
 import trio
@@ -48,6 +59,7 @@ from cli.common import (
 from cli.progress import LiveCount
 from hamq.client import (
     AdminClient,
+    BrokerError,
     ConsumeFrom,
     InvalidArgumentError,
     LocalTransactionState,
@@ -126,15 +138,41 @@ class _Tally:
 
 #: produce's message body when BODY is not given
 DEFAULT_BODY = "hello from hamq #{i}"
+#: produce's BODY that reads the bodies from stdin: one message a line (--whole: one)
+STDIN = "-"
+#: the largest body produce sends: the producer's max_message_size, which is RocketMQ's
+#: maxMessageSize and a broker's store.max_message_bytes by default
+MAX_BODY_BYTES = DEFAULT_MAX_MESSAGE_SIZE
+
+
+@attrs.frozen
+class _Bodies:
+    """produce's message bodies: ``template``, text whose '{i}' becomes the message's
+    number (BODY), or ``read``, bytes sent as they are (never numbered): one body for
+    every message (--body-file, stdin --whole) or one per message (stdin's lines)."""
+
+    template: str | None = None
+    read: tuple[bytes, ...] = ()
+
+    def __call__(self, i: int) -> str | bytes:
+        if self.template is not None:
+            return self.template.replace("{i}", str(i))
+        return self.read[i] if len(self.read) > 1 else self.read[0]
+
+    @property
+    def per_message(self) -> bool:
+        """Whether each message has a body of its own (else the first and the last
+        messages are the largest: '{i}' only grows)."""
+        return len(self.read) > 1
 
 
 @attrs.frozen
 class _Messages:
-    """What produce sends: COUNT messages numbered 0 to COUNT - 1 ('{i}' in the body and
+    """What produce sends: COUNT messages numbered 0 to COUNT - 1 ('{i}' in BODY and
     the keys becomes the number), in requests of BATCH consecutive messages."""
 
     topic: str
-    text: str
+    bodies: _Bodies
     tags: str | None
     keys: str | None
     delay_level: int
@@ -144,7 +182,7 @@ class _Messages:
     def message(self, i: int) -> Message:
         return Message(
             self.topic,
-            self.text.replace("{i}", str(i)),
+            self.bodies(i),
             tags=self.tags,
             keys=self.keys.replace("{i}", str(i)) if self.keys else None,
             delay_level=self.delay_level,
@@ -232,12 +270,13 @@ def _checked_producer(
         raise fail("--transaction cannot be used with --batch: each is sent on its own", 2)
     if listener is not None and messages.delay_level > 0:
         raise fail("--transaction cannot be used with --delay-level: not delayed", 2)
+    # '{i}' grows with i: the last message is the longest, the last two requests hold
+    # the largest batch; bodies of their own (stdin's lines) are checked one by one
+    each = messages.bodies.per_message
     try:
         check_topic(messages.topic)
-        # '{i}' grows with i: the last message is the longest, the last two requests
-        # hold the largest batch
-        for i in (0, messages.count - 1):
-            check_message(messages.message(i), DEFAULT_MAX_MESSAGE_SIZE)
+        for i in range(messages.count) if each else (0, messages.count - 1):
+            check_message(messages.message(i), MAX_BODY_BYTES)
         options = {
             "send_timeout_s": send_timeout_s,
             "send_attempt_timeout_s": min(attempt_timeout_s, send_timeout_s),
@@ -250,8 +289,9 @@ def _checked_producer(
         )
     except InvalidArgumentError as exc:
         raise fail(str(exc), 2) from None
+    batches = messages.requests if each else messages.requests[-2:]
     try:
-        for first in messages.requests[-2:] if messages.batch > 1 else ():
+        for first in batches if messages.batch > 1 else ():
             producer.check_batch(messages.of_request(first))
     except InvalidArgumentError as exc:
         raise fail(f"--batch {messages.batch}: {exc}", 2) from None
@@ -344,9 +384,13 @@ class _Sending:
 
     def _gave_up(self, first: int, exc: SendError) -> str:
         last = f"; the last: {exc.attempts[-1]}" if exc.attempts else ""
+        # a refusal that is not retried (a body over the broker's max_message_bytes)
+        # ends the send at once: the time did not run out
+        refused = isinstance(exc.__cause__, BrokerError)
+        why = "refused" if refused else f"not sent within {self.send_timeout_s:g}s"
         return (
-            f"gave up on {self.messages.request_name(first)}: not sent within "
-            f"{self.send_timeout_s:g}s ({len(exc.attempts)} attempt(s){last})"
+            f"gave up on {self.messages.request_name(first)}: {why} "
+            f"({len(exc.attempts)} attempt(s){last})"
         )
 
 
@@ -420,13 +464,144 @@ BatchOption = Annotated[
 ]
 
 
+BodyFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--body-file",
+        help="Send the content of this file as the body of each message, bytes as they "
+        f"are (binary too; at most {MAX_BODY_BYTES} bytes); '-' reads it from stdin.",
+    ),
+]
+WholeOption = Annotated[
+    bool,
+    typer.Option("--whole", help="With BODY '-': all of stdin is the body of each message."),
+]
+
+
+def _too_large(where: str, size: str) -> typer.Exit:
+    return fail(
+        f"{where} is {size} bytes, over the largest message body, {MAX_BODY_BYTES} bytes "
+        "(RocketMQ's maxMessageSize, a broker's store.max_message_bytes by default); "
+        "nothing was sent",
+        2,
+    )
+
+
+def _regular_size(stream: BinaryIO) -> int | None:
+    """The size of the regular file behind ``stream`` (a pipe or a terminal has none)."""
+    try:
+        status = os.fstat(stream.fileno())
+    except (OSError, ValueError):
+        return None
+    return status.st_size if stat.S_ISREG(status.st_mode) else None
+
+
+def _read_whole(stream: BinaryIO, where: str) -> bytes:
+    """All of ``stream`` as one body: bad input (empty, too large) ends the command
+    (exit code 2), read no further than one byte past the largest body."""
+    size = _regular_size(stream)
+    if size is not None and size > MAX_BODY_BYTES:
+        raise _too_large(where, str(size))
+    data = stream.read(MAX_BODY_BYTES + 1)
+    if len(data) > MAX_BODY_BYTES:
+        raise _too_large(where, f"more than {MAX_BODY_BYTES}")
+    if not data:
+        raise fail(f"{where} is empty: a message needs a body", 2)
+    return data
+
+
+def _read_lines(stream: BinaryIO, count: int | None) -> list[bytes]:
+    """stdin's lines, one body each (without its line end, \\n or \\r\\n), up to
+    ``count`` of them (else to the end); empty lines are skipped, and said so on stderr.
+    Too long a line, or fewer than ``count``, ends the command (exit code 2)."""
+    bodies: list[bytes] = []
+    skipped = number = 0
+    while count is None or len(bodies) < count:
+        # (one byte past the largest body and its \r\n: a line longer is told apart)
+        line = stream.readline(MAX_BODY_BYTES + 3)
+        if not line:
+            break
+        number += 1
+        ended = line.endswith(b"\n")
+        body = line[:-1] if ended else line
+        body = body[:-1] if body.endswith(b"\r") else body
+        if len(body) > MAX_BODY_BYTES:
+            raise _too_large(
+                f"line {number} of stdin",
+                str(len(body)) if ended else f"more than {MAX_BODY_BYTES}",
+            )
+        if body:
+            bodies.append(body)
+        else:
+            skipped += 1
+    if skipped:
+        typer.echo(f"skipped {skipped} empty line(s) of stdin: a message needs a body", err=True)
+    if not bodies:
+        raise fail("stdin has no line to send (BODY '-': one message a line)", 2)
+    if count is not None and len(bodies) < count:
+        raise fail(f"--count {count}: stdin has only {len(bodies)} line(s) to send", 2)
+    return bodies
+
+
+def _bodies(
+    body: str | None, body_file: Path | None, whole: bool, count: int | None
+) -> tuple[_Bodies, int]:
+    """produce's bodies and how many messages it sends (COUNT, else 1, else one per line
+    of stdin). Bad input ends the command here (exit code 2), before anything is sent."""
+    if body is not None and body_file is not None:
+        raise fail("give BODY or --body-file, not both", 2)
+    if whole and body != STDIN:
+        raise fail("--whole goes with BODY '-' (stdin); --body-file is one body already", 2)
+    if body == STDIN or body_file == Path(STDIN):
+        return _stdin_bodies(lines=body == STDIN and not whole, count=count)
+    if body_file is not None:
+        try:
+            with body_file.open("rb") as file:
+                data = _read_whole(file, f"--body-file {body_file}")
+        except OSError as exc:
+            reason = str(exc.strerror or exc)
+            raise fail(f"--body-file {body_file}: {reason[:1].lower()}{reason[1:]}", 2) from None
+        return _Bodies(read=(data,)), count or 1
+    return _Bodies(template=body if body is not None else DEFAULT_BODY), count or 1
+
+
+def _stdin_bodies(*, lines: bool, count: int | None) -> tuple[_Bodies, int]:
+    """``_bodies`` from stdin: one a line, or all of it one body."""
+    if sys.stdin is None:  # (the command started with its stdin closed)
+        raise fail("stdin is closed: there are no bodies to read", 2)
+    stdin = sys.stdin.buffer
+    if stdin.isatty():
+        how = "one message a line" if lines else "all of it one body"
+        typer.echo(f"reading stdin, {how} (Ctrl-D ends)", err=True)
+    if lines:
+        read = _read_lines(stdin, count)
+        return _Bodies(read=tuple(read)), len(read)
+    return _Bodies(read=(_read_whole(stdin, "stdin"),)), count or 1
+
+
 def produce(
     topic: Annotated[str, typer.Option("--topic", "-t", help="Topic to send to.")],
     body: Annotated[
         str | None,
-        typer.Argument(help="Message body; '{i}' becomes the message's number."),
+        typer.Argument(
+            help="Message body; '{i}' becomes the message's number. '-': read the bodies "
+            "from stdin, one message a line (empty lines skipped; --whole: one message).",
+            metavar="BODY",
+            show_default=False,
+        ),
     ] = None,
-    count: Annotated[int, typer.Option("--count", "-c", min=1, help="How many messages.")] = 1,
+    count: Annotated[
+        int | None,
+        typer.Option(
+            "--count",
+            "-c",
+            min=1,
+            help="How many messages (default 1; with BODY '-', one a line of stdin: then "
+            "the first COUNT lines).",
+        ),
+    ] = None,
+    body_file: BodyFileOption = None,
+    whole: WholeOption = False,
     tags: Annotated[str | None, typer.Option("--tags", help="Tag of every message.")] = None,
     keys: Annotated[
         str | None, typer.Option("--keys", help="Space-separated keys ('{i}' numbered).")
@@ -443,16 +618,12 @@ def produce(
     namesrv: NamesrvOption = DEFAULT_NAMESRV,
 ) -> None:
     """Send COUNT messages to TOPIC and report where they went (Ctrl-C stops; the
-    summary says how many were sent)."""
-    messages = _Messages(
-        topic,
-        body if body is not None else DEFAULT_BODY,
-        tags,
-        keys,
-        delay_level,
-        count,
-        batch,
-    )
+    summary says how many were sent).
+
+    The body is BODY, the content of --body-file, or stdin's ('-'). Every message is
+    checked before the first is sent."""
+    bodies, count = _bodies(body, body_file, whole, count)
+    messages = _Messages(topic, bodies, tags, keys, delay_level, count, batch)
     listener = None
     if transaction is not None:
         listener = _Listener(

@@ -27,6 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,13 @@ import pytest
 import trio
 
 from cli.admin import parse_timestamp
+from hamq.broker import build_config
 from hamq.broker.client_calls import reset_body
 from hamq.broker.clients import ClientChannel
-from hamq.broker.live_config import config_key, parse_properties
+from hamq.broker.live_config import config_key, flatten, parse_properties, typed_settings
 from hamq.broker.offsets import ConsumerOffsetManager
 from hamq.client import AdminClient, Message, Producer, PullConsumer, PushConsumer
-from hamq.client.admin import epochs_from_ha_status
+from hamq.client.admin import BrokerStatus, camel_case_keys, epochs_from_ha_status, kv_value
 from hamq.client.message import MessageExt
 from hamq.protocol import LanguageCode, RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.bodies import (
@@ -202,6 +204,78 @@ def test_properties_and_names() -> None:
     assert config_key("slaveReadEnable") == "slave_read_enable"
     assert config_key("long_polling_max_s") == "long_polling_max_s"
     assert config_key("store.flushDiskType") == "store.flush_disk_type"
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("180715", 180715),
+        ("-3", -3),
+        ("0.25", 0.25),
+        ("1e3", 1000.0),
+        ("True", True),
+        ("true", True),
+        ("False", False),
+        ("None", None),
+        ("null", None),
+        ("", ""),
+        ("007", "007"),  # not a JSON number: a name, kept as it is
+        ("1e999", "1e999"),  # no JSON number holds it
+        ("NaN", "NaN"),
+        ("127.0.0.1:10911", "127.0.0.1:10911"),
+        ("SYNC_MASTER", "SYNC_MASTER"),
+        ("[ 0 days, 0 hours ]", "[ 0 days, 0 hours ]"),
+    ],
+)
+def test_runtime_info_values_are_typed_by_their_text(text: str, value: Any) -> None:
+    typed = kv_value(text)
+    assert typed == value and type(typed) is type(value)
+
+
+def test_runtime_info_names_in_camel_case() -> None:
+    status = BrokerStatus("a:1", {"commitlog_max_offset": "7", "brokerAddr": "a:1", "x_y": "1"})
+    assert status.values == {"brokerAddr": "a:1", "commitlogMaxOffset": 7, "xY": 1}
+    # a name another key already has keeps its own: nothing is lost
+    both = BrokerStatus("a:1", {"max_offset": "1", "maxOffset": "2"}).values
+    assert both == {"maxOffset": 2, "max_offset": 1}
+    nested = {"master": {"max_offset": 3, "slaves": [{"in_sync": True}]}, "brokerId": 0}
+    assert camel_case_keys(nested) == {
+        "master": {"maxOffset": 3, "slaves": [{"inSync": True}]},
+        "brokerId": 0,
+    }
+
+
+def test_settings_read_back_in_their_types(tmp_path: Path) -> None:
+    """typed_settings is flatten's inverse: each setting comes back as the configuration
+    holds it (a tuple as a list, an enum as its value), whatever its text looks like."""
+    config = build_config(
+        {
+            "broker_name": "123",
+            "namesrv_addrs": ["a:1", "b:2"],
+            "metrics_port": 0,
+            "store": {"store_dir": str(tmp_path), "role": "SYNC_MASTER"},
+        }
+    )
+    typed = typed_settings(flatten(config))
+    assert typed["broker_name"] == "123" and typed["broker_id"] == 0
+    assert typed["namesrv_addrs"] == ["a:1", "b:2"] and typed["controller_addrs"] == []
+    assert typed["metrics_port"] == 0 and typed["ha_listen_port"] is None
+    assert typed["store.role"] == "SYNC_MASTER" and typed["store.store_dir"] == str(tmp_path)
+    assert typed["register_interval_s"] == 30.0 and typed["embed_namesrv"] is False
+    assert typed["remoting.tls"] is None
+    for key, value in typed.items():
+        held: Any = config
+        for part in key.split("."):
+            held = getattr(held, part)
+        if isinstance(held, Enum):
+            held = held.value
+        if isinstance(held, tuple):
+            held = list(held)
+        if isinstance(held, Path):
+            held = str(held)
+        assert value == held, key
+    # another broker's setting (RocketMQ's, or a newer hamq's) keeps its text
+    assert typed_settings({"brokerClusterName": "1"}) == {"brokerClusterName": "1"}
 
 
 def test_epochs_from_the_ha_status() -> None:
@@ -491,38 +565,108 @@ async def test_ha_status_json(pair: Pair) -> None:
     answer = await hamq_json(pair, "admin", "ha-status")
     by_address = {b["address"]: b for b in answer["brokers"]}
     assert by_address[pair.master]["role"] == "SYNC_MASTER"
-    assert by_address[pair.master]["master"]["slaves"][0]["in_sync"] is True
+    assert by_address[pair.master]["master"]["slaves"][0]["inSync"] is True
+    assert isinstance(by_address[pair.master]["master"]["maxOffset"], int)
     assert by_address[pair.slave]["role"] == "SLAVE"
-    assert by_address[pair.slave]["slave"]["master_address"]
+    assert by_address[pair.slave]["slave"]["masterAddress"]
+
+
+#: text that JSON would hold as a number, a boolean or null (Java's or Python's spelling)
+_TYPED_TEXT = re.compile(r"-?\d+(\.\d+)?([eE][+-]?\d+)?|true|false|null|True|False|None")
 
 
 @pytest.mark.slow
 async def test_broker_status_json_every_broker_or_one(pair: Pair) -> None:
+    """Issue 30: every value was a string ("180715", "True", "None") under snake_case
+    and camelCase names alike. Now numbers, booleans and null are typed, and every name
+    is camelCase."""
     answer = await hamq_json(pair, "admin", "broker-status")
     tables = {b["address"]: b["table"] for b in answer["brokers"]}
     assert set(tables) == {pair.master, pair.slave}
-    assert tables[pair.master]["role"] == "SYNC_MASTER"
+    master = tables[pair.master]
+    assert master["role"] == "SYNC_MASTER"
     assert tables[pair.slave]["brokerAddr"] == pair.slave
-    assert int(tables[pair.master]["messagesIn"]) >= KEYED + 1  # what _prepare sent
-    assert list(tables[pair.master]) == sorted(tables[pair.master])
+    assert master["messagesIn"] >= KEYED + 1  # what _prepare sent
+    assert master["running"] is True and master["dispatchFailure"] is None
+    assert master["commitlogMaxOffset"] == master["flushedOffset"] > 0
+    for table in tables.values():
+        assert list(table) == sorted(table)
+        assert [k for k in table if not CAMEL_CASE.fullmatch(k)] == []
+        as_text = {k: v for k, v in table.items() if isinstance(v, str)}
+        assert [k for k, v in as_text.items() if _TYPED_TEXT.fullmatch(v)] == [], as_text
     one = await hamq_json(pair, "admin", "broker-status", "--broker", pair.slave)
     assert [b["address"] for b in one["brokers"]] == [pair.slave]
 
 
 @pytest.mark.slow
 async def test_broker_config_and_update_json(pair: Pair) -> None:
+    """Each setting in its type (the configuration file's): numbers, booleans, lists,
+    null for one not set; names as the configuration file spells them."""
     answer = await hamq_json(pair, "admin", "broker-config", "--broker", pair.master)
     assert answer["address"] == pair.master
-    assert answer["config"]["broker_name"] == "broker-a"
-    assert answer["config"]["store.role"] == "SYNC_MASTER"
+    config = answer["config"]
+    assert config["broker_name"] == "broker-a"
+    assert config["store.role"] == "SYNC_MASTER"
+    assert (config["broker_id"], config["listen_port"]) == (0, 0)
+    assert config["slave_read_enable"] is False and config["store.check_crc_on_read"] is True
+    assert config["long_polling_max_s"] == 30.0 and config["ha_listen_port"] is None
+    assert config["namesrv_addrs"] == [pair.namesrv] and config["controller_addrs"] == []
     assert "long_polling_max_s" in answer["liveKeys"] and "listen_port" not in answer["liveKeys"]
-    assert set(json.loads(answer["version"])) >= {"counter", "timestamp"}
+    assert set(answer["version"]) >= {"counter", "timestamp"}
     changed = await hamq_json(
         pair, "admin", "update-broker-config", "--broker", pair.master, "long_polling_max_s=20"
     )
-    assert changed == {"address": pair.master, "updated": {"long_polling_max_s": "20.0"}}
+    assert changed == {"address": pair.master, "updated": {"long_polling_max_s": 20.0}}
     again = await hamq_json(pair, "admin", "broker-config", "--broker", pair.master)
-    assert again["config"]["long_polling_max_s"] == "20.0"
+    assert again["config"]["long_polling_max_s"] == 20.0
+    assert again["version"]["counter"] == answer["version"]["counter"] + 1
+
+
+#: a field's name in the JSON outputs (README, "--json")
+CAMEL_CASE = re.compile(r"[a-z][a-zA-Z0-9]*")
+#: the objects whose keys are names (of settings, clusters, broker ids, properties,
+#: broker groups), not fields: their keys are the names as they are
+NAME_KEYED = frozenset(
+    {"config", "updated", "clusters", "brokerAddrs", "properties", "replicasInfoTable"}
+)
+
+
+def field_names(value: Any) -> Iterator[str]:
+    """Every key of ``value``'s objects that names a field (NAME_KEYED's keys skipped,
+    their values' looked into)."""
+    if isinstance(value, list):
+        for item in value:
+            yield from field_names(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            inner = item.values() if key in NAME_KEYED and isinstance(item, dict) else [item]
+            for each in inner:
+                yield from field_names(each)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["admin", "ha-status"],
+        ["admin", "broker-status"],
+        ["admin", "broker-config", "--broker", "MASTER"],
+        ["admin", "cluster"],
+        ["admin", "groups"],
+        ["admin", "consumer-progress", "--group", PROGRESS_GROUP],
+        ["admin", "query-message", "--topic", ADMIN_TOPIC, "--key", "k3"],
+        ["topic", "route", ADMIN_TOPIC],
+        ["topic", "status", ADMIN_TOPIC],
+    ],
+    ids=lambda command: " ".join(command[:2]),
+)
+async def test_json_outputs_name_every_field_in_camel_case(pair: Pair, command: list[str]) -> None:
+    """Issue 30: ha-status mixed brokerId with max_offset and master_address, and
+    broker-status commitlog_max_offset with brokerAddr: one key style, camelCase."""
+    answer = await hamq_json(pair, *[pair.master if a == "MASTER" else a for a in command])
+    names = set(field_names(answer))
+    assert names and sorted(n for n in names if not CAMEL_CASE.fullmatch(n)) == []
 
 
 @pytest.mark.slow

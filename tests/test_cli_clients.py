@@ -489,6 +489,153 @@ async def test_consume_says_once_that_the_topic_does_not_exist_yet(
     assert err.read_text().count("does not exist") == 1, err.read_text()
 
 
+# ---------------------------------------------------------------- bodies from a file or stdin
+
+#: the largest body produce sends (4 MiB: RocketMQ's maxMessageSize)
+MAX_BODY = 4 * 1024 * 1024
+
+
+def binary(size: int, seed: int) -> bytes:
+    """``size`` bytes holding every byte value, newlines and NULs included."""
+    return bytes((i * 131 + seed) % 256 for i in range(size))
+
+
+async def test_produce_sends_a_body_file_larger_than_an_argument_can_hold(
+    namesrv: str, tmp_path: Path
+) -> None:
+    """Issue 30: a body over ~128 KiB could not be given ("Argument list too long").
+    --body-file sends a file's bytes as they are, binary too; --count sends it again."""
+    data = binary(1024 * 1024, seed=7)
+    path = tmp_path / "body.bin"
+    path.write_bytes(data)
+    done = await hamq_as_run(
+        "produce", "-t", "BodyFile", "--body-file", str(path), "-c", "2", "--keys", "f{i}",
+        "-n", namesrv,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "sent 2 message(s) to BodyFile" in done.stdout.decode(), done.stdout
+    found = await topic_messages(namesrv, "BodyFile")
+    assert sorted(m.keys for m in found) == [["f0"], ["f1"]]
+    assert [m.body == data for m in found] == [True, True]
+
+
+async def test_produce_sends_stdin_one_message_a_line(namesrv: str) -> None:
+    """'-': a message per line of stdin, its end (\\n or \\r\\n) dropped, its bytes as
+    they are ('{i}' is not numbered in them); empty lines skipped and said so; --keys
+    and --tags for each; --count takes the first lines."""
+    lines = b"first\n\nsecond {i}\r\n\xff\x00third\n\nfourth"
+    done = await hamq_as_run(
+        "produce", "-t", "StdinLines", "-", "--keys", "s{i}", "--tags", "lined", "-n", namesrv,
+        stdin=lines,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "sent 4 message(s) to StdinLines" in done.stdout.decode(), done.stdout
+    assert done.stderr.decode() == "skipped 2 empty line(s) of stdin: a message needs a body\n"
+    found = {m.keys[0]: m for m in await topic_messages(namesrv, "StdinLines")}
+    bodies = {key: m.body for key, m in found.items()}
+    assert bodies == {"s0": b"first", "s1": b"second {i}", "s2": b"\xff\x00third", "s3": b"fourth"}
+    assert {m.tags for m in found.values()} == {"lined"}
+    first_two = await hamq_as_run(
+        "produce", "-t", "StdinFirstLines", "-", "-c", "2", "-n", namesrv, stdin=b"a\nb\nc\n"
+    )
+    assert first_two.returncode == 0, first_two.stderr
+    assert sorted(m.body for m in await topic_messages(namesrv, "StdinFirstLines")) == [b"a", b"b"]
+
+
+async def test_produce_sends_all_of_stdin_as_one_message_with_whole(namesrv: str) -> None:
+    data = binary(300 * 1024, seed=3)  # over what one argument can hold, newlines inside
+    done = await hamq_as_run(
+        "produce", "-t", "StdinWhole", "-", "--whole", "-c", "3", "--batch", "3", "-n", namesrv,
+        stdin=data,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = await topic_messages(namesrv, "StdinWhole")
+    assert [m.body == data for m in found] == [True, True, True]
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "error"),
+    [
+        (["--body-file", "{tmp}/nothing-here"], None, "--body-file {tmp}/nothing-here: no such "
+         "file or directory"),
+        (["--body-file", "{tmp}"], None, "--body-file {tmp}: is a directory"),
+        (["--body-file", "{tmp}/empty"], None, "--body-file {tmp}/empty is empty: a message "
+         "needs a body"),
+        (["--body-file", "{tmp}/large"], None, f"--body-file {{tmp}}/large is {MAX_BODY + 1} "
+         f"bytes, over the largest message body, {MAX_BODY} bytes"),
+        (["--body-file", "-"], b"x" * (MAX_BODY + 1), f"stdin is more than {MAX_BODY} bytes, "
+         f"over the largest message body, {MAX_BODY} bytes"),
+        (["-"], b"ok\n" + b"y" * (MAX_BODY + 1) + b"\n", f"line 2 of stdin is {MAX_BODY + 1} "
+         f"bytes, over the largest message body, {MAX_BODY} bytes"),
+        (["-"], b"\n\r\n", "stdin has no line to send"),
+        (["-"], None, "stdin has no line to send"),
+        (["-", "-c", "3"], b"a\nb\n", "--count 3: stdin has only 2 line(s) to send"),
+        (["-", "--whole"], b"", "stdin is empty: a message needs a body"),
+        (["text", "--body-file", "{tmp}/large"], None, "give BODY or --body-file, not both"),
+        (["text", "--whole"], None, "--whole goes with BODY '-'"),
+        (["--body-file", "-", "--whole"], b"x", "--whole goes with BODY '-'"),
+    ],
+    ids=[
+        "missing-file", "directory", "empty-file", "file-too-large", "stdin-too-large",
+        "line-too-long", "empty-lines-only", "no-stdin", "fewer-lines-than-count",
+        "empty-whole", "body-and-file", "whole-without-stdin", "whole-with-file",
+    ],
+)  # fmt: skip
+async def test_bad_bodies_are_refused_before_anything_is_sent(
+    tmp_path: Path, args: list[str], stdin: bytes | None, error: str
+) -> None:
+    """One error line naming the file, the line, the size and the limit, exit code 2;
+    nothing sent: the nameserver (none listens) is never asked."""
+    _write(tmp_path / "empty", b"")
+    _write(tmp_path / "large", b"z" * (MAX_BODY + 1))
+    filled = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    done = await hamq_as_run("produce", "-t", "T", *filled, "-n", "127.0.0.1:1", stdin=stdin)
+    *notes, line = done.stderr.decode().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert line.startswith("error: ") and error.replace("{tmp}", str(tmp_path)) in line, line
+    assert all(note.startswith("skipped ") for note in notes), notes  # (empty lines)
+    assert done.stdout == b""
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "error"),
+    [
+        ("-", 2, "error: stdin is closed: there are no bodies to read"),
+        ("text", 1, "error: no nameserver answered: 127.0.0.1:1"),  # stdin not needed
+    ],
+    ids=["stdin-body", "text-body"],
+)
+async def test_produce_started_with_stdin_closed(body: str, code: int, error: str) -> None:
+    """A command started with no stdin at all (``<&-``) reads none: '-' is refused by
+    name, and any other body goes on as ever (no traceback)."""
+    closed = ["sh", "-c", 'exec "$@" <&-', "sh", *HAMQ_AS_RUN]
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [*closed, "produce", "-t", "T", body, "-n", "127.0.0.1:1"],
+            capture_stdout=True, capture_stderr=True, check=False, cwd=ROOT, env=user_env(),
+        )  # fmt: skip
+    assert done.returncode == code and one_error_line(done).startswith(error), done.stderr
+
+
+async def test_a_body_over_the_brokers_own_limit_is_refused_naming_both(tmp_path: Path) -> None:
+    """A broker whose store.max_message_bytes is below the client's 4 MiB refuses the
+    message (MESSAGE_ILLEGAL, not retried): the error says refused, with the body's
+    size and the broker's limit, not that the time ran out. (Random bytes: the client
+    compresses a body over 4 KiB, and the broker's limit is on what it receives.)"""
+    path = _write(tmp_path / "two-mib.bin", os.urandom(2 * 1024 * 1024))
+    with broker_process(tmp_path, store_toml="max_message_bytes = 1048576\n") as (_, ns):
+        done = await hamq_as_run("produce", "-t", "Limited", "--body-file", str(path), "-n", ns)
+    line = one_error_line(done)
+    assert done.returncode == 1, line
+    assert "gave up on message #0: refused (1 attempt(s)" in line, line
+    assert f"body of {2 * 1024 * 1024} bytes is over max_message_bytes 1048576" in line, line
+
+
 # ---------------------------------------------------------------- bad input
 
 

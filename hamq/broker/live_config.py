@@ -8,6 +8,10 @@ RocketMQ's camelCase spelling of the same name is taken as well (``slaveReadEnab
 A value is read as a TOML value (``30``, ``2.5``, ``true``, ``"text"``), else as a
 plain string, and then checked exactly as the configuration file's are: the same
 types (``"30"`` is a string, not a number) and the same ranges, with the same words.
+GET_BROKER_CONFIG shows each setting as text (``flatten``: ``true``, ``30.0``, a list
+``;``-separated, nothing for None); ``typed_settings`` reads that text back by the
+settings' types (``hamq admin broker-config --json``: a broker named ``123`` stays a
+string, which no reading of the text alone could tell).
 
 Only LIVE_KEYS change: settings read afresh each time they are used (per request, or
 per round of a loop: the round under way finishes with the old value). Every other
@@ -19,10 +23,13 @@ only: a restart reads the configuration file again.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import math
 import re
 import tomllib
+import typing
 from collections.abc import Callable, Mapping
 from enum import Enum
 from pathlib import Path
@@ -31,7 +38,7 @@ from typing import Any
 import attrs
 from attrs import AttrsInstance
 
-from hamq.broker.config import ConfigError, build_config
+from hamq.broker.config import BrokerConfig, ConfigError, build_config
 from hamq.broker.context import BrokerContext
 from hamq.protocol import RequestError, ResponseCode
 
@@ -119,6 +126,53 @@ def flatten(obj: AttrsInstance, prefix: str = "") -> dict[str, str]:
         else:
             values[f"{prefix}{field.name}"] = _shown(value)
     return values
+
+
+@functools.cache
+def _setting_types(cls: type[AttrsInstance] = BrokerConfig, prefix: str = "") -> dict[str, Any]:
+    """Each setting's type, by its ``flatten`` key: the nested configurations' too, an
+    optional one (``remoting.tls``) both as itself and as its settings."""
+    hints = typing.get_type_hints(cls)
+    types: dict[str, Any] = {}
+    for field in attrs.fields(cls):
+        hint = hints[field.name]
+        nested = [t for t in typing.get_args(hint) or (hint,) if attrs.has(t)]
+        if not attrs.has(hint):
+            types[f"{prefix}{field.name}"] = hint
+        for inner in nested:
+            types.update(_setting_types(inner, f"{prefix}{field.name}."))
+    return types
+
+
+def _typed(hint: Any, text: str) -> Any:
+    """``text``, shown by ``_shown``, as a value of type ``hint``; the text itself when
+    it is none of them."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        if text == "":
+            return None
+        others = [a for a in args if a is not type(None)]
+        hint = others[0] if len(others) == 1 else str
+    if hint is bool:
+        return {"true": True, "false": False}.get(text, text)
+    if hint is int or hint is float:
+        try:
+            number = hint(text)
+        except ValueError:
+            return text
+        return number if math.isfinite(number) else text
+    if typing.get_origin(hint) is tuple:
+        return text.split(";") if text else []
+    return text  # str, Path, an Enum's value, a Secret's mask
+
+
+def typed_settings(values: Mapping[str, str]) -> dict[str, Any]:
+    """GET_BROKER_CONFIG's ``key=value`` text (``flatten``'s) back in the settings' types,
+    for JSON: numbers, booleans, lists (``namesrv_addrs``), None for a setting not set
+    (shown as nothing); strings as they are. A key this version of hamq does not have
+    (another broker's) keeps its text."""
+    types = _setting_types()
+    return {key: _typed(types[key], text) if key in types else text for key, text in values.items()}
 
 
 class LiveConfig:

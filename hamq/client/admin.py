@@ -34,6 +34,12 @@ What an operator asks (mqadmin's daily commands), each with RocketMQ's request:
   QUERY_MESSAGE, in the topic given or in every topic;
 - ``broker_status``: GET_BROKER_RUNTIME_INFO (28); ``broker_config`` /
   ``update_broker_config``: GET_BROKER_CONFIG (26) / UPDATE_BROKER_CONFIG (25).
+
+What ``to_json`` gives (``hamq ... --json`` prints it): keys that are field names in
+camelCase (``json_name``; RocketMQ's spelling), keys that are names (topics, clusters,
+settings, properties) as they are; values with their types. Where the wire carries
+text, the text is read back: a KVTable value (``kv_value``) by its form, since
+RocketMQ's KVTable holds strings only.
 "One address per broker" is the group's master, or while it has none the slave with
 the lowest id. A broker that cannot be asked, or refuses, ends the call with its
 error; ``ClientError`` subclasses throughout.
@@ -50,6 +56,7 @@ controller answering.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -362,21 +369,109 @@ class FoundMessage:
         }
 
 
+_SNAKE = re.compile(r"_([a-z0-9])")
+#: a JSON number (RFC 8259's grammar), as Java's String.valueOf and Python's str write one
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+_KV_WORDS: dict[str, Any] = {
+    "true": True,
+    "True": True,
+    "false": False,
+    "False": False,
+    "null": None,
+    "None": None,
+}
+
+
+def json_name(key: str) -> str:
+    """A field's name as ``to_json`` spells it: camelCase, RocketMQ's style
+    (``commitlog_max_offset`` is ``commitlogMaxOffset``; ``brokerAddr`` stays)."""
+    return _SNAKE.sub(lambda m: str(m.group(1)).upper(), key)
+
+
+def _renamed(items: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """``items`` with their keys renamed by ``json_name``; a key whose new name another
+    key already has (``max_offset`` beside ``maxOffset``) keeps its own."""
+    pairs = list(items)
+    renamed = {key: value for key, value in pairs if json_name(key) == key}
+    for key, value in pairs:
+        name = json_name(key)
+        if name != key:
+            renamed[key if name in renamed else name] = value
+    return renamed
+
+
+def camel_case_keys(value: Any) -> Any:
+    """``value`` (decoded JSON) with the keys of its objects renamed by ``json_name``, at
+    every depth: for objects whose keys are all field names, such as a broker's HA
+    status."""
+    if isinstance(value, list):
+        return [camel_case_keys(v) for v in value]
+    if isinstance(value, dict):
+        return _renamed((str(k), camel_case_keys(v)) for k, v in value.items())
+    return value
+
+
+def kv_value(text: str) -> Any:
+    """A KVTable value (GET_BROKER_RUNTIME_INFO's strings) with its type: a JSON number
+    is that number (an integer unless it has a fraction or exponent), ``true`` /
+    ``false`` a boolean and ``null`` None (also as Python writes them: ``True``,
+    ``False``, ``None``); any other text is itself."""
+    if text in _KV_WORDS:
+        return _KV_WORDS[text]
+    number = _JSON_NUMBER.fullmatch(text)
+    if number is None:
+        return text
+    if number.group(1) is None and number.group(2) is None:
+        return int(text)
+    value = float(text)
+    return value if math.isfinite(value) else text  # (1e999: no JSON number holds it)
+
+
+@attrs.frozen
+class BrokerStatus:
+    """A broker's runtime statistics (GET_BROKER_RUNTIME_INFO): ``table`` as the broker
+    sent it (RocketMQ's KVTable: name -> text); ``values`` the same with camelCase
+    names and typed values (``json_name``, ``kv_value``), sorted by name."""
+
+    address: str
+    table: dict[str, str]
+
+    @property
+    def values(self) -> dict[str, Any]:
+        return dict(sorted(_renamed((k, kv_value(v)) for k, v in self.table.items()).items()))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"address": self.address, "table": self.values}
+
+
 @attrs.frozen
 class BrokerConfigView:
     """A running broker's configuration (GET_BROKER_CONFIG): every setting as text, and
-    which of them UPDATE_BROKER_CONFIG may change."""
+    which of them UPDATE_BROKER_CONFIG may change. ``version`` is RocketMQ's
+    DataVersion, a JSON object as text."""
 
     address: str
     version: str
     values: dict[str, str]
     live_keys: tuple[str, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    @property
+    def version_json(self) -> Any:
+        """``version`` decoded (the text itself if it is not JSON)."""
+        try:
+            return json.loads(self.version)
+        except ValueError:
+            return self.version
+
+    def to_json(self, settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """``settings``: the values typed as the broker holds them (the client knows no
+        broker's types: hamq.broker.live_config's ``typed_settings`` does); by
+        default, as text."""
+        values = self.values if settings is None else settings
         return {
             "address": self.address,
-            "version": self.version,
-            "config": dict(sorted(self.values.items())),
+            "version": self.version_json,
+            "config": dict(sorted(values.items())),
             "liveKeys": list(self.live_keys),
         }
 
@@ -453,7 +548,8 @@ class AdminClient(InstanceOwner):
         ]
 
     async def broker_runtime_info(self, addr: str) -> dict[str, str]:
-        """A broker's runtime statistics (GET_BROKER_RUNTIME_INFO, a KVTable), sorted."""
+        """A broker's runtime statistics (GET_BROKER_RUNTIME_INFO, a KVTable) as it sent
+        them, name -> text, sorted."""
         instance = self.instance
         response = await instance.invoke_ok(
             addr, instance.request(RequestCode.GET_BROKER_RUNTIME_INFO)
@@ -461,7 +557,9 @@ class AdminClient(InstanceOwner):
         table = decode_body(KVTable, response.body or b"{}").table
         return dict(sorted(table.items()))
 
-    broker_status = broker_runtime_info
+    async def broker_status(self, addr: str) -> BrokerStatus:
+        """``broker_runtime_info`` with typed values (BrokerStatus.values)."""
+        return BrokerStatus(addr, await self.broker_runtime_info(addr))
 
     async def ha_status(self, addr: str) -> dict[str, Any]:
         """A broker's replication status (GET_BROKER_HA_STATUS): its role and epochs; a

@@ -243,12 +243,20 @@ async def hamq_process(
         await kill_and_reap(proc)
 
 
-async def hamq_as_run(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[bytes]:
+async def hamq_as_run(
+    *args: str, timeout_s: float = 60, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
     """Run ``hamq <args>`` at its default log level to the end (bounded; killed if it
-    runs longer); its output captured."""
+    runs longer); its output captured. ``stdin``: what its stdin holds (a pipe), else
+    nothing (/dev/null)."""
     with anyio.fail_after(timeout_s):
         return await anyio.run_process(
-            [*HAMQ_AS_RUN, *args], stdin=subprocess.DEVNULL, check=False, cwd=ROOT, env=user_env()
+            [*HAMQ_AS_RUN, *args],
+            input=stdin,
+            stdin=subprocess.DEVNULL if stdin is None else None,
+            check=False,
+            cwd=ROOT,
+            env=user_env(),
         )
 
 
