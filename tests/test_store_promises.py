@@ -137,6 +137,17 @@ async def test_a_slave_deletes_a_topic_where_its_master_did(tmp_path: Path) -> N
         assert deleted == ["T"]
     async with open_store(slave_config) as slave:
         assert read_topic(slave, "T") == ["new0"]
+        assert slave.recovery is not None and slave.recovery.topics_deleted == ()
+    # killed before its deletion table was written: recovery applies the deletion again,
+    # and says so (the broker then forgets the topic's offsets)
+    for name in ("topicDeletions.json", "topicDeletions.json.bak", "checkpoint"):
+        (tmp_path / "slave" / ("config" if name.startswith("topic") else "") / name).unlink(
+            missing_ok=True
+        )
+    crash(tmp_path / "slave")
+    async with open_store(slave_config) as slave:
+        assert slave.recovery is not None and slave.recovery.topics_deleted == ("T",)
+        assert read_topic(slave, "T") == ["new0"]
 
 
 async def test_delayed_and_uncommitted_messages_of_a_deleted_topic_stay_gone(

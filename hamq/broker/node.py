@@ -319,6 +319,9 @@ class BrokerNode:
         assert ctx.pull_holds is not None
         self.store.reput.listeners.append(ctx.pull_holds.on_dispatch)
         self.store.on_topic_deleted(self._topic_deleted)
+        assert self.store.recovery is not None
+        for topic in self.store.recovery.topics_deleted:  # (applied before this ran)
+            self._topic_deleted(topic)
         async with trio.open_nursery() as nursery:
             embedded = await self._start_embedded_nameserver(nursery)
             await self._start_replication(nursery)

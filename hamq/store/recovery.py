@@ -125,6 +125,9 @@ class RecoveryReport:
     #: why dispatching is paused (a full disk) short of the log's end, if it is: the
     #: store runs, and its reput task retries
     paused: str | None = None
+    #: topics whose deletion recovery applied (their records dispatched again: a slave
+    #: or a master that stopped before they were): the broker forgets them too
+    topics_deleted: tuple[str, ...] = ()
     #: queue offsets handed out for records no longer in the log, kept by placeholders
     #: ("topic/queue id" -> [first, stop)): pulls pass over them, new messages follow
     lost_offsets: dict[str, tuple[int, int]] = attrs.field(factory=dict)
@@ -708,6 +711,38 @@ def recover(
     offsets handed out for records that are gone (``_keep_lost_offsets``)."""
     commitlog.load()
     reput.deletions.load()
+    deleted: list[str] = []
+    reput.deletion_listeners.append(deleted.append)
+    try:
+        return _recover(
+            store_dir=store_dir,
+            commitlog=commitlog,
+            queues=queues,
+            index=index,
+            reput=reput,
+            checkpoint=checkpoint,
+            clean=clean,
+            extents=extents,
+            deleted=deleted,
+        )
+    finally:
+        reput.deletion_listeners.remove(deleted.append)
+
+
+def _recover(
+    *,
+    store_dir: Path,
+    commitlog: CommitLog,
+    queues: ConsumeQueueTable,
+    index: IndexService,
+    reput: ReputService,
+    checkpoint: Checkpoint | None,
+    clean: bool,
+    extents: QueueExtents | None,
+    deleted: list[str],
+) -> RecoveryReport:
+    """``recover``'s steps, the log and the deletions loaded; ``deleted`` fills with the
+    topics whose deletion is applied meanwhile."""
     unloadable = remove_unloadable_queues(queues.root, queues.entries_per_file)
     queues.load()
     index.load()
@@ -757,6 +792,7 @@ def recover(
         damaged=tuple(sorted(dispatcher.reported)),
         rebuilt_queues=tuple(f"{t}/{q}" for t, q in sorted(problems)),
         paused=reput.failure if dispatcher.paused else None,
+        topics_deleted=tuple(deleted),
         lost_offsets=kept,
     )
 
