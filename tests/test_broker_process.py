@@ -10,7 +10,14 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from tests.support.brokers import small_store_toml
-from tests.support.processes import hamq_command, hamq_server, ready_addresses, stop
+from tests.support.processes import (
+    hamq_command,
+    hamq_process,
+    hamq_server,
+    read_ready_line,
+    ready_addresses,
+    stop,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -73,6 +80,24 @@ async def test_a_standalone_nameserver_and_a_broker_that_registers_with_it(tmp_p
             assert b"b1" in route.stdout and broker_addr.encode() in route.stdout
             cluster = await hamq_command("admin", "cluster", "-n", ns)
             assert b"DefaultCluster" in cluster.stdout
+
+
+async def test_a_master_says_it_is_master_in_its_log_not_slave(tmp_path: Path) -> None:
+    """At its default log level; the store starts taking no sends (the broker makes it
+    master once it serves), and its line says so rather than naming a role."""
+    config = str(small_store_toml(tmp_path))
+    log = tmp_path / "broker.log"
+    async with hamq_process(
+        *("broker", "-c", config, "--port", "0", "--namesrv-port", "0"),
+        *("--store-dir", str(tmp_path / "store")),
+        stderr=log,
+    ) as proc:
+        await read_ready_line(proc, "hamq broker")
+        assert await stop(proc) == 0
+    text = log.read_text()
+    assert "message store running in " in text, text  # (the line had its chance)
+    assert "SLAVE" not in text, text
+    assert "STARTING -> MASTER (configured master" in text, text
 
 
 runner = CliRunner()
