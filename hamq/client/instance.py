@@ -51,6 +51,7 @@ from hamq.client.errors import (
     ClientError,
     InvalidArgumentError,
     NameServerUnavailableError,
+    NoMasterError,
     NoRouteError,
 )
 from hamq.client.message import inflate
@@ -59,7 +60,9 @@ from hamq.client.route_cache import (
     broker_table,
     pick_address,
     publish_info,
+    read_only,
     subscribe_queues,
+    without_master,
 )
 from hamq.protocol import (
     RemotingCommand,
@@ -397,6 +400,16 @@ class ClientInstance:
             if info.ok:
                 self._publish[topic] = info
                 return info
+        if route is not None:  # the topic exists: say why it cannot be sent to
+            if masterless := without_master(route):
+                raise NoMasterError(
+                    f"topic {topic} exists, but no broker group serving it has a master "
+                    f"now: {'; '.join(masterless)} (nameserver {self.namesrv_addr})"
+                )
+            raise NoRouteError(
+                f"topic {topic} exists, but none of its queues may be written to "
+                f"(read-only on {', '.join(read_only(route))}; nameserver {self.namesrv_addr})"
+            )
         raise NoRouteError(
             f"No route info of this topic: {topic} (no broker serves it and none "
             f"auto-creates topics; nameserver {self.namesrv_addr})"
