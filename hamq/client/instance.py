@@ -384,7 +384,15 @@ class ClientInstance:
         return info if info is not None and info.ok else None
 
     async def publish_info(self, topic: str, template_queue_nums: int) -> PublishInfo:
-        """Where to send ``topic``; through TBW102's route if the topic is new."""
+        """Where to send ``topic``; through TBW102's route if the topic is new.
+
+        Raises:
+            NoMasterError: the topic exists, but no broker group serving it has a master
+                now (and no broker auto-creates it elsewhere); it names those groups.
+            NoRouteError: no nameserver knows the topic and no broker auto-creates
+                topics, or none of its queues may be written to.
+            NameServerUnavailableError: no nameserver answered.
+        """
         info = self.cached_publish_info(topic)
         if info is not None:
             return info
