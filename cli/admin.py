@@ -655,7 +655,8 @@ def elect_master_command(
     """Make a broker the master of its group now (a designated election).
 
     The broker must be alive and, unless the controllers allow unclean elections, in
-    the SyncStateSet; a refusal is printed with the controller's code and reason."""
+    the SyncStateSet; a refusal is printed with the controller's code and reason. A
+    broker that is the master already is a success: the line says so."""
     addrs = _addresses(controller, "--controller")
 
     async def main() -> None:
@@ -668,6 +669,8 @@ def elect_master_command(
             if election.master_broker_id is not None
             else "no master"
         )
+        if not election.elected:
+            who += " already; nothing changed"
         typer.echo(
             f"{broker}: {who}, master epoch {election.master_epoch}; SyncStateSet "
             f"{list(election.sync_state_set)} epoch {election.sync_state_set_epoch} "

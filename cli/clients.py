@@ -65,6 +65,7 @@ from hamq.client import (
     LocalTransactionState,
     Message,
     MessageExt,
+    NoMasterError,
     NoRouteError,
     Producer,
     PushConsumer,
@@ -316,8 +317,16 @@ class _Sending:
 
     async def main(self, concurrency: int) -> None:
         async with self.producer:
-            # the route first: a nameserver that is not there ends the command here
-            await self.producer.queues(self.messages.topic)
+            # the route first: a nameserver that is not there ends the command here; a
+            # topic whose broker groups have no master now is sent to until the send
+            # timeout (a failover may bring one), saying so once
+            try:
+                await self.producer.queues(self.messages.topic)
+            except NoMasterError as exc:
+                typer.echo(
+                    f"warning: {exc}; trying for {self.send_timeout_s:g}s (--send-timeout)",
+                    err=True,
+                )
             requests = self.messages.requests
             next_request = iter(requests)  # shared by the senders: each request goes once
             started = time.perf_counter()

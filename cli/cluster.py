@@ -11,7 +11,9 @@ checkout's conf/ (conf/README.md lists them); anything else is taken as a path.
 
 Order: nameservers, then masters (broker_id 0), then slaves, then brokers in controller
 mode (``enable_controller_mode``: the controllers pick their ids and their master) start,
-each awaited until its one ``hamq ... ready:`` line (at most READY_TIMEOUT_S); then ``up``
+each awaited until its one ``hamq ... ready:`` line (at most READY_TIMEOUT_S; a broker
+says it once a nameserver accepted its registration: one started before the nameservers
+it names, unless it embeds one of them, would not be ready in time); then ``up``
 waits until every nameserver knows every master and slave (asked over TLS with the
 brokers' settings when they have ``[remoting.tls]``; nameservers embedded in
 brokers learn of the brokers started before theirs within seconds; at most

@@ -3,6 +3,9 @@ foreground.
 
 Both print one line when they serve (``hamq broker ready: ...``), log to stderr, and
 stop cleanly on Ctrl-C or SIGTERM (the broker writes its state and closes its store).
+A broker is ready once a nameserver has accepted its registration (clients can find
+it); until then it serves and retries, and its log says once per nameserver why it is
+not registered (hamq/broker/registration.py).
 A broker whose store directory another process holds says so in one line, naming the
 holder's PID (exit code 2).
 """
@@ -267,6 +270,7 @@ def _serve_broker(node: BrokerNode) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(node.run)
+                await node.wait_registered()  # ready: clients can find it
                 embedded = " (embedded)" if node.nameserver is not None else ""
                 metrics = _metrics_note(node.config.listen_host, node.metrics_port)
                 typer.echo(

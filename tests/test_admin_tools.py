@@ -896,8 +896,19 @@ async def test_controller_commands_json(tmp_path: Path) -> None:
             assert other in answer["syncStateSet"]
             assert set(answer) == {
                 "controller", "brokerName", "masterBrokerId", "masterAddress", "masterEpoch",
-                "syncStateSet", "syncStateSetEpoch",
+                "syncStateSet", "syncStateSetEpoch", "elected",
             }  # fmt: skip
+            assert answer["elected"] is True
+            # the master it is already: a success that says so, nothing changed
+            again = await hamq_command(
+                "admin", "elect-master", "--controller", controller, "--broker", "broker-j",
+                "--broker-id", str(other), "--json",
+            )  # fmt: skip
+            assert again.returncode == 0, again.stderr
+            kept = json.loads(again.stdout)
+            same = ("brokerName", "masterBrokerId", "masterAddress", "masterEpoch")
+            assert [kept[k] for k in same] == [answer[k] for k in same], kept
+            assert kept["elected"] is False and set(kept) == set(answer), kept
             done = await hamq_command(
                 "admin", "broker-epoch", "--broker", answer["masterAddress"], "--json"
             )

@@ -140,6 +140,25 @@ async def test_sync_state_set_designated_election_and_epochs(tmp_path: Path) -> 
             assert (after["masterBrokerId"], after["masterEpoch"]) == (other, epoch + 1), after
             assert after["masterAddress"] == new_addr
 
+            # naming the master it has is a success that says so (the README's failover
+            # walkthrough runs elect-master for broker 2, which may have won already)
+            code, out, err = await hamq_admin(
+                "elect-master",
+                "--controller",
+                controller,
+                "--broker",
+                GROUP,
+                "--broker-id",
+                str(other),
+            )
+            assert code == 0, err
+            assert (
+                f"{GROUP}: broker {other} ({new_addr}) is master already; nothing changed, "
+                f"master epoch {epoch + 1}; "
+            ) in out, out
+            kept = (await sync_state(controller))[GROUP]
+            assert (kept["masterBrokerId"], kept["masterEpoch"]) == (other, epoch + 1), kept
+
             # the new master writes the new epoch into its epoch table (bounded)
             async def new_epoch_shown() -> str | None:
                 code, out, err = await hamq_admin("broker-epoch", "--broker", new_addr)

@@ -6,11 +6,24 @@ import signal
 from pathlib import Path
 
 import pytest
+import trio
 from typer.testing import CliRunner
 
 from cli.main import app
-from tests.support.brokers import small_store_toml
-from tests.support.processes import hamq_command, hamq_server, ready_addresses, stop
+from tests.support.brokers import SMALL_STORE, small_store_toml
+from tests.support.metrics import scrape, value
+from tests.support.processes import (
+    free_ports,
+    hamq_command,
+    hamq_process,
+    hamq_server,
+    read_ready_line,
+    ready_addresses,
+    stop,
+    write_toml,
+)
+from tests.support.timing import wait_for
+from tests.support.tls import make_pki
 
 pytestmark = pytest.mark.slow
 
@@ -73,6 +86,144 @@ async def test_a_standalone_nameserver_and_a_broker_that_registers_with_it(tmp_p
             assert b"b1" in route.stdout and broker_addr.encode() in route.stdout
             cluster = await hamq_command("admin", "cluster", "-n", ns)
             assert b"DefaultCluster" in cluster.stdout
+
+
+async def test_a_master_says_it_is_master_in_its_log_not_slave(tmp_path: Path) -> None:
+    """At its default log level; the store starts taking no sends (the broker makes it
+    master once it serves), and its line says so rather than naming a role."""
+    config = str(small_store_toml(tmp_path))
+    log = tmp_path / "broker.log"
+    async with hamq_process(
+        *("broker", "-c", config, "--port", "0", "--namesrv-port", "0"),
+        *("--store-dir", str(tmp_path / "store")),
+        stderr=log,
+    ) as proc:
+        await read_ready_line(proc, "hamq broker")
+        assert await stop(proc) == 0
+    text = log.read_text()
+    assert "message store running in " in text, text  # (the line had its chance)
+    assert "SLAVE" not in text, text
+    assert "STARTING -> MASTER (configured master" in text, text
+
+
+class FakeNameserver:
+    """A port where registrations fail: each request is read whole and its connection
+    closed unanswered, and counted (``tries``): proof that the broker tried again."""
+
+    def __init__(self) -> None:
+        self.tries = 0
+        self.port = 0
+        self.scope = trio.CancelScope()
+
+    async def _refuse(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            received = b""
+            with trio.move_on_after(10):
+                while len(received) < 4 or len(received) < 4 + int.from_bytes(received[:4]):
+                    chunk = await stream.receive_some(65536)
+                    if not chunk:
+                        return
+                    received += chunk
+            self.tries += 1
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with self.scope:
+            listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+            self.port = listeners[0].socket.getsockname()[1]
+            await trio.serve_listeners(self._refuse, listeners, task_status=task_status)
+
+
+def broker_toml(tmp_path: Path, namesrv: str | None, **extra: object) -> Path:
+    """A broker registering with ``namesrv`` (retried every second; None: its embedded
+    one, on a free port), small store files."""
+    values: dict[str, object] = {
+        "listen_port": 0,
+        **({"namesrv_addrs": namesrv.split(";")} if namesrv else {"embedded_namesrv_port": 0}),
+        "register_interval_s": 1.0,
+        **extra,
+        "store": {"store_dir": str(tmp_path / "store"), **SMALL_STORE},
+    }
+    return write_toml(tmp_path / "broker.toml", values)
+
+
+def said(log: Path, text: str) -> int:
+    return log.read_text().count(text)
+
+
+async def test_a_broker_is_ready_once_a_nameserver_accepts_it_and_says_once_why_not(
+    tmp_path: Path,
+) -> None:
+    """Its only nameserver fails every registration: it serves, is not ready, says why
+    once however often it tries; the nameserver comes up on that port: ready."""
+    fake = FakeNameserver()
+    out, log = tmp_path / "broker.out", tmp_path / "broker.log"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(fake.serve)
+        namesrv = f"127.0.0.1:{fake.port}"
+        async with hamq_process(
+            "broker", "-c", str(broker_toml(tmp_path, namesrv)), stdout=out, stderr=log
+        ):
+            await wait_for(lambda: fake.tries >= 4, 30, what="4 registrations tried")
+            assert out.read_text() == "", out.read_text()  # not ready after 4 tries
+            failed = f"registering with nameserver {namesrv} failed"
+            assert said(log, failed) == 1, log.read_text()
+            assert said(log, "clients find this broker once one accepts") == 1
+
+            fake.scope.cancel()  # the port comes free: a real nameserver there
+            async with hamq_server("nameserver", "--port", str(fake.port)):
+                line = await wait_for(lambda: out.read_text(), 30, what="the ready line")
+                assert line.startswith("hamq broker ready: broker broker-a at "), line
+                assert f"nameserver {namesrv}, " in line, line
+                await wait_for(lambda: said(log, f"registered with nameserver {namesrv} again"))
+            assert said(log, failed) == 1, log.read_text()
+
+
+async def test_a_broker_with_one_of_its_nameservers_down_is_ready_and_says_so_once(
+    tmp_path: Path,
+) -> None:
+    fake = FakeNameserver()
+    log = tmp_path / "broker.log"
+    async with trio.open_nursery() as nursery, hamq_server("nameserver", "--port", "0") as ns:
+        await nursery.start(fake.serve)
+        down, up = f"127.0.0.1:{fake.port}", ns[1].rsplit(" ", 1)[1]
+        config = broker_toml(tmp_path, f"{up};{down}")
+        async with hamq_process("broker", "-c", str(config), stderr=log) as proc:
+            line = await read_ready_line(proc, "the broker")
+            assert f"nameserver {up};{down}, " in line, line
+            await wait_for(lambda: fake.tries >= 3, 30, what="3 registrations tried")
+            assert said(log, f"registering with nameserver {down} failed") == 1, log.read_text()
+            assert "clients find this broker once one accepts" not in log.read_text()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_tls_broker_that_cannot_verify_its_own_nameserver_is_not_ready(
+    tmp_path: Path,
+) -> None:
+    """The issue's case: --tls-cert without --tls-ca, its embedded nameserver's
+    certificate signed by a CA the system does not know: "certificate verify failed",
+    said once while the handshakes fail (counted by the nameserver's metrics); with
+    --tls-ca it is ready."""
+    pki = make_pki(tmp_path)
+    (metrics_port,) = free_ports(1)
+    out, log = tmp_path / "broker.out", tmp_path / "broker.log"
+    config = broker_toml(tmp_path, None)
+    tls = ("--tls-cert", str(pki.cert), "--tls-key", str(pki.key))
+    broker = ("broker", "-c", str(config), "--metrics-port", str(metrics_port), *tls)
+    async with hamq_process(*broker, stdout=out, stderr=log):
+
+        async def refused_thrice() -> bool:
+            try:
+                metrics = await scrape(metrics_port)
+            except OSError:  # (not listening yet)
+                return False
+            failures = "hamq_nameserver_tls_handshake_failures"
+            return value(metrics, failures, "_total") >= 3
+
+        await wait_for(refused_thrice, 30, every_s=0.2, what="3 handshakes failed")
+        assert out.read_text() == "", out.read_text()
+        assert said(log, "certificate verify failed") == 1, log.read_text()
+    async with hamq_process(*broker, "--tls-ca", str(pki.ca), stderr=log) as proc:
+        assert (await read_ready_line(proc, "the broker")).startswith("hamq broker ready: ")
 
 
 runner = CliRunner()

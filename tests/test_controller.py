@@ -189,6 +189,10 @@ async def test_brokers_join_get_a_master_and_the_admin_can_move_it(tmp_path: Pat
                 ElectMasterRequestHeader("c", "b", 2, True),
             )
             assert again.code == ResponseCode.CONTROLLER_MASTER_STILL_EXIST
+            # as RocketMQ's: the refusal says who the master is, nothing changed
+            kept = again.header(ReplicaInfoResponseHeader)
+            assert (kept.master_broker_id, kept.master_epoch) == (2, 2)
+            assert decode_body(SyncStateSet, again.body).sync_state_set == [2]
 
             data = await ask(
                 client, addr, RequestCode.CONTROLLER_GET_SYNC_STATE_DATA, body=b'["b"]'

@@ -55,6 +55,10 @@ def test_readme_store_snippet_runs(tmp_path: Path) -> None:
     assert run_python(readme_snippet("MessageStore"), cwd=tmp_path).strip() == "PUT_OK FOUND 1"
     assert (tmp_path / "data" / "store" / "checkpoint").exists()
     assert not (tmp_path / "data" / "store" / "abort").exists()  # stopped cleanly
+    # every store file is reserved whole: with the snippet's (the demo) sizes, ~73 MB for
+    # one message, not the 1.4 GB of the production defaults
+    reserved = sum(f.stat().st_size for f in (tmp_path / "data" / "store").rglob("*"))
+    assert reserved < 100_000_000, reserved
 
 
 def test_remoting_echo_example_runs() -> None:

@@ -25,11 +25,12 @@ from hamq.client import (
     SendStatus,
 )
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
+from hamq.protocol.bodies import ConsumerData, HeartbeatData, SubscriptionData, encode_body
 from hamq.remoting import RemotingClient, RemotingServer
 from hamq.remoting.connection import Connection
 from hamq.remoting.dispatch import Dispatcher
 from hamq.store import MessageStore
-from tests.support.brokers import running_broker, running_nameserver
+from tests.support.brokers import pull_request, running_broker, running_nameserver
 from tests.support.store import message
 from tests.support.timing import wait_for
 
@@ -339,6 +340,30 @@ async def test_consumers_follow_the_master_to_the_slave_and_keep_going_without_i
                         )
                     )
         assert set(got) == {f"m{i}".encode() for i in range(100)}
+
+
+async def test_a_new_groups_retry_topic_is_there_on_the_slave_it_heartbeats(
+    tmp_path: Path,
+) -> None:
+    """As RocketMQ's heartbeat: a slave creates the group's %RETRY% topic too, so a new
+    group reading from it while the master is down pulls an empty queue instead of
+    TOPIC_NOT_EXIST, again and again (the nameservers answer the retry topic's route
+    before any broker has it)."""
+    async with group(tmp_path) as (_, _master, slave), RemotingClient() as client:
+        retry = pull_request("%RETRY%NewGroup", 0, group="NewGroup")
+        before = await client.invoke(slave.address, retry, 5)
+        assert before.code == ResponseCode.TOPIC_NOT_EXIST  # (no heartbeat yet)
+        beat = HeartbeatData(
+            "client-1",
+            consumer_data_set=[
+                ConsumerData("NewGroup", subscription_data_set=[SubscriptionData("T")])
+            ],
+        )
+        request = RemotingCommand.request(RequestCode.HEART_BEAT, body=encode_body(beat))
+        assert (await client.invoke(slave.address, request, 5)).code == ResponseCode.SUCCESS
+        after = await client.invoke(slave.address, retry, 5)
+        assert after.code == ResponseCode.PULL_NOT_FOUND, (after.code, after.remark)
+        assert slave.ctx.topics.get("%RETRY%NewGroup") is not None
 
 
 async def test_a_metadata_round_under_way_is_not_reported_as_failed(tmp_path: Path) -> None:

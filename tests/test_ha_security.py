@@ -41,6 +41,7 @@ from hamq.ha.membership import (
     Peer,
     Registry,
     RegistryUnavailable,
+    classic_slave_id,
     judge,
 )
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
@@ -627,3 +628,22 @@ def test_the_membership_rule(
         broker_name="g",
         source="x",
     )
+
+
+@pytest.mark.parametrize(
+    ("host", "taken", "named"),
+    [
+        ("10.0.0.2", (), 2),  # the one slave registered from that host
+        ("10.0.0.2", (2,), 2),  # (its old connection not dropped yet: still it)
+        ("127.0.0.1", (), 1),  # the master (0) is not a slave
+        ("127.0.0.1", (1,), 3),  # two slaves on one host: the one no connection has
+        ("127.0.0.1", (1, 3), 1),  # all taken: the lowest
+        ("10.0.0.9", (), None),  # none registered there
+    ],
+)
+def test_a_classic_slave_is_named_by_its_host(
+    host: str, taken: tuple[int, ...], named: int | None
+) -> None:
+    members = {**MEMBERS, 3: "127.0.0.1:10941"}
+    assert classic_slave_id(ip_of(host), members, self_id=0, taken=taken) == named
+    assert classic_slave_id(None, members, self_id=0) is None

@@ -3,6 +3,7 @@ prometheus-client's own parser; requests a stranger could send are bounded."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,8 +17,9 @@ from hamq.client import AdminClient, Message, Producer, PullConsumer, SendStatus
 from hamq.controller import Controller, ControllerConfig, ControllerServer
 from hamq.metrics import MetricsServer, Snapshot, new_registry
 from hamq.metrics.server import MAX_CONNECTIONS, BadRequest, parse_request
+from hamq.ratelimit import RateLimitedLog
 from nameserver import NameServer, NameServerConfig
-from tests.support.brokers import namesrv, running_broker
+from tests.support.brokers import namesrv, running_broker, running_nameserver
 from tests.support.cluster import READY_S, cluster_up
 from tests.support.metrics import documented, families, http, scrape, shows, value
 from tests.support.processes import copy_profile, free_ports, hamq_command
@@ -134,6 +136,30 @@ async def test_connections_over_the_limit_are_closed_at_once_and_others_still_se
         assert answer.startswith(b"HTTP/1.1 200 OK")
 
 
+async def test_connections_over_the_limit_are_logged_at_a_bounded_rate(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """30 connections over the limit in one 10 s window (the clock held still): 5 lines,
+    not 30; the rest are counted."""
+    server = MetricsServer(new_registry(), "127.0.0.1", 0)
+    server.warnings = RateLimitedLog(logging.getLogger("hamq.metrics.server"), clock=lambda: 0.0)
+    caplog.set_level(logging.WARNING, "hamq.metrics.server")
+    async with serving(server) as port:
+        idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(MAX_CONNECTIONS)]
+        try:
+            with trio.fail_after(20):
+                while server.refused < 30:  # each one over the limit had its line's chance
+                    extra = await trio.open_tcp_stream("127.0.0.1", port)
+                    async with extra:
+                        assert await extra.receive_some(10) == b""
+        finally:
+            for stream in idle:
+                await stream.aclose()
+    said = [r for r in caplog.records if "over 16 connections" in r.getMessage()]
+    assert len(said) == 5, [r.getMessage() for r in said]
+    assert server.warnings.suppressed["refused"] == server.refused - 5
+
+
 async def test_the_server_binds_only_the_host_it_is_given() -> None:
     server = MetricsServer(new_registry(), "127.0.0.2", 0)
     async with serving(server) as port:
@@ -200,6 +226,41 @@ async def test_a_broker_shows_messages_in_and_out_sends_pulls_lag_and_its_store(
             await admin.delete_topic("M")
         gone = await scrape(node.metrics_port)
         assert "M" not in {s.labels.get("topic") for s in gone["hamq_broker_messages_in"].samples}
+
+
+@pytest.mark.parametrize("protocol", ["classic", "autoswitch"])
+async def test_replication_lag_is_one_series_per_slave_by_broker_id_across_reconnects(
+    tmp_path: Path, protocol: str
+) -> None:
+    """The slave's HA connection comes from a new port each time; its series does not
+    (the classic protocol does not say the broker id: the nameservers' registration of
+    the slave's host does)."""
+    async with running_nameserver() as (_, ns):
+        common = {"namesrv_addrs": [ns], "ha": {"protocol": protocol}}
+        async with (
+            running_broker(tmp_path / "m", metrics_port=0, **common) as master,
+            running_broker(tmp_path / "s", broker_id=1, store={"role": "SLAVE"}, **common) as slave,
+        ):
+            service, client = master.ha_service, slave.ha_client
+            assert service is not None and client is not None and master.metrics_port
+            port = master.metrics_port
+
+            def identified() -> str | None:  # the slave's connection, once it has an id
+                known = [c.peer for c in service.connections if c.broker_id >= 0]
+                return known[0] if known else None
+
+            first = await wait_for(identified, 20, what="the slave's connection")
+            lag = "hamq_broker_replication_lag_bytes"
+            assert [s.labels for s in (await scrape(port))[lag].samples] == [{"broker_id": "1"}]
+            for _ in range(2):
+                client.kick()  # a new session: a new connection, from a new port
+                await wait_for(
+                    lambda old=first: identified() not in (None, old), 20, what="reconnected"
+                )
+                first = identified()
+                shown = (await scrape(port))[lag].samples
+                assert [s.labels for s in shown] == [{"broker_id": "1"}], shown
+            assert client.statistics().sessions >= 3  # (it did reconnect)
 
 
 async def test_a_nameserver_with_a_controller_shows_the_group_it_elected(tmp_path: Path) -> None:

@@ -7,7 +7,9 @@
 
 ``produce`` ends with every message acknowledged, and ``up`` starts the killed broker
 again: it is back in the SyncStateSet as a slave of the new master. (The README says
-100000 messages; the test sends fewer to stay short: COUNT.)
+100000 messages; the test sends fewer to stay short: COUNT.) The walkthrough's
+``hamq admin elect-master ... --broker-id 2`` then succeeds, run twice: the second time
+broker 2 is the master already, which it may also be the first time.
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ import trio
 from tests.support.autoswitch import sync_state_when
 from tests.support.brokers import stored
 from tests.support.cluster import READY_S, STOP_S, cluster_up
-from tests.support.processes import HAMQ, copy_profile, kill_and_reap, open_child
+from tests.support.processes import (
+    HAMQ,
+    ROOT,
+    copy_profile,
+    hamq_command,
+    kill_and_reap,
+    open_child,
+)
 from tests.support.timing import wait_for
 
 GROUP = "broker-a"
@@ -31,6 +40,14 @@ COUNT = 5000
 #: how many must be acknowledged before the kill, so it lands mid-run
 BEFORE_KILL = 1000
 BROKERS = {10911: "broker-a-n0", 10921: "broker-a-n1", 10931: "broker-a-n2"}
+
+
+def readme_elect_master_line() -> list[str]:
+    """The walkthrough's ``hamq admin elect-master ...`` line, its words after ``hamq``."""
+    section = (ROOT / "README.md").read_text().split("\n## Automatic failover", 1)[1]
+    match = re.search(r"^hamq (admin elect-master .*)$", section, re.M)
+    assert match, "no elect-master line in the README's failover walkthrough"
+    return match.group(1).split("#", 1)[0].split()
 
 
 @pytest.mark.slow
@@ -87,6 +104,15 @@ async def test_the_readme_failover_walkthrough(tmp_path: Path) -> None:
         assert names[after["masterAddress"]] != master
         assert before["masterBrokerId"] in {r["brokerId"] for r in after["inSyncReplicas"]}
         assert await stored(namesrv, "demo") >= COUNT  # all there (a retry may add one)
+
+        # the walkthrough's elect-master line (broker 2), as written but for the port
+        elect = [w.replace(":9876", f":{moved[9876]}") for w in readme_elect_master_line()]
+        assert elect[elect.index("--broker-id") + 1] == "2", elect
+        for _ in range(2):  # the second time at the latest, broker 2 is the master already
+            done = await hamq_command(*elect)
+            assert done.returncode == 0, done.stdout + done.stderr
+        assert b"broker-a: broker 2 (" in done.stdout, done.stdout
+        assert b"is master already; nothing changed" in done.stdout, done.stdout
 
         os.kill(up.proc.pid, signal.SIGINT)
         with trio.fail_after(STOP_S):

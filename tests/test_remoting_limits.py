@@ -21,6 +21,7 @@ import trio
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode, encode_frame
 from hamq.protocol.bodies import BodyError, HeartbeatData, decode_body
 from hamq.protocol.headers import DeleteTopicRequestHeader, UnregisterBrokerRequestHeader
+from hamq.ratelimit import MAX_LINE_CHARS, RateLimitedLog
 from hamq.remoting import (
     Connection,
     Dispatcher,
@@ -29,7 +30,6 @@ from hamq.remoting import (
     RemotingError,
     RemotingServer,
 )
-from hamq.remoting.ratelimit import MAX_LINE_CHARS, RateLimitedLog
 from tests.support.acl import BROKER, acl_text, write_acl
 from tests.support.brokers import running_broker
 from tests.support.metrics import documented, scrape, value

@@ -37,7 +37,7 @@ from hamq.store import StoreConfig
 from tests.support.brokers import running_broker, topic_messages
 from tests.support.cluster import READY_S, cluster_up
 from tests.support.ha import broker_group, first_slave_in_sync
-from tests.support.processes import copy_profile
+from tests.support.processes import copy_profile, hamq_command
 from tests.support.timing import wait_for
 
 # ---------------------------------------------------------------- timeouts
@@ -195,3 +195,50 @@ async def test_with_make_runs_master_killed_a_default_client_consumes_from_the_s
             route = await admin.topic_route("Topology")
         [broker] = route.broker_datas
         assert broker.broker_addrs == {1: f"127.0.0.1:{moved[10921]}"}, broker
+
+
+@pytest.mark.slow
+async def test_with_make_runs_master_killed_produce_names_it_and_a_new_group_reads_quietly(
+    tmp_path: Path,
+) -> None:
+    """conf/1m-1s-sync, the master killed: ``hamq produce`` to a topic that exists says
+    its broker group has no master (not that no broker serves the topic), and a group
+    new to the slave consumes what is there without a warning about its %RETRY% topic
+    (the slave has it from the group's heartbeat)."""
+    profile = tmp_path / "1m-1s-sync"
+    moved = copy_profile("1m-1s-sync", profile, tmp_path / "data")
+    namesrv = f"127.0.0.1:{moved[9876]};127.0.0.1:{moved[9877]}"
+    master_addr, slave_addr = (f"127.0.0.1:{moved[p]}" for p in (10911, 10921))
+    async with cluster_up(profile, tmp_path / "logs") as up:
+        await up.read_until(r"^hamq cluster ready: 1m-1s-sync", READY_S)
+        await wait_for(lambda: first_slave_in_sync(master_addr), 30, every_s=0.1)
+        sent = await hamq_command("produce", "-n", namesrv, "--topic", "Quiet", "--count", "10")
+        assert sent.returncode == 0 and b"10 acknowledged (SEND_OK)" in sent.stdout, sent
+
+        os.kill(up.table_pids()["broker-a"], signal.SIGKILL)
+        await up.stderr_until(r"broker-a \(master, pid \d+\) exited unexpectedly", 20)
+        refused = await hamq_command(
+            *("produce", "-n", namesrv, "--topic", "Quiet", "--count", "1"),
+            *("--send-timeout", "3", "--attempt-timeout", "3"),
+        )
+        said = refused.stderr.decode()
+        assert refused.returncode == 1, said
+        why = (
+            f"no broker group serving it has a master now: broker-a (only broker 1 at {slave_addr})"
+        )
+        assert f"warning: topic Quiet exists, but {why}" in said, said
+        assert f"the last: route: topic Quiet exists, but {why}" in said, said
+        assert "auto-creates" not in said, said
+
+        # --idle-exit 4: it runs on after the last message, while the old answer
+        # (TOPIC_NOT_EXIST for %RETRY%Fresh, every 3 s) would have been logged
+        read = await hamq_command(
+            *("consume", "-n", namesrv, "--topic", "Quiet", "--group", "Fresh"),
+            *("--from", "first", "--idle-exit", "4", "-q"),
+        )
+        said = read.stderr.decode()
+        assert read.returncode == 0 and "consumed 10 message(s) from Quiet as Fresh" in said, said
+        assert "%RETRY%" not in said and "TOPIC_NOT_EXIST" not in said, said
+        topics = tmp_path / "data" / "broker-a-1" / "config" / "topics.json"
+        # (the heartbeat reached the slave, which wrote its topics: at once, bounded here)
+        await wait_for(lambda: "%RETRY%Fresh" in topics.read_text(), 10)

@@ -29,8 +29,8 @@ from hamq.acl.accounts import AclFileError, AclTable, load_acl_file
 from hamq.acl.check import MessageTopic, Refusal, check
 from hamq.acl.rights import AclPolicy
 from hamq.protocol import RemotingCommand, ResponseCode
+from hamq.ratelimit import RateLimitedLog
 from hamq.remoting.address import ip_of
-from hamq.remoting.ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
 

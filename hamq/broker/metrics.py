@@ -200,15 +200,25 @@ class BrokerCollector:
         node = self.node
         slaves = GaugeMetricFamily(
             "hamq_broker_replication_lag_bytes",
-            "How far each slave's acknowledged offset is behind this master's log (broker_id"
-            " -1: the classic HA protocol does not say it)",
-            labels=["slave", "broker_id"],
+            "How far each slave's acknowledged offset is behind this master's log, by the"
+            " slave's broker id (unknown: a classic slave the nameservers do not name; the"
+            " furthest behind of those)",
+            labels=["broker_id"],
         )
         in_sync = 1 if node.ctx.roles.is_master else 0
         if node.ha_service is not None and node.ctx.roles.is_master:
+            lags: dict[str, int] = {}
             for slave in node.ha_service.statistics().slaves:
-                slaves.add_metric([slave.address, str(slave.broker_id)], slave.lag_bytes)
                 in_sync += slave.in_sync
+                if slave.broker_id < 0:
+                    lags["unknown"] = max(lags.get("unknown", 0), slave.lag_bytes)
+                    continue
+                # one series per slave across its reconnections: of two connections of
+                # one broker (the old one not dropped yet), the one further on counts
+                label = str(slave.broker_id)
+                lags[label] = min(lags.get(label, slave.lag_bytes), slave.lag_bytes)
+            for label, lag in sorted(lags.items()):
+                slaves.add_metric([label], lag)
         yield slaves
         yield GaugeMetricFamily(
             "hamq_broker_in_sync_replicas",

@@ -11,7 +11,11 @@ takes its configured role (roles.py: a master starts a new epoch at the end of i
 and takes sends), and a slave starts its HA client and the metadata sync, which follow
 the master the registration names.
 ``await nursery.start(node.run)`` returns once all of them serve. A start that fails
-(a port in use) or is stopped half-way leaves no new epoch behind.
+(a port in use) or is stopped half-way leaves no new epoch behind. Serving is not yet
+being findable: ``wait_registered`` returns once a nameserver has accepted the broker's
+registration (``hamq broker``'s ready line waits for it; registration.py retries, and
+says once why a nameserver does not accept). An embedded nameserver accepts at once;
+in controller mode the first registration follows the controllers' first word.
 
 With ``acl_enable`` every request passes the ACL (hamq/acl: signed by an account of
 ``acl_file`` with the rights it needs) before its processor, and an embedded nameserver
@@ -229,6 +233,13 @@ class BrokerNode:
     @property
     def address(self) -> str:
         return self.ctx.address
+
+    async def wait_registered(self) -> None:
+        """Until a nameserver has accepted this broker's registration (the module doc);
+        call it once ``run`` has started."""
+        if self.registrar is None:
+            raise RuntimeError("the broker is not running: start run() first")
+        await self.registrar.registered.wait()
 
     # ------------------------------------------------------------------ replication
     def _master_ha_address(self) -> str | None:

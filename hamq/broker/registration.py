@@ -7,6 +7,16 @@
   clients asking them must find it soon. What a nameserver answers a slave
   (its master's address and HA address) is kept for replication. UNREGISTER_BROKER to
   each at a clean stop.
+- ``registered`` is set once any nameserver has accepted a registration: clients can
+  find the broker from then on (``hamq broker`` prints its ready line then). A broker
+  is registered with one nameserver of several that answers; one whose nameservers all
+  fail (down, a TLS certificate it cannot verify, an ACL refusal) keeps trying and is
+  not registered.
+- Each nameserver's failure is logged once per reason: a warning the first time it
+  fails for a reason (at most MAX_REASONS_LOGGED reasons), nothing while it fails for
+  reasons already said, and one line when it accepts again, after which the count
+  starts afresh (a broker retrying every 2 s would otherwise log a line every 2 s for as
+  long as its nameserver is down).
 - Notification: when a consumer group's members change, each member gets
   NOTIFY_CONSUMER_IDS_CHANGED (oneway) so that it rebalances at once.
 """
@@ -20,7 +30,7 @@ import trio
 
 from hamq.broker.clients import ConsumerManager
 from hamq.broker.context import BrokerContext
-from hamq.protocol import RemotingCommand, RequestCode, ResponseCode, SerializeType
+from hamq.protocol import RemotingCommand, RequestCode, ResponseCode, SerializeType, code_name
 from hamq.protocol.bodies import RegisterBrokerBody, encode_body
 from hamq.protocol.headers import (
     NotifyConsumerIdsChangedRequestHeader,
@@ -35,6 +45,8 @@ log = logging.getLogger(__name__)
 NOTIFY_TIMEOUT_S = 3.0
 #: the first pause before registering again after a nameserver did not accept
 REGISTER_RETRY_S = 1.0
+#: how many different reasons a nameserver's failures are logged with, until it accepts
+MAX_REASONS_LOGGED = 8
 
 
 class Registrar:
@@ -46,6 +58,10 @@ class Registrar:
         self.namesrv_addrs = namesrv_addrs
         self._changed = trio.Event()
         self.registrations = 0
+        #: set once a nameserver accepted a registration (never cleared)
+        self.registered = trio.Event()
+        #: the reasons logged for each nameserver failing now (since it last accepted)
+        self._failing: dict[str, set[str]] = {}
         #: from the nameservers' answers (a slave's master)
         self.master_addr: str | None = None
         self.master_ha_addr: str | None = None
@@ -89,6 +105,7 @@ class Registrar:
         accepted = 0
         if self.ctx.roles.broker_id < 0:
             return 0
+        failures: dict[str, str] = {}
 
         async def one(addr: str) -> None:
             nonlocal accepted
@@ -97,12 +114,17 @@ class Registrar:
                     addr, self._request(), self.ctx.config.register_timeout_s
                 )
             except RemotingError as exc:
-                log.warning("registering with nameserver %s failed: %s", addr, exc)
+                failures[addr] = f"registering with nameserver {addr} failed: {exc}"
                 return
             if response.code != ResponseCode.SUCCESS:
-                log.warning("nameserver %s refused the registration: %s", addr, response.remark)
+                failures[addr] = (
+                    f"nameserver {addr} refused the registration: "
+                    f"{code_name(response.code, response=True)}: {response.remark}"
+                )
                 return
             accepted += 1
+            if self._failing.pop(addr, None) is not None:
+                log.info("registered with nameserver %s again", addr)
             answer = response.header(RegisterBrokerResponseHeader)
             if answer.master_addr:
                 self.master_addr = answer.master_addr
@@ -112,7 +134,30 @@ class Registrar:
             for addr in self.namesrv_addrs:
                 nursery.start_soon(one, addr)
         self.registrations += 1
+        if accepted and not self.registered.is_set():
+            log.info(
+                "registered with %d of %d nameserver(s): %s",
+                accepted,
+                len(self.namesrv_addrs),
+                ", ".join(a for a in self.namesrv_addrs if a not in failures),
+            )
+            self.registered.set()
+        for addr, why in failures.items():
+            self._failed(addr, why)
         return accepted
+
+    def _failed(self, addr: str, why: str) -> None:
+        """Log ``why`` unless it was said for ``addr`` since it last accepted (module
+        doc)."""
+        said = self._failing.setdefault(addr, set())
+        if why in said or len(said) >= MAX_REASONS_LOGGED:
+            return
+        said.add(why)
+        log.warning(
+            "%s; retrying (said again only if the reason changes)%s",
+            why,
+            "" if self.registered.is_set() else "; clients find this broker once one accepts",
+        )
 
     async def unregister_all(self, timeout_s: float = 3.0) -> None:
         config = self.ctx.config

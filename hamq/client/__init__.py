@@ -32,6 +32,7 @@ from hamq.client.errors import (
     ClientError,
     InvalidArgumentError,
     NameServerUnavailableError,
+    NoMasterError,
     NoRouteError,
     SendError,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "MessageExt",
     "MessageQueue",
     "NameServerUnavailableError",
+    "NoMasterError",
     "NoRouteError",
     "Producer",
     "PullConsumer",

@@ -50,7 +50,8 @@ client of their own, each request bounded by REQUEST_TIMEOUT_S. Controllers are
 asked in turn: one that cannot be reached, has no Raft quorum (CONTROLLER_NOT_LEADER)
 or serves no controller (REQUEST_CODE_NOT_SUPPORTED) passes the question on to the
 next; any other refusal ends the call with its code and remark, as does no
-controller answering.
+controller answering — except that ``elect_master`` of the broker that is the master
+already succeeds, saying so (CONTROLLER_MASTER_STILL_EXIST naming that broker).
 """
 
 from __future__ import annotations
@@ -1040,11 +1041,13 @@ async def ask_controllers(
     timeout_s: float = REQUEST_TIMEOUT_S,
     credentials: Credentials | None = None,
     remoting: RemotingConfig | None = None,
+    answers: frozenset[int] = frozenset({ResponseCode.SUCCESS}),
 ) -> tuple[str, RemotingCommand]:
-    """The first controller's SUCCESS answer, with its address (see the module doc);
-    ClientError naming each controller and what it said when none gives one. Requests
-    are signed with ``credentials`` (an ACL account) when given; ``remoting`` holds TLS.
-    InvalidArgumentError unless ``timeout_s`` (each request's) is positive."""
+    """The first controller's SUCCESS answer (or one of ``answers``), with its address
+    (see the module doc); ClientError naming each controller and what it said when none
+    gives one. Requests are signed with ``credentials`` (an ACL account) when given;
+    ``remoting`` holds TLS. InvalidArgumentError unless ``timeout_s`` (each request's)
+    is positive."""
     check_timeout("timeout_s", timeout_s)
     problems = []
     async with _client(credentials, remoting) as client:
@@ -1055,18 +1058,22 @@ async def ask_controllers(
             except RemotingError as exc:
                 problems.append(str(exc))
                 continue
-            if response.code == ResponseCode.SUCCESS:
+            if response.code in answers:
                 return addr, response
-            refusal = (
-                f"controller {addr} answered {code_name(response.code, response=True)}: "
-                f"{response.remark or 'no reason given'}"
-            )
+            refusal = _refusal(addr, response)
             if response.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
                 refusal += " (not a controller, nor a nameserver started with --controller?)"
             if response.code not in _ASK_ANOTHER:
                 raise ClientError(refusal)
             problems.append(refusal)
     raise ClientError("no controller answered: " + "; ".join(problems))
+
+
+def _refusal(addr: str, response: RemotingCommand) -> str:
+    return (
+        f"controller {addr} answered {code_name(response.code, response=True)}: "
+        f"{response.remark or 'no reason given'}"
+    )
 
 
 def _not_understood(addr: str, exc: Exception) -> ClientError:
@@ -1126,6 +1133,8 @@ class Election:
     master_epoch: int | None
     sync_state_set: tuple[int, ...]
     sync_state_set_epoch: int | None
+    #: False: the broker named was the master already, and nothing changed
+    elected: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -1136,6 +1145,7 @@ class Election:
             "masterEpoch": self.master_epoch,
             "syncStateSet": list(self.sync_state_set),
             "syncStateSetEpoch": self.sync_state_set_epoch,
+            "elected": self.elected,
         }
 
 
@@ -1149,21 +1159,30 @@ async def elect_master(
     remoting: RemotingConfig | None = None,
 ) -> Election:
     """Make broker ``broker_id`` of ``broker_name`` its master now (a designated
-    election, CONTROLLER_ELECT_MASTER); ClientError with the controller's refusal."""
+    election, CONTROLLER_ELECT_MASTER). A broker that is the master already is a
+    success too: the Election says so (``elected`` False; the controller answered
+    CONTROLLER_MASTER_STILL_EXIST naming it). ClientError with the controller's refusal
+    otherwise."""
     header = ElectMasterRequestHeader(cluster, broker_name, broker_id, designate_elect=True)
+    still = ResponseCode.CONTROLLER_MASTER_STILL_EXIST
     addr, response = await ask_controllers(
         addrs,
         RequestCode.CONTROLLER_ELECT_MASTER,
         header,
         credentials=credentials,
         remoting=remoting,
+        answers=frozenset({ResponseCode.SUCCESS, still}),
     )
     try:
         info = response.header(ReplicaInfoResponseHeader)
         members = decode_body(SyncStateSet, response.body) if response.body else None
     except (RequestError, ValueError) as exc:
+        if response.code == still:  # (a controller that does not say who the master is)
+            raise ClientError(_refusal(addr, response)) from None
         raise _not_understood(addr, exc) from None
     master = info.master_broker_id
+    if response.code == still and master != broker_id:
+        raise ClientError(_refusal(addr, response))
     return Election(
         addr,
         broker_name,
@@ -1172,6 +1191,7 @@ async def elect_master(
         info.master_epoch,
         tuple(sorted(members.sync_state_set)) if members else (),
         info.sync_state_set_epoch,
+        elected=response.code == ResponseCode.SUCCESS,
     )
 
 

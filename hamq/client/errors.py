@@ -5,7 +5,10 @@
   answer, an address) was refused before anything was sent. Also a ``ValueError``.
 - ``BrokerError``: a broker answered with a refusal; ``code`` is RocketMQ's response
   code, ``remark`` the broker's reason, ``addr`` the broker.
-- ``NoRouteError``: no nameserver knows the topic (and no broker may auto-create it).
+- ``NoRouteError``: no nameserver knows the topic (and no broker may auto-create it),
+  or it has no queue a send may go to; ``NoMasterError``, one of them: the topic exists
+  but the broker groups serving it have no master now (the master is down; a failover
+  may bring one).
 - ``NameServerUnavailableError``: none of the configured nameservers answered.
 - ``SendError``: every attempt of a send failed; ``__cause__`` is the last failure and
   ``attempts`` lists each one.
@@ -39,6 +42,10 @@ class BrokerError(ClientError):
 
 class NoRouteError(ClientError):
     """No route for a topic."""
+
+
+class NoMasterError(NoRouteError):
+    """The topic exists, but no broker group serving it has a master now."""
 
 
 class NameServerUnavailableError(ClientError):

@@ -51,6 +51,7 @@ from hamq.client.errors import (
     ClientError,
     InvalidArgumentError,
     NameServerUnavailableError,
+    NoMasterError,
     NoRouteError,
 )
 from hamq.client.message import inflate
@@ -59,7 +60,9 @@ from hamq.client.route_cache import (
     broker_table,
     pick_address,
     publish_info,
+    read_only,
     subscribe_queues,
+    without_master,
 )
 from hamq.protocol import (
     RemotingCommand,
@@ -381,7 +384,15 @@ class ClientInstance:
         return info if info is not None and info.ok else None
 
     async def publish_info(self, topic: str, template_queue_nums: int) -> PublishInfo:
-        """Where to send ``topic``; through TBW102's route if the topic is new."""
+        """Where to send ``topic``; through TBW102's route if the topic is new.
+
+        Raises:
+            NoMasterError: the topic exists, but no broker group serving it has a master
+                now (and no broker auto-creates it elsewhere); it names those groups.
+            NoRouteError: no nameserver knows the topic and no broker auto-creates
+                topics, or none of its queues may be written to.
+            NameServerUnavailableError: no nameserver answered.
+        """
         info = self.cached_publish_info(topic)
         if info is not None:
             return info
@@ -397,6 +408,16 @@ class ClientInstance:
             if info.ok:
                 self._publish[topic] = info
                 return info
+        if route is not None:  # the topic exists: say why it cannot be sent to
+            if masterless := without_master(route):
+                raise NoMasterError(
+                    f"topic {topic} exists, but no broker group serving it has a master "
+                    f"now: {'; '.join(masterless)} (nameserver {self.namesrv_addr})"
+                )
+            raise NoRouteError(
+                f"topic {topic} exists, but none of its queues may be written to "
+                f"(read-only on {', '.join(read_only(route))}; nameserver {self.namesrv_addr})"
+            )
         raise NoRouteError(
             f"No route info of this topic: {topic} (no broker serves it and none "
             f"auto-creates topics; nameserver {self.namesrv_addr})"

@@ -76,6 +76,7 @@ from hamq.client.errors import (
     ClientError,
     InvalidArgumentError,
     NameServerUnavailableError,
+    NoMasterError,
     NoRouteError,
     SendError,
 )
@@ -857,7 +858,7 @@ class _Attempts:
             target = self._choose(info)
         except (NoRouteError, NameServerUnavailableError, TimeoutError) as exc:
             self._failed(f"route: {exc or 'timed out'}", exc)
-            if isinstance(exc, NoRouteError) and instance.routes.get(topic):
+            if isinstance(exc, NoMasterError):
                 return None  # a known topic without a master now: a failover under way
             if self.retries_left and isinstance(exc, NameServerUnavailableError):
                 return None

@@ -5,6 +5,8 @@ Pure state, no I/O (``ClientInstance`` fetches the routes and feeds them here).
 - ``PublishInfo``: a topic's writable queues on brokers that have a master, sorted by
   broker name then queue id (what RocketMQ's clients build). Sends go round-robin over
   it from a random start; a retry avoids the broker that just failed.
+  ``without_master`` names the broker groups of a route that have none (all of its
+  queues' groups, when a topic exists but cannot be sent to: the master is down).
 - ``subscribe_queues``: a topic's readable queues, the set a consumer group rebalances.
 - A topic no nameserver knows is sent to through the template topic TBW102's route
   (``min(default_topic_queue_nums, template's write queues)`` per broker); the broker
@@ -90,6 +92,26 @@ def publish_info(
             count = min(count, template_queue_nums)
         queues += [MessageQueue(topic, data.broker_name, i) for i in range(count)]
     return PublishInfo(topic, queues, route, from_template=template_queue_nums is not None)
+
+
+def without_master(route: TopicRouteData) -> list[str]:
+    """The broker groups holding ``route``'s queues that have no master now, each with
+    the brokers they have ("broker-a (only broker 1 at 127.0.0.1:10921)")."""
+    brokers = {b.broker_name: b for b in route.broker_datas}
+    named = []
+    for name in sorted({q.broker_name for q in route.queue_datas}):
+        data = brokers.get(name)
+        if data is not None and data.master_addr():
+            continue
+        others = sorted(data.broker_addrs.items()) if data is not None else []
+        have = ", ".join(f"broker {i} at {a}" for i, a in others) or "no broker registered"
+        named.append(f"{name} (only {have})" if others else f"{name} ({have})")
+    return named
+
+
+def read_only(route: TopicRouteData) -> list[str]:
+    """The broker groups whose queues of ``route`` may not be written to."""
+    return sorted({q.broker_name for q in route.queue_datas if not q.perm & PERM_WRITE})
 
 
 def subscribe_queues(topic: str, route: TopicRouteData) -> list[MessageQueue]:

@@ -16,7 +16,9 @@ CONTROLLER_REGISTER_BROKER (1003), BROKER_HEARTBEAT (904), CONTROLLER_GET_REPLIC
 (1004), CONTROLLER_ALTER_SYNC_STATE_SET (1001), CONTROLLER_ELECT_MASTER (1002),
 CONTROLLER_GET_METADATA_INFO (1005), CONTROLLER_GET_SYNC_STATE_DATA (1006). Changes go
 through Raft from whichever controller receives them; a refusal answers the state
-machine's code (CONTROLLER_*), no quorum answers CONTROLLER_NOT_LEADER.
+machine's code (CONTROLLER_*), no quorum answers CONTROLLER_NOT_LEADER. An election
+that would keep the master the group has answers CONTROLLER_MASTER_STILL_EXIST with the
+group's replica info, as RocketMQ's does (an admin naming the current master is done).
 
 ACL (``acl_file``, a standalone controller's; an embedded one is covered by its
 nameserver's): heartbeats, registrations, SyncStateSet changes and elections need a
@@ -388,14 +390,25 @@ class Controller:
         header = request.header(ElectMasterRequestHeader)
         designated = header.broker_id if header.designate_elect else None
         group = self.raft.state.groups.get(header.broker_name)
-        info: ReplicaInfo = await self._call(
-            "elect_master",
-            broker_name=header.broker_name,
-            alive=self.live.alive(header.broker_name, self._clock()),
-            designated=designated,
-            unclean=self.config.enable_elect_unclean_master,
-            expected_master_epoch=group.master_epoch if group is not None else None,
-        )
+        try:
+            info: ReplicaInfo = await self._call(
+                "elect_master",
+                broker_name=header.broker_name,
+                alive=self.live.alive(header.broker_name, self._clock()),
+                designated=designated,
+                unclean=self.config.enable_elect_unclean_master,
+                expected_master_epoch=group.master_epoch if group is not None else None,
+            )
+        except RequestError as exc:
+            if exc.code != ResponseCode.CONTROLLER_MASTER_STILL_EXIST:
+                raise
+            # RocketMQ's answer: nothing changes, and the refusal says who the master is
+            # (its id, address, epochs and SyncStateSet), so an admin naming the master
+            # it already has learns that it is done
+            still = self.raft.state.replica_info(header.broker_name)
+            return request.response_to(
+                exc.code, str(exc), replica_header(still), body=replica_body(still)
+            )
         if info.master_id is not None:
             await self._elected(info, "by admin" if designated is not None else "on request")
         return self._answer(request, info)

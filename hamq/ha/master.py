@@ -12,7 +12,9 @@ RateLimitedLog: a flood of strangers writes a few lines per 10 s, not one each. 
 admitted slaves are in ``connections``: everything that decides a send (``transfer``:
 who is in sync, what counts as acked, SLAVE_NOT_AVAILABLE) sees members only.
 
-Per admitted slave, two tasks under the connection's nursery:
+Per admitted slave, two tasks under the connection's nursery (and for a classic slave,
+whose protocol does not say its broker id, a third that names it once from the
+registry: membership.py's ``classic_slave_id``):
 - the reader takes the slave's messages: in the auto-switch protocol the HANDSHAKE
   (answered with the master's max offset and epoch table), then reports of the
   slave's max offset. The first report sets where sending starts (0: the start
@@ -62,6 +64,7 @@ from hamq.ha.membership import (
     Registry,
     RegistryUnavailable,
     challenge_slave,
+    classic_slave_id,
     judge,
 )
 from hamq.ha.states import StateMachine
@@ -77,9 +80,9 @@ from hamq.protocol.ha_wire import (
     encode_master_handshake,
     encode_transfer_header,
 )
+from hamq.ratelimit import RateLimitedLog
 from hamq.remoting import RemotingConfig
 from hamq.remoting.address import IPAddress, ip_of
-from hamq.remoting.ratelimit import RateLimitedLog
 from hamq.remoting.server import Acceptor
 from hamq.store import MessageStore, StoreError
 
@@ -179,6 +182,8 @@ class SlaveConnection:
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(self._reader)
                         nursery.start_soon(self._writer)
+                        if self.broker_id < 0:  # (classic: its protocol does not say)
+                            nursery.start_soon(self._identify)
                 finally:
                     service.connections.discard(self)
         except* SlaveRefused as group:
@@ -238,6 +243,15 @@ class SlaveConnection:
             self.peer,
             f" (broker id {peer.broker_id})" if peer.broker_id is not None else "",
         )
+
+    async def _identify(self) -> None:
+        """A classic slave's broker id, from the registry (membership.py), for the
+        metrics and ha-status; in the background, so that a registry slow to answer
+        delays no replication. Left -1 when the registry cannot say."""
+        found = await self.service.classic_slave_id(self)
+        if found is not None:
+            self.broker_id = found
+            log.info("HA slave %s is broker %d of the group (by its host)", self.peer, found)
 
     async def _receive_handshake(self) -> SlaveHandshake:
         """The auto-switch HANDSHAKE, the first thing a slave sends (after the secret)."""
@@ -630,6 +644,26 @@ class HAService:
         except RegistryUnavailable as exc:
             return f"{registry.source} cannot be asked whether it is a member: {exc}"
         return rule(members)
+
+    async def classic_slave_id(self, connection: SlaveConnection) -> int | None:
+        """The broker id of the classic slave on ``connection`` as the registry has it
+        (membership.py's ``classic_slave_id``), None if it cannot say."""
+        cache = self._members
+        if cache is None:
+            return None
+        self_id = cache.registry.self_id()
+
+        def names(members: Mapping[int, str]) -> bool:
+            return classic_slave_id(connection.peer_host, members, self_id=self_id) is not None
+
+        try:
+            members = await cache.members(names)
+        except RegistryUnavailable:
+            return None
+        # (no checkpoint from here to the caller's assignment: two slaves identified at
+        # once see each other's id)
+        taken = {c.broker_id for c in self.connections if c is not connection}
+        return classic_slave_id(connection.peer_host, members, self_id=self_id, taken=taken)
 
     def refused(self, peer: str, reason: str) -> None:
         """Count a refused peer and log it (rate-limited: strangers come in floods)."""

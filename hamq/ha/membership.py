@@ -21,6 +21,13 @@ the pure rule):
    broker id, from that host). Weaker: anyone on a registered slave's host, or anyone
    who can register a broker at a nameserver (no ACL), passes it.
 
+A classic slave does not say its broker id (RocketMQ 4's protocol has no handshake);
+``classic_slave_id`` names it from the registry after admission, for the metrics and
+``ha-status``: the group's slave registered from the connection's host (of several
+there, the lowest id no other connection has). Exact with one slave per host; with
+several of the group on one host, which id goes with which connection is a guess,
+but the ids shown are still those of the group's slaves.
+
 The registry's answer is kept (``MemberCache``) and asked again when a peer is not in
 it or when it is older than ``MAX_AGE_S`` — but never more than once per
 ``REFRESH_MIN_S``, whether it answered or not: a flood of strangers costs the registry
@@ -35,7 +42,7 @@ import hmac
 import logging
 import math
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 
 import attrs
 import trio
@@ -146,6 +153,23 @@ def judge(
             f"{source} (slaves: {', '.join(sorted(others.values())) or 'none'})"
         )
     return None
+
+
+def classic_slave_id(
+    host: IPAddress | None,
+    members: Mapping[int, str],
+    *,
+    self_id: int,
+    taken: Collection[int] = (),
+) -> int | None:
+    """The broker id of a classic slave connecting from ``host`` (the module doc): the
+    one slave of ``members`` (id -> registered address; ``self_id`` is the master)
+    registered from that host, or of several there the lowest id not in ``taken`` (the
+    ids other connections have), else the lowest; None if none is registered there."""
+    here = sorted(i for i, a in members.items() if i != self_id and ip_of(a) == host)
+    if host is None or not here:
+        return None
+    return next((i for i in here if i not in taken), here[0])
 
 
 class MemberCache:

@@ -7,7 +7,9 @@ The HTTP side is the least a scraper needs, and a stranger cannot make it spend 
 - it binds only the host it is given;
 - a request is its request line and headers, at most ``MAX_REQUEST_BYTES`` (8 KiB),
   complete within ``REQUEST_DEADLINE_S`` (10 s), or the connection is closed;
-- at most ``MAX_CONNECTIONS`` (16) connections at once; one more is closed at once;
+- at most ``MAX_CONNECTIONS`` (16) connections at once; one more is closed at once,
+  counted (``refused``) and logged at most 5 lines per 10 s (a RateLimitedLog: a
+  scraper gone wild, or a stranger, would otherwise write a line per connection);
 - one answer per connection (``Connection: close``): ``GET /metrics`` (or ``/``) gives
   the text format (OpenMetrics when the ``Accept`` header asks for it), a HEAD the same
   headers, any other path 404, any other method 405, a request that does not parse 400,
@@ -23,6 +25,8 @@ import trio
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
+
+from hamq.ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +81,7 @@ class MetricsServer:
         self._connections = trio.CapacityLimiter(MAX_CONNECTIONS)
         self.scrapes = 0
         self.refused = 0
+        self.warnings = RateLimitedLog(log)
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(self.port, host=self.host)
@@ -91,7 +96,9 @@ class MetricsServer:
             self._connections.acquire_nowait()
         except trio.WouldBlock:
             self.refused += 1
-            log.warning("metrics: over %d connections; closing one at once", MAX_CONNECTIONS)
+            self.warnings.warning(
+                "refused", "metrics: over %d connections; closing one at once", MAX_CONNECTIONS
+            )
             await stream.aclose()
             return
         try:

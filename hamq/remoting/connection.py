@@ -66,6 +66,7 @@ from hamq.protocol import (
     ResponseCode,
     encode_frame,
 )
+from hamq.ratelimit import RateLimitedLog
 from hamq.remoting.config import RemotingConfig
 from hamq.remoting.errors import (
     RemotingConnectionClosed,
@@ -73,7 +74,6 @@ from hamq.remoting.errors import (
     RemotingTimeoutError,
 )
 from hamq.remoting.loop import EventLike, current_loop
-from hamq.remoting.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
     from hamq.remoting.dispatch import Dispatcher

@@ -30,11 +30,11 @@ from typing import NoReturn
 import attrs
 import trio
 
+from hamq.ratelimit import RateLimitedLog
 from hamq.remoting.address import format_address
 from hamq.remoting.config import RemotingConfig
 from hamq.remoting.connection import Connection
 from hamq.remoting.dispatch import Dispatcher
-from hamq.remoting.ratelimit import RateLimitedLog
 from hamq.remoting.tls import TlsHandshakeError, make_server_context, server_handshake
 from hamq.remoting.trio_stream import TrioByteStream
 

@@ -346,7 +346,13 @@ class MessageStore:
                 self._nursery = nursery
                 if self._master:
                     await nursery.start(self._run_schedule)
-                log.info("message store running in %s as %s", config.store_dir, config.role.value)
+                # (a broker's store starts taking no sends whatever its role: the broker
+                # makes it master once it is serving, and says so itself)
+                log.info(
+                    "message store running in %s, %s",
+                    config.store_dir,
+                    f"taking sends as {config.role.value}" if self._master else "taking no sends",
+                )
                 task_status.started()
                 await trio.sleep_forever()
         finally:

@@ -4,8 +4,9 @@ and the same for operators: GET_CONSUMER_CONNECTION_LIST (203), GET_CONSUME_STAT
 INVOKE_BROKER_TO_RESET_OFFSET (222), INVOKE_BROKER_TO_GET_CONSUMER_STATUS (223).
 
 A heartbeat registers each consumer in its group (creating the group's retry topic,
-one queue, as RocketMQ does) and each producer in its group; a tag subscription that
-does not parse (``a ||``) refuses the whole heartbeat (SUBSCRIPTION_PARSE_FAILED).
+one queue, as RocketMQ does — on a slave too) and each producer in its group; a tag
+subscription that does not parse (``a ||``) refuses the whole heartbeat
+(SUBSCRIPTION_PARSE_FAILED).
 QUERY_CONSUMER_OFFSET answers a group that never committed with offset 0 when the
 queue still starts at 0 (deliver from the beginning, as Java does while message 0 is
 in memory), else QUERY_NOT_FOUND so that the client starts where its consume-from
@@ -136,7 +137,11 @@ class ClientProcessor:
         channel = ClientChannel(data.client_id, conn, request.language, request.version, now)
         for consumer in data.consumer_data_set:
             group = self.ctx.subscriptions.find(consumer.group_name)
-            if group is not None and self.ctx.roles.is_master:  # a slave copies its master's
+            if group is not None:
+                # on a slave too, as RocketMQ's heartbeat does: a new group reading from
+                # the slave while the master is down pulls its retry topic there (an empty
+                # queue, not TOPIC_NOT_EXIST); the master's table replaces it at the next
+                # metadata sync, where the group's heartbeat has created it as well
                 self.ctx.topics.ensure(retry_topic(consumer.group_name), group.retry_queue_nums)
             self.ctx.consumers.register(consumer, channel)
         for producer in data.producer_data_set:

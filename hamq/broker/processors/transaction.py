@@ -16,8 +16,8 @@ from hamq.broker.context import BrokerContext
 from hamq.broker.transactions import TransactionService
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.headers import EndTransactionRequestHeader
+from hamq.ratelimit import RateLimitedLog
 from hamq.remoting import Connection, Dispatcher
-from hamq.remoting.ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,9 @@ a flood of one never hides another.
 A line is also cut to MAX_LINE_CHARS: what it quotes of the peer's bytes (a header
 key, a name) is the peer's to choose, and could be megabytes.
 
-Not thread-safe; one per server (owned by it, passed down to its connections).
+Not thread-safe; one per server (owned by it, passed down to its connections). A
+module of its own, below every layer: the remoting and HA servers, the ACL, the
+processors and the metrics endpoint all log through it.
 """
 
 from __future__ import annotations
