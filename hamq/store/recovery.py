@@ -297,6 +297,8 @@ class _Dispatcher:
     #: queues emptied to be rebuilt because an entry conflicted with the log
     reset: dict[tuple[str, int], str] = attrs.field(factory=dict)
     records: int = 0
+    #: topics whose deletion a pass applied (their records dispatched again)
+    deleted: list[str] = attrs.field(factory=list)
 
     @property
     def paused(self) -> bool:
@@ -307,6 +309,7 @@ class _Dispatcher:
         """Dispatch until the end of the log (or a disk error: ``paused``);
         StoreCorruptionError if a record that fails cannot be passed over."""
         self.reput.on_damaged = self._report
+        self.reput.deletion_listeners.append(self.deleted.append)
         try:
             while True:
                 self.records += self.reput.dispatch_available(final=True)
@@ -318,6 +321,7 @@ class _Dispatcher:
                 self.reput.failure = None
         finally:
             self.reput.on_damaged = None
+            self.reput.deletion_listeners.remove(self.deleted.append)
 
     def _report(self, offset: int, size: int, problem: str) -> None:
         """Copy a damaged record the reput task passed over to torn/ and log it (once)."""
@@ -711,38 +715,6 @@ def recover(
     offsets handed out for records that are gone (``_keep_lost_offsets``)."""
     commitlog.load()
     reput.deletions.load()
-    deleted: list[str] = []
-    reput.deletion_listeners.append(deleted.append)
-    try:
-        return _recover(
-            store_dir=store_dir,
-            commitlog=commitlog,
-            queues=queues,
-            index=index,
-            reput=reput,
-            checkpoint=checkpoint,
-            clean=clean,
-            extents=extents,
-            deleted=deleted,
-        )
-    finally:
-        reput.deletion_listeners.remove(deleted.append)
-
-
-def _recover(
-    *,
-    store_dir: Path,
-    commitlog: CommitLog,
-    queues: ConsumeQueueTable,
-    index: IndexService,
-    reput: ReputService,
-    checkpoint: Checkpoint | None,
-    clean: bool,
-    extents: QueueExtents | None,
-    deleted: list[str],
-) -> RecoveryReport:
-    """``recover``'s steps, the log and the deletions loaded; ``deleted`` fills with the
-    topics whose deletion is applied meanwhile."""
     unloadable = remove_unloadable_queues(queues.root, queues.entries_per_file)
     queues.load()
     index.load()
@@ -792,7 +764,7 @@ def _recover(
         damaged=tuple(sorted(dispatcher.reported)),
         rebuilt_queues=tuple(f"{t}/{q}" for t, q in sorted(problems)),
         paused=reput.failure if dispatcher.paused else None,
-        topics_deleted=tuple(deleted),
+        topics_deleted=tuple(dispatcher.deleted),
         lost_offsets=kept,
     )
 
