@@ -21,24 +21,7 @@ find_library() {
 if find_library; then
     exit 0
 fi
-if ! command -v apt-get >/dev/null 2>&1; then
-    echo "libfaketime is not installed and there is no apt-get to install it" >&2
-    exit 1
-fi
-if [ "$(id -u)" != 0 ]; then
-    echo "libfaketime is not installed and only root can install it (apt-get install libfaketime)" >&2
-    exit 1
-fi
-export DEBIAN_FRONTEND=noninteractive
-log=$(mktemp)
-if ! { apt-get install -y -q --no-install-recommends libfaketime >"$log" 2>&1 ||
-    { apt-get update -q >>"$log" 2>&1 &&
-        apt-get install -y -q --no-install-recommends libfaketime >>"$log" 2>&1; }; }; then
-    echo "apt-get install libfaketime failed: $(tail -n 3 "$log" | tr '\n' ' ')" >&2
-    rm -f "$log"
-    exit 1
-fi
-rm -f "$log"
+sh "$(dirname "$0")/install-debian.sh" libfaketime
 if ! find_library; then
     echo "apt-get installed libfaketime but libfaketime.so.1 is not where Debian puts it" >&2
     exit 1
