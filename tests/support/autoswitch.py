@@ -51,6 +51,10 @@ class Server:
     address: str
     proc: Process | None = None
     starts: int = 0
+    #: what runs the command (tests/support/netns.py: ``ip netns exec`` a host)
+    prefix: list[str] = attrs.field(factory=list)
+    #: the environment of the next start (None: this process's)
+    env: dict[str, str] | None = None
 
     @property
     def running(self) -> bool:
@@ -61,7 +65,9 @@ class Server:
         with self.log_path.open("ab") as log:
             log.write(f"---- start {self.starts}\n".encode())
             log.flush()
-            proc = await open_child([*HAMQ_INFO, *self.args], stderr=log)
+            proc = await open_child(
+                [*self.prefix, *HAMQ_INFO, *self.args], stderr=log, env=self.env
+            )
         self.proc = proc
         await read_ready_line(proc, f"{self.name} (log: {self.log_path})", READY_S)
 
