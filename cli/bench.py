@@ -100,6 +100,39 @@ def failover(
     _run("failover", ["--kills", str(kills)])
 
 
+@app.command()
+def nemesis(
+    duration: Annotated[
+        str, typer.Option(help="How long the faults are held in all: 90s, 30m, 2h.")
+    ] = "5m",
+    seed: Annotated[int | None, typer.Option(help="The schedule's seed (random).")] = None,
+    nemesis: Annotated[
+        str, typer.Option("--nemesis", help="Which nemeses, comma-separated (all).")
+    ] = "",
+    each: Annotated[bool, typer.Option(help="Every nemesis once instead.")] = False,
+    hold: Annotated[float, typer.Option(min=0.5, help="Seconds each is held (--each).")] = 5.0,
+    cpp: Annotated[bool, typer.Option(help="RocketMQ's C++ client sends too.")] = False,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the report to this file.")
+    ] = None,
+) -> None:
+    """Partitions, kills, pauses, clock skew and a full disk against a controller-mode
+    cluster in network namespaces (root): lost, duplicated, reordered, divergent, and
+    the seconds with no SEND_OK per fault."""
+    args = ["--duration", duration, "--hold", str(hold)]
+    if seed is not None:
+        args += ["--seed", str(seed)]
+    if nemesis:
+        args += ["--nemesis", nemesis]
+    if each:
+        args.append("--each")
+    if cpp:
+        args.append("--cpp")
+    if json_path is not None:
+        args += ["--json", str(json_path)]
+    _run("nemesis", args)
+
+
 @app.command("spark-read")
 def spark_read(
     quick: Annotated[bool, typer.Option(help="100,000 messages, one round.")] = False,

@@ -37,9 +37,13 @@ import collections
 import contextlib
 import itertools
 import json
+import os
 import random
 import signal
 import statistics
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -55,6 +59,7 @@ from hamq.remoting import RemotingClient, RemotingError
 from tests.support import netns
 from tests.support.autoswitch import Server
 from tests.support.brokers import SMALL_STORE
+from tests.support.faketime import faketime_env
 from tests.support.processes import write_toml
 
 TOPIC = "nemesis"
@@ -65,6 +70,10 @@ NAMESRV_PORT, RAFT_PORT, BROKER_PORT, HA_PORT = 9876, 9880, 10911, 10912
 SEND_TIMEOUT_S = 6.0
 #: how long a group may take to settle after a fault is healed
 SETTLE_S = 60.0
+#: a3's store is a tmpfs of this size, for the full-disk nemesis
+FULL_DISK_BYTES = 1 << 30
+#: RocketMQ's C++ client (PyPI rocketmq 0.4.4) driven as a process (Linux x86_64 only)
+CPP_DRIVER = Path(__file__).with_name("rocketmq_driver.py")
 
 
 # ---------------------------------------------------------------- the cluster
@@ -92,6 +101,8 @@ class NemesisCluster:
     client: netns.Host
     controllers: list[Member]
     brokers: dict[str, list[Member]]
+    #: stores on a tmpfs of their own (the full-disk nemesis needs one)
+    tmpfs: list[Path] = attrs.field(factory=list)
 
     @property
     def namesrv(self) -> str:
@@ -272,6 +283,7 @@ async def nemesis_cluster(root: Path) -> AsyncIterator[NemesisCluster]:
                 brokers[group].append(Member(host.name, host, server, group, store))
         cluster = NemesisCluster(root, network, client, members, brokers)
         try:
+            cluster.tmpfs = _mount_tmpfs(cluster.member("a3").store)
             async with trio.open_nursery() as nursery:
                 for member in cluster.controllers:
                     nursery.start_soon(member.server.start)
@@ -291,8 +303,23 @@ async def nemesis_cluster(root: Path) -> AsyncIterator[NemesisCluster]:
                             member.server.send_signal(signal.SIGCONT)
                     with contextlib.suppress(Exception):
                         await member.server.kill()
+                for mount in cluster.tmpfs:
+                    await trio.run_process(["umount", str(mount)], check=False, capture_stderr=True)
     finally:
         network.close()
+
+
+def _mount_tmpfs(store: Path | None) -> list[Path]:
+    """``store`` made a tmpfs of FULL_DISK_BYTES (for the full-disk nemesis); [] if it
+    cannot be (the nemesis then is not run)."""
+    assert store is not None
+    store.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={FULL_DISK_BYTES}", "tmpfs", str(store)],
+        capture_output=True,
+        check=False,
+    )
+    return [store] if done.returncode == 0 else []
 
 
 async def _create_topic(cluster: NemesisCluster) -> None:
@@ -315,12 +342,15 @@ class Ack:
 
 @attrs.define
 class Workload:
-    """Producers (one task per queue) and a consumer, running until ``stop``."""
+    """Producers (one task per queue; with ``cpp``, RocketMQ's C++ client too, sending
+    ``cpp:<n>`` to whichever queue it picks) running until ``stop``."""
 
     cluster: NemesisCluster
+    cpp: bool = False
     acks: list[Ack] = attrs.field(factory=list)
+    #: the C++ client's SEND_OKs: (time, n)
+    cpp_acks: list[tuple[float, int]] = attrs.field(factory=list)
     errors: collections.Counter[str] = attrs.field(factory=collections.Counter)
-    received: list[str] = attrs.field(factory=list)
     _stopping: trio.Event = attrs.field(factory=trio.Event)
 
     def stop(self) -> None:
@@ -337,9 +367,45 @@ class Workload:
                 for queue_id in range(QUEUES_PER_GROUP):
                     queue = MessageQueue(TOPIC, group, queue_id)
                     nursery.start_soon(self._send_to, producer, queue)
+            if self.cpp:
+                await nursery.start(self._cpp_producer)
             task_status.started()
             await self._stopping.wait()
             nursery.cancel_scope.cancel()
+
+    async def _cpp_producer(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """The C++ client sending until cancelled; its SEND_OKs into ``cpp_acks``."""
+        home = self.cluster.root / "cpp-home"  # (it logs to $HOME/logs/rocketmq-cpp)
+        home.mkdir(exist_ok=True)
+        args = [
+            sys.executable, str(CPP_DRIVER), "send", "--namesrv", self.cluster.namesrv,
+            "--topic", TOPIC, "--group", "CPP_NEMESIS", "--mode", "sync", "--keep-going",
+            "--count", "1000000000", "--body", "cpp:{i}",
+        ]  # fmt: skip
+        process = await trio.lowlevel.open_process(
+            self.cluster.client.command(args),  # (Trio starts it from a worker thread)
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "HOME": str(home)},
+        )
+        task_status.started()
+        try:
+            assert process.stdout is not None
+            pending = b""
+            async for chunk in process.stdout:
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    record = json.loads(line)
+                    if record.get("status") == "OK":
+                        self.cpp_acks.append((float(record["at"]), int(record["i"])))
+                    elif "error" in record or "status" in record:
+                        self.errors["cpp " + str(record.get("status", "error"))] += 1
+        finally:
+            with trio.CancelScope(shield=True):
+                process.kill()
+                await process.wait()
 
     async def _send_to(self, producer: Producer, queue: MessageQueue) -> None:
         n = 0
@@ -353,7 +419,7 @@ class Workload:
                 await trio.sleep(0.05)
                 continue
             if result.status is SendStatus.SEND_OK:
-                self.acks.append(Ack(trio.current_time(), queue.broker_name, queue.queue_id, n))
+                self.acks.append(Ack(time.monotonic(), queue.broker_name, queue.queue_id, n))
             else:
                 self.errors[result.status.name] += 1
 
@@ -366,7 +432,8 @@ class Workload:
 
 @attrs.define
 class Fault:
-    """One fault as it happened: what, on whom, when (Trio's clock)."""
+    """One fault as it happened: what, on whom, when (``time.monotonic``: the system's
+    monotonic clock, which the C++ producer's process reads too)."""
 
     nemesis: str
     group: str
@@ -376,7 +443,9 @@ class Fault:
     settled: float = 0.0
 
 
-Nemesis = Callable[[NemesisCluster, random.Random], Awaitable[tuple[list[str], "Heal"]]]
+#: a nemesis starts its fault, holds it ``hold_s`` (as it sees fit) and returns its
+#: targets and how to heal it
+Nemesis = Callable[[NemesisCluster, random.Random, float], Awaitable[tuple[list[str], "Heal"]]]
 Heal = Callable[[], Awaitable[None]]
 
 
@@ -386,6 +455,22 @@ async def _master_of_a(cluster: NemesisCluster) -> Member:
     return master
 
 
+#: a fault as it starts: its targets, and how to heal it
+Started = tuple[list[str], Heal]
+
+
+def _held(start: Callable[[NemesisCluster, random.Random], Awaitable[Started]]) -> Nemesis:
+    """A nemesis that starts its fault with ``start`` and holds it."""
+
+    async def nemesis(cluster: NemesisCluster, rng: random.Random, hold_s: float) -> Started:
+        started = await start(cluster, rng)
+        await trio.sleep(hold_s)
+        return started
+
+    nemesis.__doc__ = start.__doc__
+    return nemesis
+
+
 def _heal_network(cluster: NemesisCluster) -> Heal:
     async def heal() -> None:
         cluster.network.heal()
@@ -393,7 +478,14 @@ def _heal_network(cluster: NemesisCluster) -> Heal:
     return heal
 
 
-async def split_master(cluster: NemesisCluster, rng: random.Random) -> tuple[list[str], Heal]:
+def _cut_off(cluster: NemesisCluster, names: list[str]) -> Started:
+    """Each of ``names`` cut from every other host (the client too)."""
+    for name in names:
+        cluster.network.cut_between([name], [h for h in cluster.network.hosts if h != name])
+    return names, _heal_network(cluster)
+
+
+async def split_master(cluster: NemesisCluster, rng: random.Random) -> Started:
     """The master cut from the controllers and its slaves; the client still reaches it."""
     master = await _master_of_a(cluster)
     others = [m.name for m in cluster.controllers + cluster.brokers["broker-a"] if m is not master]
@@ -401,7 +493,7 @@ async def split_master(cluster: NemesisCluster, rng: random.Random) -> tuple[lis
     return [master.name], _heal_network(cluster)
 
 
-async def master_from_slaves(cluster: NemesisCluster, rng: random.Random) -> tuple[list[str], Heal]:
+async def master_from_slaves(cluster: NemesisCluster, rng: random.Random) -> Started:
     """The master cut from its slaves only."""
     master = await _master_of_a(cluster)
     slaves = [m.name for m in cluster.brokers["broker-a"] if m is not master]
@@ -409,39 +501,25 @@ async def master_from_slaves(cluster: NemesisCluster, rng: random.Random) -> tup
     return [master.name], _heal_network(cluster)
 
 
-async def isolate_slave(cluster: NemesisCluster, rng: random.Random) -> tuple[list[str], Heal]:
+async def isolate_slave(cluster: NemesisCluster, rng: random.Random) -> Started:
     """One slave cut from every other host (the client too)."""
     master = await _master_of_a(cluster)
     slave = rng.choice([m for m in cluster.brokers["broker-a"] if m is not master])
-    others = [h for h in cluster.network.hosts if h != slave.name]
-    cluster.network.cut_between([slave.name], others)
-    return [slave.name], _heal_network(cluster)
+    return _cut_off(cluster, [slave.name])
 
 
-async def controller_minority(
-    cluster: NemesisCluster, rng: random.Random
-) -> tuple[list[str], Heal]:
+async def controller_minority(cluster: NemesisCluster, rng: random.Random) -> Started:
     """The Raft leader (or any controller) cut from every other host."""
     leader = await cluster.raft_leader() or rng.choice(cluster.controllers)
-    others = [h for h in cluster.network.hosts if h != leader.name]
-    cluster.network.cut_between([leader.name], others)
-    return [leader.name], _heal_network(cluster)
+    return _cut_off(cluster, [leader.name])
 
 
-async def controller_majority(
-    cluster: NemesisCluster, rng: random.Random
-) -> tuple[list[str], Heal]:
-    """Two controllers cut from every other host (and each other): no quorum anywhere."""
-    cut = rng.sample(cluster.controllers, 2)
-    names = [c.name for c in cut]
-    for member in cut:
-        cluster.network.cut_between(
-            [member.name], [h for h in cluster.network.hosts if h != member.name]
-        )
-    return names, _heal_network(cluster)
+async def controller_majority(cluster: NemesisCluster, rng: random.Random) -> Started:
+    """Two controllers cut from every other host and each other: no quorum anywhere."""
+    return _cut_off(cluster, [c.name for c in rng.sample(cluster.controllers, 2)])
 
 
-async def master_with_leader(cluster: NemesisCluster, rng: random.Random) -> tuple[list[str], Heal]:
+async def master_with_leader(cluster: NemesisCluster, rng: random.Random) -> Started:
     """{master of broker-a, Raft leader} cut from the other controllers and brokers."""
     master = await _master_of_a(cluster)
     leader = await cluster.raft_leader() or rng.choice(cluster.controllers)
@@ -451,7 +529,7 @@ async def master_with_leader(cluster: NemesisCluster, rng: random.Random) -> tup
     return side, _heal_network(cluster)
 
 
-async def bridge(cluster: NemesisCluster, rng: random.Random) -> tuple[list[str], Heal]:
+async def bridge(cluster: NemesisCluster, rng: random.Random) -> Started:
     """Controllers: one sees both others, the other two do not see each other."""
     middle = rng.choice(cluster.controllers)
     ends = [c.name for c in cluster.controllers if c is not middle]
@@ -459,10 +537,33 @@ async def bridge(cluster: NemesisCluster, rng: random.Random) -> tuple[list[str]
     return ends, _heal_network(cluster)
 
 
+async def flapping(cluster: NemesisCluster, rng: random.Random, hold_s: float) -> Started:
+    """The master of broker-a cut from the controllers and its slaves and healed again,
+    over and over (0.5-2 s each way) for ``hold_s``; whoever is master when a cut
+    starts is cut."""
+    targets: list[str] = []
+    until = time.monotonic() + hold_s
+    while time.monotonic() < until:
+        master = await cluster.master("broker-a")
+        if master is not None:
+            others = [
+                m.name for m in cluster.controllers + cluster.brokers["broker-a"] if m is not master
+            ]
+            cluster.network.cut_between([master.name], others)
+            targets.append(master.name)
+        await trio.sleep(rng.uniform(0.5, 2.0))
+        cluster.network.heal()
+        await trio.sleep(rng.uniform(0.5, 2.0))
+    return targets, _heal_network(cluster)
+
+
 def _process_fault(
     pick: Callable[[NemesisCluster, random.Random], Awaitable[list[Member]]], sig: int
 ) -> Nemesis:
-    async def nemesis(cluster: NemesisCluster, rng: random.Random) -> tuple[list[str], Heal]:
+    """A nemesis that sends ``sig`` to the members ``pick`` chooses (SIGKILL: and
+    starts them again to heal; SIGSTOP: SIGCONT)."""
+
+    async def start(cluster: NemesisCluster, rng: random.Random) -> Started:
         targets = await pick(cluster, rng)
         for member in targets:
             if sig == signal.SIGKILL:
@@ -471,50 +572,110 @@ def _process_fault(
                 member.server.send_signal(sig)
 
         async def heal() -> None:
-            for member in targets:
-                if sig == signal.SIGKILL:
-                    await member.server.start()
-                else:
+            if sig == signal.SIGKILL:  # (controllers first: brokers wait for them to start)
+                async with trio.open_nursery() as nursery:
+                    for member in targets:
+                        if member.group is None:
+                            nursery.start_soon(member.server.start)
+                async with trio.open_nursery() as nursery:
+                    for member in targets:
+                        if member.group is not None:
+                            nursery.start_soon(member.server.start)
+            else:
+                for member in targets:
                     member.server.send_signal(signal.SIGCONT)
 
         return [m.name for m in targets], heal
 
-    return nemesis
+    start.__doc__ = f"{signal.Signals(sig).name} of {pick.__doc__}"
+    return _held(start)
 
 
 async def _pick_master(cluster: NemesisCluster, rng: random.Random) -> list[Member]:
+    """the master of broker-a"""
     return [await _master_of_a(cluster)]
 
 
 async def _pick_slave(cluster: NemesisCluster, rng: random.Random) -> list[Member]:
+    """a slave of broker-a"""
     master = await _master_of_a(cluster)
     return [rng.choice([m for m in cluster.brokers["broker-a"] if m is not master])]
 
 
 async def _pick_controller(cluster: NemesisCluster, rng: random.Random) -> list[Member]:
+    """the Raft leader"""
     return [await cluster.raft_leader() or rng.choice(cluster.controllers)]
 
 
-async def _pick_all_controllers(cluster: NemesisCluster, rng: random.Random) -> list[Member]:
+async def _pick_controllers(cluster: NemesisCluster, rng: random.Random) -> list[Member]:
+    """every controller"""
     return list(cluster.controllers)
+
+
+async def _pick_everyone(cluster: NemesisCluster, rng: random.Random) -> list[Member]:
+    """every process of the cluster at once"""
+    return list(cluster.members)
+
+
+def _clock_skew(offset: str) -> Nemesis:
+    """A nemesis that restarts a broker of broker-a (any role) with its wall clock
+    ``offset`` off (libfaketime), and restarts it with a true clock to heal."""
+
+    async def start(cluster: NemesisCluster, rng: random.Random) -> Started:
+        member = rng.choice(cluster.brokers["broker-a"])
+        await member.server.kill()
+        member.server.env = faketime_env(offset)
+        await member.server.start()
+
+        async def heal() -> None:
+            await member.server.kill()
+            member.server.env = None
+            await member.server.start()
+
+        return [member.name], heal
+
+    start.__doc__ = f"a broker of broker-a restarted with its clock {offset} off"
+    return _held(start)
+
+
+async def full_disk(cluster: NemesisCluster, rng: random.Random) -> Started:
+    """The disk of a3 (a tmpfs of FULL_DISK_BYTES) filled up but for a few KiB; the
+    filler removed to heal."""
+    member = cluster.member("a3")
+    assert member.store is not None
+    filler = member.store / "filler"
+    free = os.statvfs(member.store).f_bavail * os.statvfs(member.store).f_frsize
+    with filler.open("wb") as out:
+        os.posix_fallocate(out.fileno(), 0, max(0, free - 64 * 1024))
+
+    async def heal() -> None:
+        filler.unlink(missing_ok=True)
+
+    return [member.name], heal
 
 
 #: every nemesis by name (the fault it holds until healed)
 NEMESES: dict[str, Nemesis] = {
-    "split-master": split_master,
-    "master-from-slaves": master_from_slaves,
-    "isolate-slave": isolate_slave,
-    "controller-minority": controller_minority,
-    "controller-majority": controller_majority,
-    "master-with-leader": master_with_leader,
-    "bridge": bridge,
+    "split-master": _held(split_master),
+    "master-from-slaves": _held(master_from_slaves),
+    "isolate-slave": _held(isolate_slave),
+    "controller-minority": _held(controller_minority),
+    "controller-majority": _held(controller_majority),
+    "master-with-leader": _held(master_with_leader),
+    "bridge": _held(bridge),
+    "flapping": flapping,
     "kill-master": _process_fault(_pick_master, signal.SIGKILL),
     "kill-slave": _process_fault(_pick_slave, signal.SIGKILL),
     "kill-controller": _process_fault(_pick_controller, signal.SIGKILL),
-    "kill-controllers": _process_fault(_pick_all_controllers, signal.SIGKILL),
+    "kill-controllers": _process_fault(_pick_controllers, signal.SIGKILL),
+    "kill-all": _process_fault(_pick_everyone, signal.SIGKILL),
     "stop-master": _process_fault(_pick_master, signal.SIGSTOP),
     "stop-slave": _process_fault(_pick_slave, signal.SIGSTOP),
     "stop-controller": _process_fault(_pick_controller, signal.SIGSTOP),
+    "stop-all": _process_fault(_pick_everyone, signal.SIGSTOP),
+    "clock-ahead": _clock_skew("+30s"),
+    "clock-behind": _clock_skew("-30s"),
+    "full-disk": _held(full_disk),
 }
 
 
@@ -523,15 +684,14 @@ async def inject(
 ) -> Fault:
     """Run nemesis ``name``: start it, hold it ``hold_s``, heal it, wait for broker-a to
     settle again; the Fault with its times."""
-    start = trio.current_time()
-    targets, heal = await NEMESES[name](cluster, rng)
+    start = time.monotonic()
+    targets, heal = await NEMESES[name](cluster, rng, hold_s)
     fault = Fault(name, "broker-a", targets, start)
-    await trio.sleep(hold_s)
     await heal()
-    fault.healed = trio.current_time()
-    await cluster.wait_settled("broker-a")
-    await cluster.wait_settled("broker-b")
-    fault.settled = trio.current_time()
+    fault.healed = time.monotonic()
+    for group in GROUPS:
+        await cluster.wait_settled(group)
+    fault.settled = time.monotonic()
     return fault
 
 
@@ -542,14 +702,20 @@ async def inject(
 class FaultReport:
     nemesis: str
     targets: list[str]
+    #: SEND_OKs of the faulted group from the fault's start to its group settled
     acked_during: int
     unavailable_s: float
     recovery_s: float
+    #: lost, duplicated and reordered messages sent from the fault's start to the next's
+    lost: int = 0
+    duplicated: int = 0
+    reordered: int = 0
 
 
 @attrs.frozen
 class Report:
     acked: int
+    cpp_acked: int
     errors: dict[str, int]
     lost: list[str]
     duplicated: list[str]
@@ -559,24 +725,46 @@ class Report:
 
     @property
     def ok(self) -> bool:
+        """No acknowledged message lost, no CommitLogs that differ."""
         return not self.lost and not self.divergent
+
+    def by_nemesis(self) -> dict[str, dict[str, Any]]:
+        """Per nemesis: runs, SEND_OK, lost, duplicated, reordered, unavailable p50/max,
+        recovery p50/max (seconds)."""
+        grouped: dict[str, list[FaultReport]] = collections.defaultdict(list)
+        for fault in self.faults:
+            grouped[fault.nemesis].append(fault)
+        table = {}
+        for name, faults in sorted(grouped.items()):
+            windows = [f.unavailable_s for f in faults]
+            recoveries = [f.recovery_s for f in faults]
+            table[name] = {
+                "runs": len(faults),
+                "sendOk": sum(f.acked_during for f in faults),
+                "lost": sum(f.lost for f in faults),
+                "duplicated": sum(f.duplicated for f in faults),
+                "reordered": sum(f.reordered for f in faults),
+                "unavailableP50": round(statistics.median(windows), 2),
+                "unavailableMax": round(max(windows), 2),
+                "recoveryP50": round(statistics.median(recoveries), 2),
+                "recoveryMax": round(max(recoveries), 2),
+            }
+        return table
 
     def summary(self) -> str:
         lines = [
-            f"acknowledged {self.acked}, lost {len(self.lost)}, duplicated "
-            f"{len(self.duplicated)}, reordered {len(self.reordered)}, divergent "
-            f"{len(self.divergent)}; errors {dict(self.errors)}"
+            f"acknowledged {self.acked} (the C++ client {self.cpp_acked}), lost "
+            f"{len(self.lost)}, duplicated {len(self.duplicated)}, reordered "
+            f"{len(self.reordered)}, divergent {len(self.divergent)}; errors {self.errors}",
+            "nemesis               runs  SEND_OK  lost  dup  reord  unavailable p50/max  "
+            "recovery p50/max",
         ]
-        by_nemesis: dict[str, list[FaultReport]] = collections.defaultdict(list)
-        for fault in self.faults:
-            by_nemesis[fault.nemesis].append(fault)
-        for name, faults in sorted(by_nemesis.items()):
-            windows = [f.unavailable_s for f in faults]
-            recoveries = [f.recovery_s for f in faults]
+        for name, row in self.by_nemesis().items():
             lines.append(
-                f"  {name}: {len(faults)} run(s), {sum(f.acked_during for f in faults)} "
-                f"SEND_OK, unavailable p50 {statistics.median(windows):.1f} s max "
-                f"{max(windows):.1f} s, recovery p50 {statistics.median(recoveries):.1f} s"
+                f"{name:<21} {row['runs']:>5} {row['sendOk']:>8} {row['lost']:>5} "
+                f"{row['duplicated']:>4} {row['reordered']:>6}  {row['unavailableP50']:>8.1f} s "
+                f"{row['unavailableMax']:>6.1f} s  {row['recoveryP50']:>6.1f} s "
+                f"{row['recoveryMax']:>5.1f} s"
             )
         return "\n".join(lines)
 
@@ -591,10 +779,20 @@ def unavailable_window(acks: Sequence[float], fault: Fault) -> float:
 
 
 async def read_queue(consumer: PullConsumer, queue: MessageQueue) -> list[str]:
+    """Every message of ``queue`` from offset 0, by body. A nameserver restarted by a
+    fault knows no route until the brokers register again (every 30 s): a pull that
+    finds no route is tried again for up to SETTLE_S."""
     found: list[str] = []
     offset = 0
+    deadline = time.monotonic() + SETTLE_S
     while True:
-        result = await consumer.pull(queue, offset, max_nums=256)
+        try:
+            result = await consumer.pull(queue, offset, max_nums=256)
+        except ClientError:
+            if time.monotonic() > deadline:
+                raise
+            await trio.sleep(0.5)
+            continue
         if result.status is not PullStatus.FOUND:
             if result.next_begin_offset > offset and result.status is not PullStatus.NO_NEW_MSG:
                 offset = result.next_begin_offset
@@ -606,35 +804,41 @@ async def read_queue(consumer: PullConsumer, queue: MessageQueue) -> list[str]:
 
 async def check(cluster: NemesisCluster, workload: Workload, faults: list[Fault]) -> Report:
     """Read every queue whole from its group's master and judge (module docstring);
-    call it with every group settled."""
+    call it with every group settled. Each problem is counted against the fault during
+    which its message was acknowledged (from its start to the next fault's)."""
     stored: dict[str, list[str]] = {}
     async with PullConsumer("nemesis-checker", cluster.namesrv) as consumer:
         for group in GROUPS:
             for queue_id in range(QUEUES_PER_GROUP):
                 queue = MessageQueue(TOPIC, group, queue_id)
                 stored[f"{group}/{queue_id}"] = await read_queue(consumer, queue)
+    acked_at = {f"{a.group}/{a.queue}:{a.n}": a.at for a in workload.acks}
+    acked_at.update({f"cpp:{n}": at for at, n in workload.cpp_acks})
+    everywhere = collections.Counter(b for bodies in stored.values() for b in bodies)
+    duplicated = sorted(b for b, c in everywhere.items() if c > 1)
+    lost = sorted(b for b in acked_at if b not in everywhere)
     acked_by_queue: dict[str, list[int]] = collections.defaultdict(list)
     for ack in workload.acks:
         acked_by_queue[f"{ack.group}/{ack.queue}"].append(ack.n)
-    lost, duplicated, reordered = [], [], []
+    reordered: list[str] = []
     for name, bodies in stored.items():
-        counts = collections.Counter(bodies)
-        duplicated += [b for b, c in counts.items() if c > 1]
-        present = set(bodies)
-        acked = acked_by_queue.get(name, [])
-        lost += [f"{name}:{n}" for n in acked if f"{name}:{n}" not in present]
         position = {b: i for i, b in reversed(list(enumerate(bodies)))}
-        places = [position[f"{name}:{n}"] for n in sorted(acked) if f"{name}:{n}" in position]
-        reordered += [f"{name}: {b} before {a}" for a, b in itertools.pairwise(places) if b < a]
+        acked = [f"{name}:{n}" for n in sorted(acked_by_queue.get(name, []))]
+        places = [(position[b], b) for b in acked if b in position]
+        reordered += [f"{b} before {a}" for (i, a), (j, b) in itertools.pairwise(places) if j < i]
     divergent = []
     for group, members in cluster.brokers.items():
         stores = [m.store for m in members if m.store is not None]
         common = min(commitlog_end(s) for s in stores)
-        logs = {m.name: commitlog_bytes(m.store, common) for m in members if m.store}
-        if len(set(logs.values())) > 1:
+        if len({commitlog_bytes(s, common) for s in stores}) > 1:
             divergent.append(f"{group}: CommitLogs differ within their first {common} bytes")
+    starts = [f.start for f in faults[1:]] + [float("inf")]
+
+    def during(fault: Fault, until: float, bodies: list[str]) -> int:
+        return sum(1 for b in bodies if fault.start <= acked_at.get(b, -1.0) < until)
+
     reports = []
-    for fault in faults:
+    for fault, until in zip(faults, starts, strict=True):
         times = sorted(a.at for a in workload.acks if a.group == fault.group)
         reports.append(
             FaultReport(
@@ -643,10 +847,20 @@ async def check(cluster: NemesisCluster, workload: Workload, faults: list[Fault]
                 sum(1 for t in times if fault.start <= t <= fault.settled),
                 unavailable_window(times, fault),
                 fault.settled - fault.healed,
+                during(fault, until, lost),
+                during(fault, until, duplicated),
+                during(fault, until, [r.split(" before ")[0] for r in reordered]),
             )
         )
     return Report(
-        len(workload.acks), dict(workload.errors), lost, duplicated, reordered, divergent, reports
+        len(workload.acks) + len(workload.cpp_acks),
+        len(workload.cpp_acks),
+        dict(workload.errors),
+        lost,
+        duplicated,
+        reordered,
+        divergent,
+        reports,
     )
 
 
@@ -656,12 +870,13 @@ async def run_schedule(
     *,
     seed: int = 0,
     warmup_s: float = 2.0,
+    cpp: bool = False,
 ) -> Report:
     """Run the workload under ``schedule`` (nemesis names and hold times, one after
     another, each healed and settled before the next) and check; the caller acts from
     the client host."""
     rng = random.Random(seed)
-    workload = Workload(cluster)
+    workload = Workload(cluster, cpp)
     faults: list[Fault] = []
     async with trio.open_nursery() as nursery:
         await nursery.start(workload.run)

@@ -86,7 +86,15 @@ def send(args: argparse.Namespace) -> None:
                 producer.send_oneway(message)
                 emit({"status": "ONEWAY"})
                 continue
-            emit({"status": result.status.name, "msg_id": result.msg_id, "offset": result.offset})
+            emit(
+                {
+                    "status": result.status.name,
+                    "msg_id": result.msg_id,
+                    "offset": result.offset,
+                    "i": i,
+                    "at": time.monotonic(),  # (the system's monotonic clock: comparable)
+                }
+            )
     finally:
         producer.shutdown()
     emit({"done": args.count})
