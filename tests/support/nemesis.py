@@ -13,8 +13,10 @@ where the checker reads the CommitLogs.
 
 **The workload** (``Workload``): topic ``nemesis``, four queues in each group. One task
 per queue sends numbered messages (``<queue>:<n>``) to that queue alone, one at a time,
-recording every SEND_OK with its time (Trio's clock); an error is counted and the task
-goes on with the next number. A push consumer group reads everything concurrently.
+recording every SEND_OK with its time (``time.monotonic``); an error is counted and the
+task goes on with the next number. With ``cpp``, RocketMQ's C++ client (a process in
+the client host) sends ``cpp:<n>`` too, to the queues it picks. A push consumer group
+reads everything concurrently.
 
 **The faults** (``NEMESES``): each picks its target when it starts (the current master
 of ``broker-a``, the Raft leader, ...), holds the fault, heals it, and the schedule
@@ -52,7 +54,17 @@ from typing import Any
 import attrs
 import trio
 
-from hamq.client import Message, MessageQueue, Producer, PullConsumer, PullStatus, SendStatus
+from hamq.client import (
+    ConsumeResult,
+    Message,
+    MessageExt,
+    MessageQueue,
+    Producer,
+    PullConsumer,
+    PullStatus,
+    PushConsumer,
+    SendStatus,
+)
 from hamq.client.errors import ClientError
 from hamq.protocol import RemotingCommand, RequestCode
 from hamq.remoting import RemotingClient, RemotingError
@@ -350,6 +362,8 @@ class Workload:
     acks: list[Ack] = attrs.field(factory=list)
     #: the C++ client's SEND_OKs: (time, n)
     cpp_acks: list[tuple[float, int]] = attrs.field(factory=list)
+    #: messages the concurrent push consumer was given (a message may come twice)
+    consumed: int = 0
     errors: collections.Counter[str] = attrs.field(factory=collections.Counter)
     _stopping: trio.Event = attrs.field(factory=trio.Event)
 
@@ -369,9 +383,24 @@ class Workload:
                     nursery.start_soon(self._send_to, producer, queue)
             if self.cpp:
                 await nursery.start(self._cpp_producer)
+            nursery.start_soon(self._consume)
             task_status.started()
             await self._stopping.wait()
             nursery.cancel_scope.cancel()
+
+    async def _consume(self) -> None:
+        """A push consumer group reading the topic while the faults happen (the pull
+        path under the same faults); how many messages it was given."""
+        consumer = PushConsumer(
+            "nemesis-consumer", self.cluster.namesrv, consume_from="FIRST_OFFSET"
+        )
+        consumer.subscribe(TOPIC)
+
+        def handle(messages: list[MessageExt]) -> ConsumeResult:
+            self.consumed += len(messages)
+            return ConsumeResult.SUCCESS
+
+        await consumer.run(handle)
 
     async def _cpp_producer(self, *, task_status: trio.TaskStatus[None]) -> None:
         """The C++ client sending until cancelled; its SEND_OKs into ``cpp_acks``."""
@@ -716,6 +745,7 @@ class FaultReport:
 class Report:
     acked: int
     cpp_acked: int
+    consumed: int
     errors: dict[str, int]
     lost: list[str]
     duplicated: list[str]
@@ -753,7 +783,8 @@ class Report:
 
     def summary(self) -> str:
         lines = [
-            f"acknowledged {self.acked} (the C++ client {self.cpp_acked}), lost "
+            f"acknowledged {self.acked} (the C++ client {self.cpp_acked}), consumed "
+            f"concurrently {self.consumed}, lost "
             f"{len(self.lost)}, duplicated {len(self.duplicated)}, reordered "
             f"{len(self.reordered)}, divergent {len(self.divergent)}; errors {self.errors}",
             "nemesis               runs  SEND_OK  lost  dup  reord  unavailable p50/max  "
@@ -855,6 +886,7 @@ async def check(cluster: NemesisCluster, workload: Workload, faults: list[Fault]
     return Report(
         len(workload.acks) + len(workload.cpp_acks),
         len(workload.cpp_acks),
+        workload.consumed,
         dict(workload.errors),
         lost,
         duplicated,
