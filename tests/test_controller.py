@@ -50,6 +50,22 @@ def test_a_broker_is_alive_until_its_lease_ends_or_its_connection_closes() -> No
     assert brokers.alive("other", 4.0) == {}
 
 
+def test_an_unheard_broker_is_dead_only_after_a_lease_of_listening() -> None:
+    """A controller that has just started has heard nobody yet (issue 31)."""
+    brokers = LiveBrokers(default_lease_s=3.0)
+    assert not brokers.heard_long_enough("b", 100.0)  # (not listening yet)
+    brokers.listen(10.0)
+    assert not brokers.heard_long_enough("b", 12.9)
+    assert brokers.heard_long_enough("b", 13.0)
+    slow = live(2, 11.0)
+    slow.lease_s = 10.0  # a member announcing a longer lease: the group's is that long
+    brokers.heard(slow)
+    assert brokers.lease_of("b") == 10.0
+    assert not brokers.heard_long_enough("b", 19.9)
+    assert brokers.heard_long_enough("b", 20.0)
+    assert brokers.heard_long_enough("other", 13.0)
+
+
 def test_controller_config_names_what_is_wrong(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="must include"):
         ControllerConfig(raft_address="127.0.0.1:1", data_dir=tmp_path, raft_peers=("127.0.0.1:2",))

@@ -310,6 +310,9 @@ async def test_a_standalone_controller_serves_its_metrics(tmp_path: Path) -> Non
         await wait_for(leader, 30, every_s=0.05)
         shown = await scrape(server.metrics_port)
         assert value(shown, "hamq_controller_live_brokers") == 0
+        assert value(shown, "hamq_controller_raft_peers_connected") == 0  # (a single one)
+        closed = "hamq_controller_raft_unauthenticated_closed"
+        assert value(shown, closed, "_total", reason="refused") == 0
         assert "hamq_nameserver_brokers" not in shown
         nursery.cancel_scope.cancel()
 

@@ -2,6 +2,9 @@
 
 - state.py       the pure state machine: members, masters, epochs, SyncStateSets
 - raft.py        that state replicated with pysyncobj across 1 or 3 controllers
+- raft_transport.py  pysyncobj's connections between controllers, on hamq's sockets:
+                 bounded, authenticated first, every wait timed out
+- raft_wire.py   their wire format and handshake (pysyncobj's), sans-IO
 - heartbeats.py  which brokers are alive (local to each controller)
 - service.py     the remoting processors and the election loop
 - server.py      ``hamq controller``: a controller with a server of its own

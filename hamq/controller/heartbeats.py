@@ -5,6 +5,13 @@ controller leads knows them without waiting. A broker is alive until its lease
 (``heartbeat_timeout_mills`` it sends, default 3 s) passes without a heartbeat, or at
 once when the connection its last heartbeat came over closes (a killed broker's
 sockets close with it: RocketMQ's onBrokerChannelClose). Time is passed in.
+
+A broker not heard is not yet known dead while the controller has been listening
+(``listen``, at its start) for less than a lease — the longest its group's live brokers
+announce, else the default: a restarted controller (all three restarted at once, say)
+has heard nobody yet, and a master that heartbeats every second would be taken for dead
+in the first second (RocketMQ's controller waits likewise before it scans for inactive
+masters). ``heard_long_enough`` says when that wait is over for a group.
 """
 
 from __future__ import annotations
@@ -36,6 +43,22 @@ class LiveBrokers:
     def __init__(self, default_lease_s: float = 3.0) -> None:
         self.default_lease_s = default_lease_s
         self.brokers: dict[tuple[str, int], LiveBroker] = {}
+        #: when the controller started listening to heartbeats (None: not yet)
+        self.listening_since: float | None = None
+
+    def listen(self, now: float) -> None:
+        """The controller hears heartbeats from ``now`` on."""
+        self.listening_since = now
+
+    def lease_of(self, broker_name: str) -> float:
+        """The longest lease the group's live brokers announce, else the default."""
+        return max([b.lease_s for b in self.of_group(broker_name)], default=self.default_lease_s)
+
+    def heard_long_enough(self, broker_name: str, now: float) -> bool:
+        """Whether a member of ``broker_name`` that has not been heard is dead: the
+        controller has listened for at least the group's lease (``lease_of``)."""
+        since = self.listening_since
+        return since is not None and now - since >= self.lease_of(broker_name)
 
     def heard(self, broker: LiveBroker) -> bool:
         """Record a heartbeat; True if the broker was not alive before."""

@@ -15,6 +15,41 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from hamq.controller.service import Controller
 
 
+def _raft_port(controller: Controller) -> Iterator[Metric]:
+    """The Raft transport's counters (raft_transport.py)."""
+    stats = controller.raft.transport_statistics()
+    yield GaugeMetricFamily(
+        "hamq_controller_raft_peers_connected",
+        "Other controllers this one has an authenticated Raft connection with",
+        value=stats.connected if stats else 0,
+    )
+    closed = CounterMetricFamily(
+        "hamq_controller_raft_unauthenticated_closed",
+        "Raft connections closed before they authenticated, by reason: refused (bytes that "
+        "are not the protocol, another secret), auth_timeout, evicted (too many waiting)",
+        labels=["reason"],
+    )
+    lost = CounterMetricFamily(
+        "hamq_controller_raft_links_lost",
+        "Raft connections given up, by reason: dead (nothing read for a while), "
+        "connect_timeout (a dial that did not connect in time)",
+        labels=["reason"],
+    )
+    if stats is not None:
+        closed.add_metric(["refused"], stats.refused)
+        closed.add_metric(["auth_timeout"], stats.auth_timeouts)
+        closed.add_metric(["evicted"], stats.evicted)
+        lost.add_metric(["dead"], stats.dead)
+        lost.add_metric(["connect_timeout"], stats.connect_timeouts)
+    yield closed
+    yield lost
+    yield CounterMetricFamily(
+        "hamq_controller_raft_accept_errors",
+        "accept() failures on the Raft port (out of descriptors: accepting pauses)",
+        value=stats.accept_errors if stats else 0,
+    )
+
+
 class ControllerCollector:
     """A prometheus-client collector over one controller."""
 
@@ -38,6 +73,7 @@ class ControllerCollector:
             "Brokers heartbeating to this controller",
             value=len(controller.live.brokers),
         )
+        yield from _raft_port(controller)
         refused = CounterMetricFamily(
             "hamq_controller_acl_refused",
             "Requests the ACL refused (NO_PERMISSION), by reason",

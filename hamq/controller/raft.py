@@ -7,10 +7,15 @@ for its own copy to apply it and gets the result (pysyncobj forwards calls from 
 follower to the leader). Reads (``state``) are local and may be a little behind the
 leader's.
 
-pysyncobj runs its own thread (autoTick). The Trio side calls ``await call(...)``,
-which waits in a worker thread (abandoned if the caller is cancelled). A call that
-cannot be committed within ``timeout_s`` — no leader, no majority — raises
-``ControllerUnavailable``; a refusal of the state machine raises ``ControllerError``.
+pysyncobj runs its own thread (autoTick) and talks to the other controllers through
+hamq's transport (raft_transport.py: bounded, authenticated first, every wait timed
+out; raft_wire.py has the wire format, which is pysyncobj's). The Trio side calls
+``await call(...)``, which waits in a worker thread (abandoned if the caller is
+cancelled). A call that cannot be committed within ``timeout_s`` — no leader, no
+majority — raises ``ControllerUnavailable``; a refusal of the state machine raises
+``ControllerError``. A leader that hears from no majority for 3 s steps down
+(pysyncobj's ``leaderFallbackTimeout``; its default of 30 s had a cut-off leader call
+itself leader for half a minute).
 
 Durability: pysyncobj's journal (``raft.journal``) and full dumps (``raft.dump``) live
 in the controller's data directory, so a restarted controller (or a single one)
@@ -20,7 +25,8 @@ Security: pysyncobj's messages are pickles, and unpickling a stranger's bytes ru
 stranger's code. So the Raft port binds the address given (never 0.0.0.0), and every
 message is encrypted and authenticated with a shared secret (pysyncobj's ``password``:
 Fernet, a key derived from the secret): a peer without the secret is disconnected
-before anything it sent is unpickled. A single controller, which talks to nobody,
+before anything it sent is unpickled, and what it can make the controller hold or do
+meanwhile is bounded (raft_transport.py). A single controller, which talks to nobody,
 gets a random secret of its own. A group without a secret runs only when the operator
 asked for it (``insecure``) and says so in the log.
 """
@@ -38,6 +44,11 @@ import trio
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.syncobj import SyncObjException
 
+from hamq.controller.raft_transport import (
+    RaftTransport,
+    RaftTransportConfig,
+    RaftTransportStatistics,
+)
 from hamq.controller.state import ControllerError, ControllerState
 from hamq.protocol.codes import ResponseCode
 
@@ -110,6 +121,7 @@ class RaftState:
         secret: str | None = None,
         insecure: bool = False,
         election_timeout_s: tuple[float, float] = (0.4, 1.0),
+        transport: RaftTransportConfig | None = None,
     ) -> None:
         self.self_address = self_address
         self.partners = [p for p in peers if p != self_address]
@@ -123,6 +135,8 @@ class RaftState:
                 self_address,
             )
         low, high = election_timeout_s
+        self.transport_config = transport or RaftTransportConfig()
+        self._transport: RaftTransport | None = None
         self._conf = SyncObjConf(
             # the address given, not pysyncobj's default of every interface
             bindAddress=self_address,
@@ -133,8 +147,8 @@ class RaftState:
             raftMinTimeout=low,
             raftMaxTimeout=high,
             appendEntriesPeriod=0.05,
-            connectionRetryTime=1.0,
-            connectionTimeout=2.0,
+            # (3 s: a link is dead after 2 s, and an election takes up to 1 s more)
+            leaderFallbackTimeout=max(self.transport_config.dead_after_s, high) + high,
             dynamicMembershipChange=False,
             bindRetryTime=0.5,
             maxBindRetries=6,
@@ -158,7 +172,13 @@ class RaftState:
         def owner() -> None:
             try:
                 sync = SyncObj(
-                    self.self_address, self.partners, conf=self._conf, consumers=[self._replica]
+                    self.self_address,
+                    self.partners,
+                    conf=self._conf,
+                    consumers=[self._replica],
+                    transportClass=functools.partial(
+                        RaftTransport, config=self.transport_config, created=self._created
+                    ),
                 )
                 sync.waitBinded()
             except Exception as exc:
@@ -171,7 +191,7 @@ class RaftState:
             ready.set()
             self._stopping.wait()
             self._sync = None
-            sync.destroy()
+            sync.destroy_synchronous()  # (the port is closed when stop returns)
 
         self._owner = threading.Thread(target=owner, name=f"raft {self.self_address}", daemon=True)
         self._owner.start()
@@ -185,6 +205,13 @@ class RaftState:
         if self._owner is not None:
             self._owner.join(timeout=10)
             self._owner = None
+
+    def _created(self, transport: RaftTransport) -> None:
+        self._transport = transport
+
+    def transport_statistics(self) -> RaftTransportStatistics | None:
+        """The Raft port's counters (None before start)."""
+        return self._transport.statistics() if self._transport is not None else None
 
     def is_leader(self) -> bool:
         return self._sync is not None and bool(self._sync._isLeader())

@@ -7,9 +7,12 @@ A ``Controller`` installs its processors on a dispatcher — its own server's
 - the election loop: on the Raft leader, every ``scan_interval_s`` and at once when a
   broker's heartbeat connection closes, a group whose master is not alive gets a new
   one (``elect_master`` with the live brokers' epochs and offsets; fenced by the master
-  epoch it saw). The group's live brokers are told at once
-  (NOTIFY_BROKER_ROLE_CHANGED, oneway over their heartbeat connection); every
-  heartbeat's answer carries the group's replica info as well.
+  epoch it saw) — but a master this controller has not heard is taken for dead only
+  once it has listened to heartbeats for the group's lease since it started
+  (heartbeats.py): restarting every controller keeps a master that heartbeats. The
+  group's live brokers are told at once (NOTIFY_BROKER_ROLE_CHANGED, oneway over
+  their heartbeat connection); every heartbeat's answer carries the group's replica
+  info as well.
 
 Requests: CONTROLLER_GET_NEXT_BROKER_ID (1012), CONTROLLER_APPLY_BROKER_ID (1013),
 CONTROLLER_REGISTER_BROKER (1003), BROKER_HEARTBEAT (904), CONTROLLER_GET_REPLICA_INFO
@@ -18,7 +21,9 @@ CONTROLLER_GET_METADATA_INFO (1005), CONTROLLER_GET_SYNC_STATE_DATA (1006). Chan
 through Raft from whichever controller receives them; a refusal answers the state
 machine's code (CONTROLLER_*), no quorum answers CONTROLLER_NOT_LEADER. An election
 that would keep the master the group has answers CONTROLLER_MASTER_STILL_EXIST with the
-group's replica info, as RocketMQ's does (an admin naming the current master is done).
+group's replica info, as RocketMQ's does (an admin naming the current master is done);
+one that names no broker while this controller has not heard the master and has not
+listened for its lease yet answers CONTROLLER_ELECT_MASTER_FAILED, saying so.
 
 ACL (``acl_file``, a standalone controller's; an embedded one is covered by its
 nameserver's): heartbeats, registrations, SyncStateSet changes and elections need a
@@ -134,6 +139,10 @@ class Controller:
         self._wake = trio.Event()
         #: the last election problem logged per group (so it is logged once, not per scan)
         self._stuck: dict[str, str] = {}
+        #: groups whose master this controller, leading, found alive since it started
+        self._kept: set[str] = set()
+        #: groups whose unheard master it waits to hear (logged once each)
+        self._waiting: set[str] = set()
         self.elections = 0
 
     # ------------------------------------------------------------------ wiring
@@ -175,6 +184,7 @@ class Controller:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await trio.to_thread.run_sync(self.raft.start)
+        self.live.listen(self._clock())  # (the server serves as soon as this is started)
         try:
             log.info(
                 "controller raft node %s up (peers %s, data in %s)",
@@ -212,9 +222,30 @@ class Controller:
                 alive = self.live.alive(name, now)
                 if group.master_id is not None and group.master_id in alive:
                     self._stuck.pop(name, None)
+                    self._waiting.discard(name)
+                    if name not in self._kept:
+                        self._kept.add(name)
+                        log.info(
+                            "broker group %s: master %d (epoch %d) is alive",
+                            name,
+                            group.master_id,
+                            group.master_epoch,
+                        )
                     continue
                 if group.master_id is None and not alive:
                     continue
+                if group.master_id is not None and not self.live.heard_long_enough(name, now):
+                    if name not in self._waiting:
+                        self._waiting.add(name)
+                        log.info(
+                            "broker group %s: master %d not heard yet; waiting for its "
+                            "heartbeats (a %gs lease) before taking it for dead",
+                            name,
+                            group.master_id,
+                            self.live.lease_of(name),
+                        )
+                    continue
+                self._kept.discard(name)
                 await self._elect(name, alive, group.master_epoch)
 
     async def _elect(self, name: str, alive: dict[int, Any], seen_epoch: int) -> None:
@@ -390,11 +421,25 @@ class Controller:
         header = request.header(ElectMasterRequestHeader)
         designated = header.broker_id if header.designate_elect else None
         group = self.raft.state.groups.get(header.broker_name)
+        now = self._clock()
+        if (
+            designated is None
+            and group is not None
+            and group.master_id is not None
+            and not self.live.is_alive(header.broker_name, group.master_id, now)
+            and not self.live.heard_long_enough(header.broker_name, now)
+        ):
+            raise RequestError(
+                ResponseCode.CONTROLLER_ELECT_MASTER_FAILED,
+                f"this controller has not heard master {group.master_id} of "
+                f"{header.broker_name!r} yet, and has listened to heartbeats for less "
+                f"than its {self.live.lease_of(header.broker_name):g}s lease: try again",
+            )
         try:
             info: ReplicaInfo = await self._call(
                 "elect_master",
                 broker_name=header.broker_name,
-                alive=self.live.alive(header.broker_name, self._clock()),
+                alive=self.live.alive(header.broker_name, now),
                 designated=designated,
                 unclean=self.config.enable_elect_unclean_master,
                 expected_master_epoch=group.master_epoch if group is not None else None,
