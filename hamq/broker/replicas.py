@@ -16,13 +16,15 @@ and registers its addresses (CONTROLLER_REGISTER_BROKER). Then, until it stops:
   * another broker is: stop taking sends, drop slaves, replicate from the new master
     with the auto-switch protocol (which truncates this log to where it agrees with
     the master's), register as this broker's own id;
-- as master it keeps the SyncStateSet through the controller: a member that has not
-  caught up for ``ha_max_time_slave_not_catchup_s`` (15 s), or has had no HA
-  connection for ``controller_lease_s``, is dropped; a slave close to the master's end
-  first *joins* — sends wait for its ack from then on — and is added once it has
-  acked everything up to where it joined (so a member always has every acknowledged
-  message). With ``all_ack_in_sync_state_set`` sends wait for every member;
-  ``min_in_sync_replicas`` refuses sends while the set is smaller;
+- as master it keeps the SyncStateSet through the controller, as
+  hamq/ha/sync_state_set.py decides: a member behind by more than
+  ``ha_max_time_slave_not_catchup_s`` (2 s: it has not acked bytes sent that long ago),
+  or without an HA connection for that long, is dropped; a slave close to the master's
+  end that has reported since it was dropped first *joins* — sends wait for its ack
+  from then on — and is added once it has acked everything up to where it joined (so
+  a member always has every acknowledged message), or given up (and backed off) if it
+  has not within that time. With ``all_ack_in_sync_state_set`` sends wait for every
+  member; ``min_in_sync_replicas`` refuses sends while the set is smaller;
 - as master it admits on its HA port only members of its group as the controllers
   know them (``ha_registry``: CONTROLLER_GET_SYNC_STATE_DATA, every registered broker
   id and address; hamq/ha/membership.py has the rule).
@@ -42,9 +44,9 @@ import trio
 from hamq.broker.context import BrokerContext
 from hamq.ha import EpochFile, HAClient
 from hamq.ha.membership import Registry, RegistryUnavailable
+from hamq.ha.sync_state_set import SyncStateSetKeeper
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import SyncStateSet, decode_body, encode_body
-from hamq.protocol.ha_wire import HAState
 from hamq.protocol.headers import (
     AlterSyncStateSetRequestHeader,
     ApplyBrokerIdRequestHeader,
@@ -152,9 +154,10 @@ class ReplicasManager:
         self.applied: ReplicaView | None = None
         self._offered: ReplicaView | None = None
         self._new_view = trio.Event()
-        #: slaves joining the SyncStateSet: id -> the offset they must ack first
-        self._joining: dict[int, int] = {}
-        self._disconnected_since: dict[int, float] = {}
+        #: who belongs in the SyncStateSet while this broker is master
+        self.keeper = SyncStateSetKeeper(ctx.config.ha_max_time_slave_not_catchup_s, JOIN_LAG_BYTES)
+        #: how often, as master, it has looked at its slaves for SyncStateSet changes
+        self.sync_state_checks = 0
         self.role_changes = 0
 
     # ------------------------------------------------------------------ what others ask
@@ -226,7 +229,8 @@ class ReplicasManager:
             "masterEpoch": view.master_epoch if view else None,
             "syncStateSet": sorted(view.sync_state_set) if view else [],
             "syncStateSetEpoch": view.sync_state_set_epoch if view else None,
-            "joining": sorted(self._joining),
+            "joining": sorted(self.keeper.joining),
+            "syncStateChecks": self.sync_state_checks,
             "roleChanges": self.role_changes,
             "role": self.roles.role.value,
         }
@@ -386,7 +390,7 @@ class ReplicasManager:
 
     async def _become_master(self, view: ReplicaView) -> None:
         self.applied = view  # (no master address for the HA client from here on)
-        self._joining.clear()
+        self.keeper.reset()
         await self.roles.become_master(
             view.master_epoch, "elected by the controllers", view.sync_state_set
         )
@@ -394,7 +398,7 @@ class ReplicasManager:
 
     async def _become_slave(self, view: ReplicaView) -> None:
         was_master = self.roles.is_master
-        self._joining.clear()
+        self.keeper.reset()
         self.applied = view  # (the HA client follows this view's master)
         if view.master_id is None:
             why = f"broker group {self.config.broker_name} has no master now"
@@ -407,12 +411,11 @@ class ReplicasManager:
     def _adopt_sync_state_set(self, view: ReplicaView) -> None:
         """Sends wait for the members of ``view``'s set (and for joining slaves)."""
         self.applied = view
-        for member in view.sync_state_set:
-            self._joining.pop(member, None)
+        self.keeper.adopted(view.sync_state_set)
         self._wait_for(view.sync_state_set)
 
     def _wait_for(self, members: frozenset[int]) -> None:
-        self.roles.adopt_sync_state_set(members, frozenset(self._joining))
+        self.roles.adopt_sync_state_set(members, self.keeper.joining)
 
     # ------------------------------------------------------------------ SyncStateSet
     async def _sync_state_set_loop(self) -> None:
@@ -420,49 +423,23 @@ class ReplicasManager:
             await trio.sleep(SYNC_STATE_CHECK_S)
             view = self.applied
             if view is None or not self.roles.is_master or view.master_id != self.broker_id:
-                self._disconnected_since.clear()
                 continue
-            wanted = self._wanted_set(view, trio.current_time())
-            if wanted != view.sync_state_set:
-                await self._alter(view, wanted)
-
-    def _wanted_set(self, view: ReplicaView, now: float) -> frozenset[int]:
-        ha = self.ctx.ha
-        assert ha is not None
-        max_offset = self.ctx.store.commitlog_max_offset
-        connected = {
-            c.broker_id: c
-            for c in ha.connections
-            if c.broker_id >= 0 and c.machine.state is HAState.TRANSFER
-        }
-        wanted = {self.broker_id}
-        for member in view.sync_state_set - {self.broker_id}:
-            conn = connected.get(member)
-            if conn is None:
-                since = self._disconnected_since.setdefault(member, now)
-                if now - since <= self.config.controller_lease_s:
-                    wanted.add(member)
-                continue
-            self._disconnected_since.pop(member, None)
-            if now - conn.caught_up_at <= self.config.ha_max_time_slave_not_catchup_s:
-                wanted.add(member)
-        for broker_id, conn in connected.items():
-            if broker_id in view.sync_state_set:
-                continue
-            start = self._joining.get(broker_id)
-            if start is None:
-                if conn.acked_upto >= 0 and max_offset - conn.acked_upto <= JOIN_LAG_BYTES:
-                    # from now on sends wait for it; once it has everything up to here,
-                    # it has every acknowledged message and may join
-                    self._joining[broker_id] = max_offset
-                    self._wait_for(view.sync_state_set)
-            elif conn.acked_upto >= start:
-                wanted.add(broker_id)
-        for broker_id in list(self._joining):
-            if broker_id not in connected:
-                del self._joining[broker_id]
-                self._wait_for(view.sync_state_set)
-        return frozenset(wanted)
+            ha = self.ctx.ha
+            assert ha is not None
+            now = trio.current_time()
+            self.sync_state_checks += 1
+            joining = self.keeper.joining
+            decision = self.keeper.decide(
+                self.broker_id,
+                view.sync_state_set,
+                ha.slave_facts(now),
+                self.ctx.store.commitlog_max_offset,
+                now,
+            )
+            if decision.joining != joining:
+                self._wait_for(view.sync_state_set)  # (sends wait for joining slaves too)
+            if decision.wanted != view.sync_state_set:
+                await self._alter(view, decision.wanted)
 
     async def _alter(self, view: ReplicaView, wanted: frozenset[int]) -> None:
         header = AlterSyncStateSetRequestHeader(
