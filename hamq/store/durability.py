@@ -15,7 +15,11 @@ the answer waits — unless the message's WAIT property is "false" — for:
 Both waits run at once, and the replicas' status wins over the disk's (RocketMQ's
 ``thenCombine``): SLAVE_NOT_AVAILABLE or FLUSH_SLAVE_TIMEOUT, then FLUSH_DISK_TIMEOUT,
 then PUT_OK. The message is stored in every case — the status says what is not yet
-certain, and the remark (one wording for each, below) says so.
+certain, and the remark (one wording for each, below) says so. A replicas' status says
+the message is on this master only: it reaches the slaves later if this broker stays
+master, but a broker elected master before it has the message does not have it, and
+this one truncates its log to the new master's when it follows it — the message is then
+gone (a producer that needs it sends it again).
 
 No task per put: both waits are callbacks, called by the flush round or the ack that
 covers the message, or by the timer of the deadline queue each side keeps (both sides
@@ -57,7 +61,11 @@ class PutMessageStatus(enum.Enum):
 
 
 #: what a put's answer says when it did not get what it waited for (the message is stored)
-SLAVE_NOT_AVAILABLE_REMARK = "no slave in sync (none connected, or too far behind); stored"
+REPLICAS_CAVEAT = "dropped if a broker without it becomes master first"
+SLAVE_NOT_AVAILABLE_REMARK = (
+    "no slave in sync (none connected, or too far behind): stored on this master only "
+    f"({REPLICAS_CAVEAT})"
+)
 
 
 def flush_timeout_remark(timeout_s: float) -> str:
@@ -65,7 +73,7 @@ def flush_timeout_remark(timeout_s: float) -> str:
 
 
 def replica_timeout_remark(timeout_s: float) -> str:
-    return f"no slave had it within {timeout_s:g}s; stored"
+    return f"no slave had it within {timeout_s:g}s: stored on this master only ({REPLICAS_CAVEAT})"
 
 
 class ReplicaWaiter(Protocol):
