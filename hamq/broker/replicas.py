@@ -7,7 +7,10 @@ and registers its addresses (CONTROLLER_REGISTER_BROKER). Then, until it stops:
 
 - it heartbeats every controller every ``controller_heartbeat_interval_s`` (1 s) with
   its epoch, max offset and confirm offset; the answers carry the group's replica
-  info, and so do the controllers' NOTIFY_BROKER_ROLE_CHANGED pushes;
+  info, and so do the controllers' NOTIFY_BROKER_ROLE_CHANGED pushes. Each answered
+  heartbeat renews the broker's lease from when it was sent — a master's only when the
+  answer still names it master (roles.py: a master without its lease is fenced, and
+  ``_lease_loop`` notes when that starts and ends);
 - one task applies every newer replica info, in order, as a move of the broker's role
   (roles.py has the table and the order in which each move starts and stops things):
   * this broker is the master: stop replicating, trim a partial record at the log's
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -69,6 +73,8 @@ SYNC_STATE_CHECK_S = 0.5
 JOIN_LAG_BYTES = 4 * 1024 * 1024
 #: how long to wait between rounds when no controller answers
 RETRY_S = 1.0
+#: how often a master looks whether it is fenced (and at once when its lease ends)
+FENCE_CHECK_S = 0.25
 
 
 class ControllersUnreachable(Exception):
@@ -233,7 +239,16 @@ class ReplicasManager:
             "syncStateChecks": self.sync_state_checks,
             "roleChanges": self.role_changes,
             "role": self.roles.role.value,
+            "leaseLeftS": self._lease_left(),
+            "fenced": self.roles.fenced,
         }
+
+    def _lease_left(self) -> float | None:
+        """How long this broker's lease still holds (negative: lost so long ago)."""
+        lease = self.roles.lease
+        if lease is None or lease.heard_at == -math.inf:
+            return None
+        return round(lease.until - trio.current_time(), 3)
 
     # ------------------------------------------------------------------ running
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -245,6 +260,7 @@ class ReplicasManager:
             for addr in self.controllers:
                 nursery.start_soon(self._heartbeat_loop, addr)
             nursery.start_soon(self._sync_state_set_loop)
+            nursery.start_soon(self._lease_loop)
             task_status.started()
 
     async def _ask(self, code: RequestCode, header: object, body: bytes = b"") -> RemotingCommand:
@@ -326,6 +342,8 @@ class ReplicasManager:
 
     async def _heartbeat_loop(self, addr: str) -> None:
         config = self.config
+        lease = self.roles.lease
+        assert lease is not None  # (controller mode)
         reported = ""
         while True:
             header = BrokerHeartbeatRequestHeader(
@@ -341,6 +359,7 @@ class ReplicasManager:
             )
             request = RemotingCommand.request(RequestCode.BROKER_HEARTBEAT, header)
             problem = ""
+            sent_at = trio.current_time()
             try:
                 response = await self.client.invoke(
                     addr, request, config.controller_heartbeat_interval_s
@@ -349,6 +368,11 @@ class ReplicasManager:
                     view = ReplicaView.from_command(response)
                     if view is not None:
                         self.offer(view)
+                    # a master's lease is renewed only by an answer that names it master:
+                    # one naming another (a newer epoch, which the apply loop acts on
+                    # next) must not let it take sends meanwhile
+                    if not (self.roles.is_master and view and view.master_id != self.broker_id):
+                        lease.renew(sent_at)
                 else:
                     problem = f"refused: {response.remark}"
             except RemotingError as exc:
@@ -440,6 +464,17 @@ class ReplicasManager:
                 self._wait_for(view.sync_state_set)  # (sends wait for joining slaves too)
             if decision.wanted != view.sync_state_set:
                 await self._alter(view, decision.wanted)
+
+    async def _lease_loop(self) -> None:
+        """Note when this master's lease runs out (or comes back): roles.py's
+        ``check_fence``, at the lease's end and every FENCE_CHECK_S."""
+        lease = self.roles.lease
+        assert lease is not None
+        while True:
+            now = trio.current_time()
+            self.roles.check_fence(now)
+            wake = now + FENCE_CHECK_S
+            await trio.sleep_until(lease.until if now < lease.until < wake else wake)
 
     async def _alter(self, view: ReplicaView, wanted: frozenset[int]) -> None:
         header = AlterSyncStateSetRequestHeader(

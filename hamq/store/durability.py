@@ -152,6 +152,16 @@ class OffsetWaiters:
         while heap and (heap[0][0] <= offset or heap[0][2].done):
             heapq.heappop(heap)[2].finish(True)
 
+    def give_up(self) -> int:
+        """Answer every waiter now as not reached (``callback(False)``): what they wait
+        for can no longer count (the replicas' acks of a broker that stopped being master,
+        or lost its lease). Returns how many were waiting."""
+        heap, self._heap = self._heap, []
+        waiting = [waiter for _, _, waiter in heap if not waiter.done]
+        for waiter in waiting:
+            waiter.finish(False)
+        return len(waiting)
+
     def reset(self, offset: int) -> None:
         """After a truncation: nothing from ``offset`` on is reached any more."""
         self.reached_offset = min(self.reached_offset, offset)
