@@ -22,6 +22,7 @@ from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.bodies import BrokerData, QueueData, TopicRouteData, encode_body
 from hamq.protocol.headers import SendMessageResponseHeader, send_response_fields
 from hamq.remoting import Connection, Dispatcher, RemotingServer
+from tests.support.timing import wait_for
 
 TOPIC = "moving"
 
@@ -32,6 +33,8 @@ class FakeBroker:
 
     answer: ResponseCode = ResponseCode.SUCCESS
     hang: bool = False
+    #: (nameserver, address): the route names this master before the answer goes
+    elect_before_answering: tuple[FakeNameserver, str] | None = None
     sends: int = 0
     received: trio.Event = attrs.field(factory=trio.Event)
     address: str = ""
@@ -41,6 +44,9 @@ class FakeBroker:
         self.received.set()
         if self.hang:
             await trio.sleep_forever()
+        if self.elect_before_answering is not None:
+            nameserver, master = self.elect_before_answering
+            nameserver.master = master
         header = SendMessageResponseHeader(f"{self.address}-{self.sends}", 0, self.sends)
         return request.response_to(self.answer, ext_fields=send_response_fields(header))
 
@@ -49,9 +55,13 @@ class FakeBroker:
 class FakeNameserver:
     master: str = ""
     lookups: int = 0
+    #: False: it answers TOPIC_NOT_EXIST (just restarted, nobody registered yet)
+    knows: bool = True
 
     def route(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         self.lookups += 1
+        if not self.knows:
+            return request.response_to(ResponseCode.TOPIC_NOT_EXIST, "no route")
         route = TopicRouteData(
             queue_datas=[QueueData("broker-a", 1, 1, 6)],
             broker_datas=[BrokerData("C", "broker-a", {0: self.master})],
@@ -95,25 +105,45 @@ QUEUE = MessageQueue(TOPIC, "broker-a", 0)
 
 
 @pytest.mark.parametrize("queue", [None, QUEUE], ids=["from-the-route", "given"])
-async def test_a_send_short_of_send_ok_makes_the_next_one_look_the_route_up_again(
+async def test_a_send_short_of_send_ok_has_the_route_looked_up_again(
     queue: MessageQueue | None,
 ) -> None:
+    """A answers FLUSH_SLAVE_TIMEOUT (cut off from its replicas), and B was elected
+    master meanwhile: the producer looks the route up again and sends to B next."""
     async with (
         moving_master() as group,
         Producer("g", group.namesrv, send_timeout_s=10, auto_batch=False) as producer,
     ):
         group.a.answer = ResponseCode.FLUSH_SLAVE_TIMEOUT
+        group.a.elect_before_answering = (group.nameserver, group.b.address)
         first = await producer.send(Message(TOPIC, b"1"), queue=queue)
         assert first.status is SendStatus.FLUSH_SLAVE_TIMEOUT
-        group.nameserver.master = group.b.address  # a new master was elected
+        await wait_for(lambda: producer.instance.broker_addr("broker-a") == group.b.address)
         second = await producer.send(Message(TOPIC, b"2"), queue=queue)
         assert second.status is SendStatus.SEND_OK
         assert second.offset_msg_id.startswith(group.b.address)
+        assert (group.a.sends, group.b.sends) == (1, 1)
+
+
+async def test_a_lookup_in_the_background_keeps_the_route_a_nameserver_does_not_know() -> None:
+    """A nameserver that has just restarted knows no topic until the brokers register
+    with it again: the lookups made in the background (after FLUSH_SLAVE_TIMEOUT, by
+    the master watch) keep the route the producer has; one a send makes because it has
+    no route (the default) drops it, as before."""
+    async with (
+        moving_master() as group,
+        Producer("g", group.namesrv, send_timeout_s=10, auto_batch=False) as producer,
+    ):
+        assert (await producer.send(Message(TOPIC, b"1"))).status is SendStatus.SEND_OK
+        group.nameserver.knows = False
+        instance = producer.instance
         lookups = group.nameserver.lookups
-        third = await producer.send(Message(TOPIC, b"3"), queue=queue)
-        assert third.status is SendStatus.SEND_OK
-        assert group.nameserver.lookups == lookups  # (SEND_OK keeps the route cached)
-        assert (group.a.sends, group.b.sends) == (1, 2)
+        await instance.refresh_route_after_failure(TOPIC, keep_known=True)
+        assert group.nameserver.lookups == lookups + 1
+        assert instance.cached_publish_info(TOPIC) is not None
+        assert (await producer.send(Message(TOPIC, b"2"))).status is SendStatus.SEND_OK
+        await instance.update_route(TOPIC)
+        assert instance.cached_publish_info(TOPIC) is None
 
 
 async def test_a_try_waiting_on_a_master_that_moved_goes_to_the_new_one() -> None:

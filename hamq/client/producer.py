@@ -31,7 +31,10 @@
   again, until a new master elected meanwhile takes it or the time out has passed.
 - An answer short of SEND_OK (FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE: the master's
   replicas did not confirm it, which a master cut off from them, or deposed, answers)
-  makes the next send look the topic's route up again.
+  has the topic's route looked up again in the background (at most once a second).
+  These lookups, and the master watch's, keep the known route when no nameserver
+  answers or knows the topic (one that has just restarted, before the brokers
+  registered with it again), as RocketMQ's clients do.
 - The rule for the per-try wait (hamq/protocol/send_timing.py): it must exceed the longest
   a broker waits before it answers — a SYNC_FLUSH broker's fsync (``[store]
   sync_flush_timeout_s``, 5 s) and a SYNC_MASTER's wait for its slave (``[ha]
@@ -231,7 +234,7 @@ class _MasterWatch:
             return
         for topic in sorted({topic for _, topic, _ in stuck}):
             try:
-                await instance.refresh_route_after_failure(topic)
+                await instance.refresh_route_after_failure(topic, keep_known=True)
             except NETWORK_ERRORS as exc:
                 log.info("looking the route of %s up again failed: %s", topic, exc)
         for addr, _topic, broker in stuck:
@@ -1049,8 +1052,8 @@ class _Attempts:
             producer.timed_out.discard(attempt.addr)
         if result is not None and result.status is not SendStatus.SEND_OK:
             # its master's replicas did not confirm it: a master cut off from them, or
-            # deposed, answers so; the next send looks the route up again
-            producer.instance.forget_publish_info(self.request.topic)
+            # deposed, answers so; the route is looked up again meanwhile
+            producer.instance.refresh_route_soon(self.request.topic)
         if producer.faults.enabled:
             now = self.clock()
             producer.faults.update(
