@@ -94,7 +94,8 @@ async def test_a_master_cut_off_says_it_lost_its_lease_and_acknowledges_nothing(
 ) -> None:
     old = await cluster.master("broker-a")
     assert old is not None
-    assert (await send_to(old.address, b"before")).code == ResponseCode.SUCCESS  # type: ignore[union-attr]
+    before = await send_to(old.address, b"before")
+    assert before is not None and before.code == ResponseCode.SUCCESS
     _, heal = await split_master(cluster, random.Random(0))
     answers: list[RemotingCommand] = []
     with trio.fail_after(30):

@@ -195,10 +195,13 @@ async def test_sends_waiting_for_replicas_are_never_acknowledged_after_stepping_
     policy changing to NONE once made it do so)."""
     overrides = {**CONTROLLED, "all_ack_in_sync_state_set": True}
     async with node_parts(tmp_path, **overrides) as node:
-        roles, transfer = node.roles, node.ha_service.transfer  # type: ignore[union-attr]
+        assert node.ha_service is not None
+        roles, transfer = node.roles, node.ha_service.transfer
         roles.own_id = 3
         await roles.become_master(1, "test", frozenset({3, 4, 5}))
-        end = node.store.put_message_nowait(MessageToStore("T", 0, b"x")).append.end_offset  # type: ignore[union-attr]
+        stored = node.store.put_message_nowait(MessageToStore("T", 0, b"x")).append
+        assert stored is not None
+        end = stored.end_offset
         outcome: list[bool] = []
         transfer.notify(end, outcome.append)
         transfer._acked_upto = lambda: [(4, end)]  # (slave 4's ack; 5 has sent none)
