@@ -13,7 +13,8 @@ Each group has its own nameserver. Measured, each round:
                        Meanwhile the master's GET_BROKER_HA_STATUS is polled every 100 ms:
                        the slave's lag_bytes (master max offset - slave ack), the same in
                        milliseconds of the master's append rate, and lag_s (the master's
-                       figure: time since the slave last had everything), median and max.
+                       figure: how long ago the oldest byte the slave has not acked was
+                       sent), median and max.
   catch-up             a master (no slave) filled once with ~1 GiB of CommitLog (16 KiB
                        bodies, batches of 32), then, each round, a slave started with an
                        empty store (``sync_from_last_file = false``: from offset 0):
@@ -754,7 +755,7 @@ def print_sends(sends: dict[str, list[SendFigure]], rounds: int) -> None:
         print(f"statuses, {role}: {', '.join(f'{k} {v:,}' for k, v in statuses.most_common())}")
     print(
         "(lag KiB: master max offset - slave ack; lag ms: that / the master's append rate;"
-        " lag s: the master's lag_s, time since the slave last had everything)"
+        " lag s: the master's lag_s, how long ago its oldest unacked byte was sent)"
     )
     ratio = rates["SYNC_MASTER"] / rates["ASYNC_MASTER"]
     print(

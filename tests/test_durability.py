@@ -136,7 +136,10 @@ async def test_sync_master_without_a_slave_answers_slave_not_available_at_once(
     async with broker(tmp_path, role="SYNC_MASTER") as node:
         response, took = await send(node)
         assert response.code == ResponseCode.SLAVE_NOT_AVAILABLE, response.remark
-        assert response.remark == "no slave in sync (none connected, or too far behind); stored"
+        assert response.remark == (
+            "no slave in sync (none connected, or too far behind): stored on this master "
+            "only (dropped if a broker without it becomes master first)"
+        )
         assert took < WAIT_S  # it did not wait for an ack that cannot come
         assert stored(node, 1)
 
@@ -163,7 +166,10 @@ async def test_a_silent_slave_answers_flush_slave_timeout_and_keeps_the_message(
     async with broker(tmp_path, role="SYNC_MASTER") as node, fake_slave(node):
         response, took = await send(node)
         assert response.code == ResponseCode.FLUSH_SLAVE_TIMEOUT, response.remark
-        assert response.remark == f"no slave had it within {WAIT_S:g}s; stored"
+        assert response.remark == (
+            f"no slave had it within {WAIT_S:g}s: stored on this master only (dropped if "
+            "a broker without it becomes master first)"
+        )
         assert took >= WAIT_S
         assert stored(node, 1)
 

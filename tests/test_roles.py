@@ -14,8 +14,9 @@ import pytest
 import trio
 
 from hamq.broker import BrokerNode
-from hamq.broker.roles import MOVES, IllegalRoleChange, Role
+from hamq.broker.roles import LEASE_MARGIN_S, MOVES, IllegalRoleChange, Role
 from hamq.ha import ReplicaPolicy
+from hamq.protocol import ResponseCode
 from hamq.store import BrokerRole, MessageToStore, PutMessageStatus
 from tests.support.brokers import broker_config
 
@@ -126,3 +127,86 @@ async def test_a_configured_slave_never_becomes_master(tmp_path: Path) -> None:
             await roles.become_slave("test")
         assert roles.role is Role.SLAVE and not takes_puts(node)
         assert node.epochs.last_epoch == 0  # the refused promotion wrote no epoch
+
+
+async def test_a_master_without_its_lease_is_fenced_and_says_why(tmp_path: Path) -> None:
+    """Controller mode, no allAckInSyncStateSet: the lease alone decides (roles.py)."""
+    async with node_parts(tmp_path, **CONTROLLED, controller_lease_s=3.0) as node:
+        roles = node.roles
+        lease = roles.lease
+        assert lease is not None and lease.margin_s == LEASE_MARGIN_S
+        heard: list[int] = []
+        roles.listeners.append(lambda: heard.append(roles.broker_id))
+        roles.own_id = 2
+        now = trio.current_time()
+        lease.renew(now)
+        await roles.become_master(1, "test", frozenset({2}))
+        assert roles.refusal(now) is None and roles.broker_id == 0
+        end = now + 3.0 - LEASE_MARGIN_S  # (before the controllers' count could end)
+        assert lease.until == end
+        assert roles.refusal(end - 0.01) is None
+        refusal = roles.refusal(end)
+        assert refusal is not None and refusal.code == ResponseCode.SERVICE_NOT_AVAILABLE
+        assert "lost its controller lease" in refusal.why and "for 2.5s" in refusal.why
+        # a send stored before and answered now is told to go again, whatever acked it
+        for replicated in (True, False):
+            why = roles.answer_refusal(replicated=replicated, now=end)
+            assert why is not None and "send it again" in why
+        assert roles.answer_refusal(replicated=True, now=end - 0.01) is None
+        # fenced: it registers under its own id, not as the master
+        roles.check_fence(end)
+        assert roles.fenced and roles.broker_id == 2 and heard[-1] == 2
+        roles.check_fence(end + 1)  # (no change, nothing said)
+        assert len(heard) == 2
+        lease.renew(end + 1)  # a controller answered again
+        assert roles.refusal(end + 1) is None
+        roles.check_fence(end + 1)
+        assert not roles.fenced and roles.broker_id == 0 and heard[-1] == 0
+
+
+async def test_all_ack_master_keeps_taking_sends_without_a_lease_while_its_set_acks(
+    tmp_path: Path,
+) -> None:
+    """allAckInSyncStateSet: a SEND_OK waits for every broker the controllers may elect,
+    so while they all ack (here: none but the master is in the set) the lease is not
+    needed; with a member that does not ack (none connected) it is fenced."""
+    overrides = {**CONTROLLED, "all_ack_in_sync_state_set": True}
+    async with node_parts(tmp_path, **overrides) as node:
+        roles = node.roles
+        roles.own_id = 2
+        await roles.become_master(1, "test", frozenset({2}))
+        now = trio.current_time()
+        assert roles.lease is not None and not roles.lease.held(now)  # never answered
+        assert roles.refusal(now) is None
+        assert roles.answer_refusal(replicated=True, now=now) is None
+        roles.adopt_sync_state_set(frozenset({2, 3}))
+        refusal = roles.refusal(now)
+        assert refusal is not None and "lost its controller lease" in refusal.why
+        assert roles.answer_refusal(replicated=True, now=now) is None  # 3 acked it: safe
+        assert roles.answer_refusal(replicated=False, now=now) is not None
+
+
+async def test_sends_waiting_for_replicas_are_never_acknowledged_after_stepping_down(
+    tmp_path: Path,
+) -> None:
+    """A master with SyncStateSet {3, 4, 5} steps down while a put waits: slave 4 has
+    acked it, slave 5 has not, so the new master may lack it. Stepping down answers the
+    wait as not replicated; it must not count slave 4's ack as enough (the replica
+    policy changing to NONE once made it do so)."""
+    overrides = {**CONTROLLED, "all_ack_in_sync_state_set": True}
+    async with node_parts(tmp_path, **overrides) as node:
+        assert node.ha_service is not None
+        roles, transfer = node.roles, node.ha_service.transfer
+        roles.own_id = 3
+        await roles.become_master(1, "test", frozenset({3, 4, 5}))
+        stored = node.store.put_message_nowait(MessageToStore("T", 0, b"x")).append
+        assert stored is not None
+        end = stored.end_offset
+        outcome: list[bool] = []
+        transfer.notify(end, outcome.append)
+        transfer._acked_upto = lambda: [(4, end)]  # (slave 4's ack; 5 has sent none)
+        transfer.slave_acked(end)
+        assert outcome == []  # still waiting for 5
+        await roles.become_slave("another broker was elected")
+        assert outcome == [False]
+        assert roles.answer_refusal(replicated=False, now=trio.current_time()) is not None

@@ -170,8 +170,10 @@ class BrokerConfig:
     all_ack_in_sync_state_set: bool = False
     #: sends are refused while the SyncStateSet (master included) has fewer members
     min_in_sync_replicas: int = attrs.field(default=1, validator=v.ge(1))
-    #: a slave behind the master for this long leaves the SyncStateSet
-    ha_max_time_slave_not_catchup_s: float = attrs.field(default=15.0, validator=v.gt(0.0))
+    #: a member of the SyncStateSet that has not acked what it was sent this long ago (or
+    #: has had no connection for this long) leaves it; a joining slave has this long to
+    #: catch up (RocketMQ's haMaxTimeSlaveNotCatchup, 15 s there: hamq/ha/sync_state_set.py)
+    ha_max_time_slave_not_catchup_s: float = attrs.field(default=2.0, validator=v.gt(0.0))
     #: lower is preferred when the controller elects among equals (electionPriority)
     election_priority: int = attrs.field(default=0, validator=v.ge(0))
     #: check every request against acl_file's accounts (RocketMQ's aclEnable)

@@ -121,7 +121,12 @@ class BrokerNode:
         self.slave_sync: SlaveSync | None = None
         self.replicas: ReplicasManager | None = None
         self.roles = Roles(
-            config, self.store, self.epochs, ha_service=self.ha_service, ha_client=self.ha_client
+            config,
+            self.store,
+            self.epochs,
+            ha_service=self.ha_service,
+            ha_client=self.ha_client,
+            address=lambda: self.ctx.address,
         )
         consumers = ConsumerManager()
         self.notifier = Notifier(consumers)

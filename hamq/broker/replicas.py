@@ -7,7 +7,10 @@ and registers its addresses (CONTROLLER_REGISTER_BROKER). Then, until it stops:
 
 - it heartbeats every controller every ``controller_heartbeat_interval_s`` (1 s) with
   its epoch, max offset and confirm offset; the answers carry the group's replica
-  info, and so do the controllers' NOTIFY_BROKER_ROLE_CHANGED pushes;
+  info, and so do the controllers' NOTIFY_BROKER_ROLE_CHANGED pushes. Each answered
+  heartbeat renews the broker's lease from when it was sent — a master's only when the
+  answer still names it master (roles.py: a master without its lease is fenced, and
+  ``_lease_loop`` notes when that starts and ends);
 - one task applies every newer replica info, in order, as a move of the broker's role
   (roles.py has the table and the order in which each move starts and stops things):
   * this broker is the master: stop replicating, trim a partial record at the log's
@@ -16,13 +19,15 @@ and registers its addresses (CONTROLLER_REGISTER_BROKER). Then, until it stops:
   * another broker is: stop taking sends, drop slaves, replicate from the new master
     with the auto-switch protocol (which truncates this log to where it agrees with
     the master's), register as this broker's own id;
-- as master it keeps the SyncStateSet through the controller: a member that has not
-  caught up for ``ha_max_time_slave_not_catchup_s`` (15 s), or has had no HA
-  connection for ``controller_lease_s``, is dropped; a slave close to the master's end
-  first *joins* — sends wait for its ack from then on — and is added once it has
-  acked everything up to where it joined (so a member always has every acknowledged
-  message). With ``all_ack_in_sync_state_set`` sends wait for every member;
-  ``min_in_sync_replicas`` refuses sends while the set is smaller;
+- as master it keeps the SyncStateSet through the controller, as
+  hamq/ha/sync_state_set.py decides: a member behind by more than
+  ``ha_max_time_slave_not_catchup_s`` (2 s: it has not acked bytes sent that long ago),
+  or without an HA connection for that long, is dropped; a slave close to the master's
+  end that has reported since it was dropped first *joins* — sends wait for its ack
+  from then on — and is added once it has acked everything up to where it joined (so
+  a member always has every acknowledged message), or given up (and backed off) if it
+  has not within that time. With ``all_ack_in_sync_state_set`` sends wait for every
+  member; ``min_in_sync_replicas`` refuses sends while the set is smaller;
 - as master it admits on its HA port only members of its group as the controllers
   know them (``ha_registry``: CONTROLLER_GET_SYNC_STATE_DATA, every registered broker
   id and address; hamq/ha/membership.py has the rule).
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -42,9 +48,9 @@ import trio
 from hamq.broker.context import BrokerContext
 from hamq.ha import EpochFile, HAClient
 from hamq.ha.membership import Registry, RegistryUnavailable
+from hamq.ha.sync_state_set import SyncStateSetKeeper
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import SyncStateSet, decode_body, encode_body
-from hamq.protocol.ha_wire import HAState
 from hamq.protocol.headers import (
     AlterSyncStateSetRequestHeader,
     ApplyBrokerIdRequestHeader,
@@ -67,6 +73,8 @@ SYNC_STATE_CHECK_S = 0.5
 JOIN_LAG_BYTES = 4 * 1024 * 1024
 #: how long to wait between rounds when no controller answers
 RETRY_S = 1.0
+#: how often a master looks whether it is fenced (and at once when its lease ends)
+FENCE_CHECK_S = 0.25
 
 
 class ControllersUnreachable(Exception):
@@ -152,9 +160,10 @@ class ReplicasManager:
         self.applied: ReplicaView | None = None
         self._offered: ReplicaView | None = None
         self._new_view = trio.Event()
-        #: slaves joining the SyncStateSet: id -> the offset they must ack first
-        self._joining: dict[int, int] = {}
-        self._disconnected_since: dict[int, float] = {}
+        #: who belongs in the SyncStateSet while this broker is master
+        self.keeper = SyncStateSetKeeper(ctx.config.ha_max_time_slave_not_catchup_s, JOIN_LAG_BYTES)
+        #: how often, as master, it has looked at its slaves for SyncStateSet changes
+        self.sync_state_checks = 0
         self.role_changes = 0
 
     # ------------------------------------------------------------------ what others ask
@@ -226,10 +235,20 @@ class ReplicasManager:
             "masterEpoch": view.master_epoch if view else None,
             "syncStateSet": sorted(view.sync_state_set) if view else [],
             "syncStateSetEpoch": view.sync_state_set_epoch if view else None,
-            "joining": sorted(self._joining),
+            "joining": sorted(self.keeper.joining),
+            "syncStateChecks": self.sync_state_checks,
             "roleChanges": self.role_changes,
             "role": self.roles.role.value,
+            "leaseLeftS": self._lease_left(),
+            "fenced": self.roles.fenced,
         }
+
+    def _lease_left(self) -> float | None:
+        """How long this broker's lease still holds (negative: lost so long ago)."""
+        lease = self.roles.lease
+        if lease is None or lease.heard_at == -math.inf:
+            return None
+        return round(lease.until - trio.current_time(), 3)
 
     # ------------------------------------------------------------------ running
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -241,6 +260,7 @@ class ReplicasManager:
             for addr in self.controllers:
                 nursery.start_soon(self._heartbeat_loop, addr)
             nursery.start_soon(self._sync_state_set_loop)
+            nursery.start_soon(self._lease_loop)
             task_status.started()
 
     async def _ask(self, code: RequestCode, header: object, body: bytes = b"") -> RemotingCommand:
@@ -322,6 +342,8 @@ class ReplicasManager:
 
     async def _heartbeat_loop(self, addr: str) -> None:
         config = self.config
+        lease = self.roles.lease
+        assert lease is not None  # (controller mode)
         reported = ""
         while True:
             header = BrokerHeartbeatRequestHeader(
@@ -337,6 +359,7 @@ class ReplicasManager:
             )
             request = RemotingCommand.request(RequestCode.BROKER_HEARTBEAT, header)
             problem = ""
+            sent_at = trio.current_time()
             try:
                 response = await self.client.invoke(
                     addr, request, config.controller_heartbeat_interval_s
@@ -345,6 +368,11 @@ class ReplicasManager:
                     view = ReplicaView.from_command(response)
                     if view is not None:
                         self.offer(view)
+                    # a master's lease is renewed only by an answer that names it master:
+                    # one naming another (a newer epoch, which the apply loop acts on
+                    # next) must not let it take sends meanwhile
+                    if not (self.roles.is_master and view and view.master_id != self.broker_id):
+                        lease.renew(sent_at)
                 else:
                     problem = f"refused: {response.remark}"
             except RemotingError as exc:
@@ -386,7 +414,7 @@ class ReplicasManager:
 
     async def _become_master(self, view: ReplicaView) -> None:
         self.applied = view  # (no master address for the HA client from here on)
-        self._joining.clear()
+        self.keeper.reset()
         await self.roles.become_master(
             view.master_epoch, "elected by the controllers", view.sync_state_set
         )
@@ -394,7 +422,7 @@ class ReplicasManager:
 
     async def _become_slave(self, view: ReplicaView) -> None:
         was_master = self.roles.is_master
-        self._joining.clear()
+        self.keeper.reset()
         self.applied = view  # (the HA client follows this view's master)
         if view.master_id is None:
             why = f"broker group {self.config.broker_name} has no master now"
@@ -407,12 +435,11 @@ class ReplicasManager:
     def _adopt_sync_state_set(self, view: ReplicaView) -> None:
         """Sends wait for the members of ``view``'s set (and for joining slaves)."""
         self.applied = view
-        for member in view.sync_state_set:
-            self._joining.pop(member, None)
+        self.keeper.adopted(view.sync_state_set)
         self._wait_for(view.sync_state_set)
 
     def _wait_for(self, members: frozenset[int]) -> None:
-        self.roles.adopt_sync_state_set(members, frozenset(self._joining))
+        self.roles.adopt_sync_state_set(members, self.keeper.joining)
 
     # ------------------------------------------------------------------ SyncStateSet
     async def _sync_state_set_loop(self) -> None:
@@ -420,49 +447,34 @@ class ReplicasManager:
             await trio.sleep(SYNC_STATE_CHECK_S)
             view = self.applied
             if view is None or not self.roles.is_master or view.master_id != self.broker_id:
-                self._disconnected_since.clear()
                 continue
-            wanted = self._wanted_set(view, trio.current_time())
-            if wanted != view.sync_state_set:
-                await self._alter(view, wanted)
+            ha = self.ctx.ha
+            assert ha is not None
+            now = trio.current_time()
+            self.sync_state_checks += 1
+            joining = self.keeper.joining
+            decision = self.keeper.decide(
+                self.broker_id,
+                view.sync_state_set,
+                ha.slave_facts(now),
+                self.ctx.store.commitlog_max_offset,
+                now,
+            )
+            if decision.joining != joining:
+                self._wait_for(view.sync_state_set)  # (sends wait for joining slaves too)
+            if decision.wanted != view.sync_state_set:
+                await self._alter(view, decision.wanted)
 
-    def _wanted_set(self, view: ReplicaView, now: float) -> frozenset[int]:
-        ha = self.ctx.ha
-        assert ha is not None
-        max_offset = self.ctx.store.commitlog_max_offset
-        connected = {
-            c.broker_id: c
-            for c in ha.connections
-            if c.broker_id >= 0 and c.machine.state is HAState.TRANSFER
-        }
-        wanted = {self.broker_id}
-        for member in view.sync_state_set - {self.broker_id}:
-            conn = connected.get(member)
-            if conn is None:
-                since = self._disconnected_since.setdefault(member, now)
-                if now - since <= self.config.controller_lease_s:
-                    wanted.add(member)
-                continue
-            self._disconnected_since.pop(member, None)
-            if now - conn.caught_up_at <= self.config.ha_max_time_slave_not_catchup_s:
-                wanted.add(member)
-        for broker_id, conn in connected.items():
-            if broker_id in view.sync_state_set:
-                continue
-            start = self._joining.get(broker_id)
-            if start is None:
-                if conn.acked_upto >= 0 and max_offset - conn.acked_upto <= JOIN_LAG_BYTES:
-                    # from now on sends wait for it; once it has everything up to here,
-                    # it has every acknowledged message and may join
-                    self._joining[broker_id] = max_offset
-                    self._wait_for(view.sync_state_set)
-            elif conn.acked_upto >= start:
-                wanted.add(broker_id)
-        for broker_id in list(self._joining):
-            if broker_id not in connected:
-                del self._joining[broker_id]
-                self._wait_for(view.sync_state_set)
-        return frozenset(wanted)
+    async def _lease_loop(self) -> None:
+        """Note when this master's lease runs out (or comes back): roles.py's
+        ``check_fence``, at the lease's end and every FENCE_CHECK_S."""
+        lease = self.roles.lease
+        assert lease is not None
+        while True:
+            now = trio.current_time()
+            self.roles.check_fence(now)
+            wake = now + FENCE_CHECK_S
+            await trio.sleep_until(lease.until if now < lease.until < wake else wake)
 
     async def _alter(self, view: ReplicaView, wanted: frozenset[int]) -> None:
         header = AlterSyncStateSetRequestHeader(

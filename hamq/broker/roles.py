@@ -28,13 +28,52 @@ the role first (sends are refused), then the store's puts and scheduler, then th
 service's slaves and replica policy; the HA client then follows the new master.
 The master's own services (``master_services``: the transaction check-back,
 hamq/broker/transactions.py) start right after the store's scheduler and stop right
-before it.
+before it. Becoming slave also answers at once every send still waiting for the
+replicas (``SERVICE_NOT_AVAILABLE``: stored here, not known to be on the new master).
+
+**Whether a master takes sends** (``refusal``; the send and END_TRANSACTION processors
+ask it for every request): a slave or a starting broker never does; a master does
+unless (controller mode) it has lost its *lease*, or its SyncStateSet is below
+``min_in_sync_replicas`` (SYSTEM_ERROR, as before).
+
+The lease (``Lease``): the controllers count a broker alive until ``controller_lease_s``
+(3 s, sent in every heartbeat) passes after they *received* its last heartbeat, and
+then elect another master. The broker counts its lease from when it *sent* the last
+heartbeat a controller answered — never later than the controllers' count — and holds
+it until ``LEASE_MARGIN_S`` (or a quarter of the lease, if less) before that ends: a
+master that cannot reach any controller stops taking sends before they could elect
+another. While its lease is lost, a master is *fenced*:
+
+- new sends are refused at once with SERVICE_NOT_AVAILABLE and a remark that says why
+  (RocketMQ's retry code for a broker that cannot take sends now, such as a slave:
+  hamq's producer looks the route up again on it, RocketMQ's 4.x Java producer retries
+  on another broker group; a code of its own, as RocketMQ 5's NOT_LEADER_FOR_QUEUE,
+  would end a 4.x producer's send at once);
+- every send waiting for its replicas is answered SERVICE_NOT_AVAILABLE at once
+  (``check_fence``), and so is any answer given later that the lease no longer
+  covers (``answer_refusal``): the message is stored here but may be cut when this
+  broker rejoins under a new master, so the producer must send it again (a duplicate
+  if it survives);
+- it registers with the nameservers under its own id, not as the master (id 0), so that
+  a nameserver it still reaches does not send clients back to it.
+
+One exception keeps a healthy group writable while every controller is down: with
+``all_ack_in_sync_state_set``, a SEND_OK needs the ack of every member of the
+SyncStateSet (and of every joining slave), the only brokers the controllers may elect
+(unless ``--elect-unclean-master``); each such SEND_OK is therefore on whichever is
+elected, lease or not. So such a master is fenced only when its lease is lost *and*
+some member is behind by more than ``ha_max_time_slave_not_catchup_s`` (not acking,
+hamq/ha/sync_state_set.py) — which is what happens once another broker is elected: it
+stops acking this one. A fenced master takes sends again as soon as its lease is back
+(a controller answers and still names it master at its epoch) or, in that mode, its
+members ack again; a newer epoch naming another master makes it a slave.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import math
 from collections.abc import Callable
 from typing import Protocol
 
@@ -43,9 +82,14 @@ import attrs
 from hamq.broker.config import BrokerConfig
 from hamq.ha import EpochFile, HAClient, HAService, ReplicaPolicy
 from hamq.ha.group_transfer import policy_for
+from hamq.protocol import ResponseCode
 from hamq.store import BrokerRole, MessageStore
 
 log = logging.getLogger(__name__)
+
+#: a lease ends this long (or a quarter of the lease, if less) before the controllers'
+#: count of it could
+LEASE_MARGIN_S = 0.5
 
 
 class Role(enum.Enum):
@@ -84,6 +128,37 @@ class IllegalRoleChange(RuntimeError):
     """A move ``MOVES`` does not allow (a bug: nothing is changed)."""
 
 
+@attrs.frozen
+class Refusal:
+    """Why this broker takes no send now: the code to answer and the remark."""
+
+    code: ResponseCode
+    why: str
+
+
+class Lease:
+    """A controller-mode broker's lease (the module doc): held until ``until``, which
+    each answered heartbeat moves on to its sending time + ``lease_s`` - the margin.
+    Times are Trio's clock."""
+
+    def __init__(self, lease_s: float) -> None:
+        self.lease_s = lease_s
+        self.margin_s = min(LEASE_MARGIN_S, lease_s / 4)
+        #: when the last heartbeat a controller answered was sent (-inf: none yet)
+        self.heard_at = -math.inf
+
+    @property
+    def until(self) -> float:
+        return self.heard_at + self.lease_s - self.margin_s
+
+    def renew(self, sent_at: float) -> None:
+        """A controller answered the heartbeat sent at ``sent_at``."""
+        self.heard_at = max(self.heard_at, sent_at)
+
+    def held(self, now: float) -> bool:
+        return now < self.until
+
+
 class Roles:
     """This broker's role and what follows from it (one per broker)."""
 
@@ -95,8 +170,11 @@ class Roles:
         *,
         ha_service: HAService | None = None,
         ha_client: HAClient | None = None,
+        address: Callable[[], str] | None = None,
     ) -> None:
         self.config = config
+        #: this broker's address as clients reach it, once bound (for remarks)
+        self._address = address or (lambda: f"{config.advertised_host}:{config.listen_port}")
         self.controlled = config.enable_controller_mode
         self.store = store
         self.epochs = epochs
@@ -108,6 +186,11 @@ class Roles:
         #: why sends are refused while master (the SyncStateSet is below
         #: min_in_sync_replicas), None when they are not
         self.sends_refused: str | None = None
+        #: controller mode: the controllers' word that this broker is alive
+        self.lease: Lease | None = Lease(config.controller_lease_s) if self.controlled else None
+        #: a master without its lease, as ``check_fence`` last saw (registration reads it;
+        #: sends ask ``refusal``, which looks at the clock itself)
+        self.fenced = False
         #: called after every move (the registrar registers the new role)
         self.listeners: list[Callable[[], None]] = []
         #: started on becoming master, stopped on becoming slave, next to the scheduler
@@ -128,8 +211,8 @@ class Roles:
     @property
     def broker_id(self) -> int:
         """The id this broker registers with: its own (-1: not known yet, not
-        registered), and in controller mode 0 while master."""
-        if self.controlled and self.role is Role.MASTER:
+        registered), and in controller mode 0 while master and not fenced."""
+        if self.controlled and self.role is Role.MASTER and not self.fenced:
             return 0
         if self.controlled and self.role is Role.STARTING:
             return -1
@@ -151,6 +234,126 @@ class Roles:
         """Who this broker's puts wait for as master, besides the disk (group_transfer.py)."""
         all_ack = self.controlled and self.config.all_ack_in_sync_state_set
         return policy_for(self.master_role, all_ack_in_sync_state_set=all_ack)
+
+    # ------------------------------------------------------------------ taking sends
+    def refusal(self, now: float) -> Refusal | None:
+        """Why a send (or any write a master takes) is refused now, None if it is taken
+        (the module doc has the rules)."""
+        role, lease = self.role, self.lease
+        if role is Role.MASTER and (lease is None or now < lease.until):  # (most sends)
+            if self.sends_refused is None:
+                return None
+            return Refusal(ResponseCode.SYSTEM_ERROR, self.sends_refused)
+        name, address = self.config.broker_name, self.address
+        if role is Role.SLAVE:
+            return Refusal(
+                ResponseCode.SERVICE_NOT_AVAILABLE,
+                f"the broker[{name} at {address}] is a slave (broker id {self.broker_id}): "
+                f"send to the master of {name}",
+            )
+        if role is Role.STARTING:
+            return Refusal(
+                ResponseCode.SERVICE_NOT_AVAILABLE,
+                f"the broker[{name} at {address}] is starting: it takes no sends yet",
+            )
+        if self._fenced_at(now):
+            return Refusal(ResponseCode.SERVICE_NOT_AVAILABLE, self._lease_lost(now))
+        if self.sends_refused is not None:
+            return Refusal(ResponseCode.SYSTEM_ERROR, self.sends_refused)
+        return None
+
+    def answer_refusal(self, *, replicated: bool, now: float) -> str | None:
+        """Why a send stored before and answered now (its replicas acked it:
+        ``replicated``, or its wait for them ended) must be answered
+        SERVICE_NOT_AVAILABLE instead of its status: this broker is no longer master,
+        or has lost its lease and the status's promise no longer holds. None: the
+        status stands."""
+        stored = "the message is stored on this broker but not known to be on its replicas"
+        if self.role is not Role.MASTER:
+            return (
+                f"{stored}, and this broker[{self.config.broker_name} at {self.address}] "
+                "is no longer master: a new master may not have it (it is then cut when "
+                "this broker follows the new one); send it again"
+            )
+        lease = self.lease
+        if lease is None or lease.held(now):
+            return None
+        if replicated and self._all_ack():
+            return None  # every broker the controllers may elect has it
+        if replicated or self._fenced_at(now):
+            return f"{stored}: {self._lease_lost(now)}; send it again"
+        return None
+
+    def check_fence(self, now: float) -> None:
+        """Note whether this master is fenced now (replicas.py calls it as its lease
+        runs out and every fraction of a second): when that changes, log it, and on
+        fencing answer the sends waiting for replicas at once (``answer_refusal`` says
+        what); the listeners hear of it (registration: the id changes)."""
+        fenced = self._fenced_at(now)
+        if fenced == self.fenced:
+            return
+        self.fenced = fenced
+        if fenced:
+            log.warning("broker %s: %s", self.config.broker_name, self._lease_lost(now))
+            if self.ha_service is not None:
+                abandoned = self.ha_service.transfer.abandon()
+                if abandoned:
+                    log.warning(
+                        "%d send(s) waiting for replicas answered SERVICE_NOT_AVAILABLE", abandoned
+                    )
+        else:
+            log.warning(
+                "broker %s (id %d): takes sends again as master (%s)",
+                self.config.broker_name,
+                self.own_id,
+                "a controller answered" if self._lease_held(now) else "its replicas ack again",
+            )
+        for listener in self.listeners:
+            listener()
+
+    def _lease_held(self, now: float) -> bool:
+        return self.lease is None or self.lease.held(now)
+
+    def _fenced_at(self, now: float) -> bool:
+        """A master without its lease, and (allAckInSyncStateSet) with a member of its
+        SyncStateSet or a joining slave behind."""
+        if self.role is not Role.MASTER or self._lease_held(now):
+            return False
+        return not (self._all_ack() and self._replicas_acking(now))
+
+    def _all_ack(self) -> bool:
+        service = self.ha_service
+        return service is not None and service.transfer.policy is ReplicaPolicy.SYNC_STATE_SET
+
+    def _replicas_acking(self, now: float) -> bool:
+        """Every broker a SEND_OK waits for is behind by at most
+        ``ha_max_time_slave_not_catchup_s`` (hamq/ha/sync_state_set.py)."""
+        service = self.ha_service
+        assert service is not None
+        must_ack = service.transfer.must_ack
+        if not must_ack:
+            return True
+        facts = service.slave_facts(now)
+        limit = self.config.ha_max_time_slave_not_catchup_s
+        return all(m in facts and facts[m].behind_s <= limit for m in must_ack)
+
+    def _lease_lost(self, now: float) -> str:
+        lease = self.lease
+        assert lease is not None
+        heard = (
+            f"for {now - lease.heard_at:.1f}s" if lease.heard_at > -math.inf else "since it started"
+        )
+        return (
+            f"the broker[{self.config.broker_name} at {self.address}] has lost its "
+            f"controller lease: no controller has answered its heartbeats {heard} "
+            f"(controller_lease_s {lease.lease_s:g}), so another master may be elected; "
+            "it takes no sends until a controller answers"
+        )
+
+    @property
+    def address(self) -> str:
+        """This broker's address as clients reach it (for remarks)."""
+        return self._address()
 
     # ------------------------------------------------------------------ moves
     def _check(self, new: Role, why: str) -> None:
@@ -185,6 +388,7 @@ class Roles:
         (controller mode) its members are who puts wait for."""
         self._check(Role.MASTER, why)
         before, store = self.role, self.store
+        self.fenced = False
         if self.ha_client is not None:
             self.ha_client.kick()  # (its master is this broker now: it replicates nothing)
         if self.controlled:
@@ -207,6 +411,10 @@ class Roles:
         self._check(Role.SLAVE, why)
         before, self.role = self.role, Role.SLAVE  # (sends are refused from here on)
         self.sends_refused = None
+        self.fenced = False
+        if self.ha_service is not None:
+            # (before the policy changes: none of these may be answered SEND_OK now)
+            self.ha_service.transfer.abandon()
         for service in self.master_services:
             await service.set_master(False)
         await self.store.set_master(False)

@@ -349,8 +349,15 @@ class ClientInstance:
             raise BrokerError(response.code, response.remark, self.namesrv_addr)
         return decode_body(TopicRouteData, response.body)
 
-    async def update_route(self, topic: str) -> TopicRouteData | None:
+    async def update_route(self, topic: str, *, keep_known: bool = False) -> TopicRouteData | None:
+        """Look ``topic``'s route up and cache it. None if the nameserver does not know
+        the topic: the cached route is dropped then — unless ``keep_known`` (a refresh in
+        the background), when the known route stays and is returned: a nameserver that
+        has just restarted knows no topic until the brokers register with it again, and
+        RocketMQ's clients keep their route then too. Raises as ``fetch_route``."""
         route = await self.fetch_route(topic)
+        if route is None and keep_known and topic in self.routes:
+            return self.routes[topic]
         if route is None:
             self.routes.pop(topic, None)
             if topic in self._publish and not self._publish[topic].from_template:
@@ -363,14 +370,27 @@ class ClientInstance:
                 self._publish[topic] = publish_info(topic, route)
         return route
 
-    async def refresh_route_after_failure(self, topic: str) -> None:
+    async def refresh_route_after_failure(self, topic: str, *, keep_known: bool = False) -> None:
         """Look a topic's route up again after a broker failed, at most once a second
-        (many queues failing at once ask the nameserver once)."""
+        (many queues failing at once ask the nameserver once); ``keep_known`` as
+        ``update_route``'s. Raises as ``fetch_route``."""
         now = self.loop.current_time()
         if now - self._refreshed_after_failure.get(topic, -math.inf) < 1.0:
             return
         self._refreshed_after_failure[topic] = now
-        await self.update_route(topic)
+        await self.update_route(topic, keep_known=keep_known)
+
+    def refresh_route_soon(self, topic: str) -> None:
+        """Look a topic's route up again in the background, at most once a second,
+        keeping the known route if no nameserver answers or knows the topic (a broker
+        answered in a way that suggests its group's master moved)."""
+        self.nursery.start_soon(self._refresh_quietly, topic)
+
+    async def _refresh_quietly(self, topic: str) -> None:
+        try:
+            await self.refresh_route_after_failure(topic, keep_known=True)
+        except NETWORK_ERRORS as exc:
+            log.info("looking the route of %s up again failed: %s", topic, exc)
 
     async def refresh_routes(self) -> None:
         for topic in sorted(set(self.routes) | set(self._publish)):

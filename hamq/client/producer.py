@@ -15,13 +15,26 @@
   master, a slave's refusal), the send keeps trying with pauses (50 ms doubling to
   0.5 s) until ``send_timeout_s``, looking the route up again before each try:
   producers ride out an automatic failover without the user's help.
-- A master that hangs (stopped, not dead: its connections stay open) is only noticed
-  by a timeout. An address that timed out is avoided for as long as that try waited
-  (a success clears it): other brokers are chosen first (RocketMQ's
+- A master that hangs (stopped, not dead: its connections stay open) answers nothing.
+  While a try has waited ``MASTER_CHECK_AFTER_S`` (1 s) or more, the producer looks its
+  topic's route up again (at most once a second) and, once the route names another
+  master for that broker group (the controllers elected one meanwhile), closes its
+  connection to the old address: every try waiting there fails at once and goes again
+  to the new master (``_MasterWatch``). A deposed master that still answers says so
+  itself (SERVICE_NOT_AVAILABLE: it is a slave now, or lost its controller lease),
+  which is retried with the route looked up again. Otherwise the hang is noticed by a
+  timeout: an address that timed out is avoided for as long as that try waited (a
+  success clears it): other brokers are chosen first (RocketMQ's
   sendLatencyFaultEnable, per address). Each try waits at most
   ``send_attempt_timeout_s`` (10 s; None: the rest of ``send_timeout_s``, as RocketMQ's
   does); when set, a send whose only broker timed out waits, looking the route up
   again, until a new master elected meanwhile takes it or the time out has passed.
+- An answer short of SEND_OK (FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE: the master's
+  replicas did not confirm it, which a master cut off from them, or deposed, answers)
+  has the topic's route looked up again in the background (at most once a second).
+  These lookups, and the master watch's, keep the known route when no nameserver
+  answers or knows the topic (one that has just restarted, before the brokers
+  registered with it again), as RocketMQ's clients do.
 - The rule for the per-try wait (hamq/protocol/send_timing.py): it must exceed the longest
   a broker waits before it answers — a SYNC_FLUSH broker's fsync (``[store]
   sync_flush_timeout_s``, 5 s) and a SYNC_MASTER's wait for its slave (``[ha]
@@ -53,6 +66,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import zlib
@@ -97,7 +111,7 @@ from hamq.protocol import (
     RequestError,
     ResponseCode,
 )
-from hamq.protocol.bodies import MessageQueue
+from hamq.protocol.bodies import MASTER_ID, MessageQueue
 from hamq.protocol.headers import SendMessageRequestHeader, decode_send_response, send_v2_fields
 from hamq.protocol.message import (
     DEFAULT_TOPIC,
@@ -164,6 +178,80 @@ _STATUSES: dict[int, SendStatus] = {
 #: pauses between tries once the retries are used up, while a failover may be under way
 FAILOVER_PAUSE_S = 0.05
 FAILOVER_PAUSE_MAX_S = 0.5
+#: a try waiting this long has the producer check that its broker is still the master
+MASTER_CHECK_AFTER_S = 1.0
+#: how often the producer looks for such tries
+MASTER_CHECK_EVERY_S = 0.5
+
+
+class _MasterWatch:
+    """The tries waiting for an answer, by broker address, and the check that their
+    broker is still its group's master (the module doc): a try waiting since before
+    ``MASTER_CHECK_AFTER_S`` ago has its topic's route looked up again (at most once a
+    second per topic), and an address the route no longer names as its group's master
+    (it names another) has its connection closed, which fails its tries at once."""
+
+    def __init__(self) -> None:
+        #: address -> try key -> (when it started, topic, broker name)
+        self._waiting: dict[str, dict[int, tuple[float, str, str]]] = {}
+        self._keys = itertools.count()
+        #: connections closed because their broker was no longer the master
+        self.closed = 0
+
+    def started(self, addr: str, now: float, target: MessageQueue) -> int:
+        key = next(self._keys)
+        self._waiting.setdefault(addr, {})[key] = (now, target.topic, target.broker_name)
+        return key
+
+    def ended(self, addr: str, key: int) -> None:
+        tries = self._waiting.get(addr)
+        if tries is not None:
+            tries.pop(key, None)
+            if not tries:
+                del self._waiting[addr]
+
+    def waiting_since(self, before: float) -> list[tuple[str, str, str]]:
+        """(address, topic, broker name) of each try started before ``before``."""
+        return sorted(
+            {
+                (addr, topic, broker)
+                for addr, tries in self._waiting.items()
+                for started, topic, broker in tries.values()
+                if started < before
+            }
+        )
+
+    async def run(self, instance: ClientInstance) -> None:
+        while True:
+            await anyio.sleep(MASTER_CHECK_EVERY_S)
+            await self.check(instance)
+
+    async def check(self, instance: ClientInstance) -> None:
+        """One look (``run`` looks every MASTER_CHECK_EVERY_S)."""
+        now = instance.loop.current_time()
+        stuck = self.waiting_since(now - MASTER_CHECK_AFTER_S)
+        if not stuck:
+            return
+        for topic in sorted({topic for _, topic, _ in stuck}):
+            try:
+                await instance.refresh_route_after_failure(topic, keep_known=True)
+            except NETWORK_ERRORS as exc:
+                log.info("looking the route of %s up again failed: %s", topic, exc)
+        for addr, _topic, broker in stuck:
+            master = instance.broker_addr(broker, MASTER_ID, only_this=True)
+            if master is None or master == addr or addr not in self._waiting:
+                continue
+            log.warning(
+                "%s is no longer the master of %s (the route names %s): sends waiting "
+                "there go to the new master",
+                addr,
+                broker,
+                master,
+            )
+            self.closed += 1
+            instance.remoting.close_connection(
+                addr, f"no longer the master of {broker}: the route names {master}"
+            )
 
 
 def hash_selector(queues: list[MessageQueue], message: Message, arg: Any) -> MessageQueue:
@@ -254,6 +342,8 @@ class Producer(InstanceOwner):
         self.auto_batch_max_bytes = auto_batch_max_bytes
         #: (topic, WAIT) -> the sends that may go as one batch (auto_batch.py)
         self._lanes: dict[tuple[str, bool], Lane] = {}
+        #: the tries waiting for an answer, and the check that their broker is master
+        self.master_watch = _MasterWatch()
         self._warn_if_tries_are_short()
 
     @property
@@ -292,6 +382,7 @@ class Producer(InstanceOwner):
     # ------------------------------------------------------------------ lifecycle
     def _started(self, instance: ClientInstance) -> None:
         instance.producer_groups.add(self.group)
+        instance.nursery.start_soon(self.master_watch.run, instance)
 
     async def _stopping(self, instance: ClientInstance) -> None:
         with anyio.CancelScope(shield=True):
@@ -634,7 +725,12 @@ class Producer(InstanceOwner):
         if oneway:
             await instance.remoting.invoke_oneway(addr, command, timeout_s)
             return None
-        response = await instance.invoke(addr, command, max(timeout_s, 0.001))
+        watch = self.master_watch
+        key = watch.started(addr, instance.loop.current_time(), target)
+        try:
+            response = await instance.invoke(addr, command, max(timeout_s, 0.001))
+        finally:
+            watch.ended(addr, key)
         status = _STATUSES.get(response.code)
         if status is None:
             raise BrokerError(response.code, response.remark, addr)
@@ -954,6 +1050,10 @@ class _Attempts:
         producer = self.producer
         if attempt.addr is not None and producer.timed_out:
             producer.timed_out.discard(attempt.addr)
+        if result is not None and result.status is not SendStatus.SEND_OK:
+            # its master's replicas did not confirm it: a master cut off from them, or
+            # deposed, answers so; the route is looked up again meanwhile
+            producer.instance.refresh_route_soon(self.request.topic)
         if producer.faults.enabled:
             now = self.clock()
             producer.faults.update(

@@ -6,6 +6,7 @@
 - states.py          the slave's states and their transitions
 - epoch.py           the epoch file and where two logs agree
 - group_transfer.py  who a put waits for (SYNC_MASTER, SyncStateSet) and their acks
+- sync_state_set.py  who belongs in a controller-mode master's SyncStateSet (pure)
 - membership.py      who may replicate from a master: the HA secret, the registry
 The wire formats are sans-IO, in hamq.protocol.ha_wire.
 """

@@ -13,7 +13,8 @@ The store decides when a put is answered (hamq/store/durability.py); this module
   keep the set to who is in sync, so there is always someone to wait for);
 - what counts as acked: ONE_SLAVE the best admitted slave's ack, SYNC_STATE_SET the
   least of the members' (each ack at most what was sent on that connection: master.py);
-- how long a put waits: ``[ha] sync_timeout_s``, then FLUSH_SLAVE_TIMEOUT.
+- how long a put waits: ``[ha] sync_timeout_s``, then FLUSH_SLAVE_TIMEOUT; or less,
+  when the broker stops being master or loses its controller lease (``abandon``).
 
 The waiting itself is the store's ``OffsetWaiters`` (durability.py), the same
 bookkeeping as the flush's: every slave report moves ``reached`` on.
@@ -103,6 +104,13 @@ class GroupTransfer:
 
     def notify(self, end_offset: int, callback: Callable[[bool], None]) -> None:
         self.acks.notify(end_offset, callback, self.timeout_s)
+
+    def abandon(self) -> int:
+        """Answer every put waiting for replicas now as not replicated (``notify``'s
+        callback(False)): this broker stopped being master, or lost its lease, and no ack
+        can make those puts safe any more. Returns how many were waiting. The puts stay
+        in the log; what the broker answers them is its own (hamq/broker/roles.py)."""
+        return self.acks.give_up()
 
     # ------------------------------------------------------------------ acks
     def slave_acked(self, offset: int) -> None:

@@ -25,7 +25,10 @@ registry: membership.py's ``classic_slave_id``):
   what the kernel took from this connection's sends (``sent_end``; auto-switch: from
   the start its handshake agreed on), never what was merely queued for it, and a
   report past what was ever sent to it drops the slave. A slave silent for
-  ``housekeeping_interval_s`` (20 s) is dropped.
+  ``housekeeping_interval_s`` (20 s) is dropped. Each connection also keeps when the
+  bytes it was sent left (``ack_clock``, sync_state_set.py): how long ago the oldest
+  byte the slave has not acked was sent — how far behind it is in seconds, which the
+  SyncStateSet's keeper (controller mode) and ``ha-status`` (``lag_s``) read.
 - the writer sends CommitLog bytes from where the slave is, at most
   ``transfer_batch_bytes`` (32 KiB) and one segment per transfer, never across an
   epoch boundary, straight from the mapped segment (a memoryview, no copy); a
@@ -48,6 +51,7 @@ its members' acks.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 
@@ -68,6 +72,7 @@ from hamq.ha.membership import (
     judge,
 )
 from hamq.ha.states import StateMachine
+from hamq.ha.sync_state_set import AckClock, SlaveFacts
 from hamq.protocol.ha_wire import (
     EpochEntry,
     HAProtocol,
@@ -167,7 +172,10 @@ class SlaveConnection:
         #: when log data last went to the kernel for this slave (heartbeats: when idle)
         self.last_sent = trio.current_time()
         self.bytes_sent = 0
-        self.caught_up_at = trio.current_time()
+        #: when the bytes sent left, and what of them is unacked (how far behind it is)
+        self.ack_clock = AckClock()
+        #: when the slave last reported (-inf: not yet)
+        self.last_report = -math.inf
         #: what counts of the slave's acks: its report, at most ``sent_end`` (-1: nothing)
         self.acked_upto = -1
         self.scope = trio.CancelScope()
@@ -299,7 +307,6 @@ class SlaveConnection:
             decoder.feed(data)
 
     def _report(self, report: SlaveReport) -> None:
-        store = self.service.store
         offset = report.max_offset
         if self.next_offset is None:
             self._check_start(offset)
@@ -319,9 +326,7 @@ class SlaveConnection:
                 f"({self.next_offset}): not a slave's report"
             )
         self.ack_offset = offset
-        # caught up: it has everything sent to it (under load the end keeps moving)
-        if self.ack_offset >= min(store.commitlog_max_offset, self.next_offset):
-            self.caught_up_at = trio.current_time()
+        self.last_report = trio.current_time()
         self._count_ack()
 
     def _count_ack(self) -> None:
@@ -331,6 +336,7 @@ class SlaveConnection:
         acked = min(self.ack_offset, self.sent_end)
         if acked > self.acked_upto:
             self.acked_upto = acked
+            self.ack_clock.acked(acked)
             self.service.transfer.slave_acked(acked)
 
     def _check_start(self, offset: int) -> None:
@@ -436,6 +442,7 @@ class SlaveConnection:
     def _sent_to(self, offset: int) -> None:
         if offset > self.sent_end:
             self.sent_end = offset
+            self.ack_clock.sent(offset, trio.current_time())
             self._count_ack()
 
     async def _writer(self) -> None:
@@ -513,6 +520,10 @@ class SlaveConnection:
             confirm_offset=confirm_offset,
         )
 
+    def facts(self, now: float) -> SlaveFacts:
+        """What the SyncStateSet's keeper needs of this slave (sync_state_set.py)."""
+        return SlaveFacts(self.acked_upto, self.ack_clock.behind_s(now), self.last_report)
+
     def statistics(self) -> SlaveStatistics:
         max_offset = self.service.store.commitlog_max_offset
         lag = max(0, max_offset - self.ack_offset) if self.ack_offset >= 0 else max_offset
@@ -522,7 +533,7 @@ class SlaveConnection:
             state=self.machine.state.name,
             ack_offset=self.ack_offset,
             lag_bytes=lag,
-            lag_s=0.0 if lag == 0 else round(trio.current_time() - self.caught_up_at, 3),
+            lag_s=round(self.ack_clock.behind_s(trio.current_time()), 3),
             in_sync=self.service.slave_in_sync(self),
             bytes_sent=self.bytes_sent,
         )
@@ -699,6 +710,20 @@ class HAService:
             return min(max(replicated, 0), self.store.commitlog_max_offset)
         acks = [c.ack_offset for c in self.connections if self.slave_in_sync(c)]
         return min([*acks, self.store.commitlog_max_offset])
+
+    def slave_facts(self, now: float) -> dict[int, SlaveFacts]:
+        """broker id -> what the SyncStateSet's keeper needs of that slave
+        (sync_state_set.py), for every admitted slave in TRANSFER that has an id; of
+        several connections of one id (a reconnect while the old one lingers), the one
+        that reported last."""
+        newest: dict[int, SlaveConnection] = {}
+        for connection in self.connections:
+            if connection.broker_id < 0 or connection.machine.state is not HAState.TRANSFER:
+                continue
+            other = newest.get(connection.broker_id)
+            if other is None or connection.last_report > other.last_report:
+                newest[connection.broker_id] = connection
+        return {broker_id: c.facts(now) for broker_id, c in newest.items()}
 
     def slave_in_sync(self, connection: SlaveConnection) -> bool:
         return slave_ok(

@@ -15,7 +15,11 @@ the answer waits — unless the message's WAIT property is "false" — for:
 Both waits run at once, and the replicas' status wins over the disk's (RocketMQ's
 ``thenCombine``): SLAVE_NOT_AVAILABLE or FLUSH_SLAVE_TIMEOUT, then FLUSH_DISK_TIMEOUT,
 then PUT_OK. The message is stored in every case — the status says what is not yet
-certain, and the remark (one wording for each, below) says so.
+certain, and the remark (one wording for each, below) says so. A replicas' status says
+the message is on this master only: it reaches the slaves later if this broker stays
+master, but a broker elected master before it has the message does not have it, and
+this one truncates its log to the new master's when it follows it — the message is then
+gone (a producer that needs it sends it again).
 
 No task per put: both waits are callbacks, called by the flush round or the ack that
 covers the message, or by the timer of the deadline queue each side keeps (both sides
@@ -57,7 +61,11 @@ class PutMessageStatus(enum.Enum):
 
 
 #: what a put's answer says when it did not get what it waited for (the message is stored)
-SLAVE_NOT_AVAILABLE_REMARK = "no slave in sync (none connected, or too far behind); stored"
+REPLICAS_CAVEAT = "dropped if a broker without it becomes master first"
+SLAVE_NOT_AVAILABLE_REMARK = (
+    "no slave in sync (none connected, or too far behind): stored on this master only "
+    f"({REPLICAS_CAVEAT})"
+)
 
 
 def flush_timeout_remark(timeout_s: float) -> str:
@@ -65,7 +73,7 @@ def flush_timeout_remark(timeout_s: float) -> str:
 
 
 def replica_timeout_remark(timeout_s: float) -> str:
-    return f"no slave had it within {timeout_s:g}s; stored"
+    return f"no slave had it within {timeout_s:g}s: stored on this master only ({REPLICAS_CAVEAT})"
 
 
 class ReplicaWaiter(Protocol):
@@ -143,6 +151,16 @@ class OffsetWaiters:
         heap = self._heap
         while heap and (heap[0][0] <= offset or heap[0][2].done):
             heapq.heappop(heap)[2].finish(True)
+
+    def give_up(self) -> int:
+        """Answer every waiter now as not reached (``callback(False)``): what they wait
+        for can no longer count (the replicas' acks of a broker that stopped being master,
+        or lost its lease). Returns how many were waiting."""
+        heap, self._heap = self._heap, []
+        waiting = [waiter for _, _, waiter in heap if not waiter.done]
+        for waiter in waiting:
+            waiter.finish(False)
+        return len(waiting)
 
     def reset(self, offset: int) -> None:
         """After a truncation: nothing from ``offset`` on is reached any more."""

@@ -6,10 +6,24 @@ stay ordered). When the store says a put will wait (hamq/store/durability.py dec
 its fsync with SYNC_FLUSH, its replicas on a SYNC_MASTER, unless the message's WAIT is
 "false"), the send takes its place in flight before it is stored and is answered when
 the store calls back with the status (SEND_OK, FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT,
-SLAVE_NOT_AVAILABLE; the message is stored in every case). A broker that is not master
-refuses sends with SERVICE_NOT_AVAILABLE, as RocketMQ's store does (NO_PERMISSION is
-left to refusals no failover will lift: the ACL, a topic or broker without write
-permission).
+SLAVE_NOT_AVAILABLE; the message is stored in every case). What the statuses promise:
+SEND_OK, that it is as durable as configured (with a SyncStateSet: on every member);
+FLUSH_SLAVE_TIMEOUT and SLAVE_NOT_AVAILABLE, only that it is on this master — kept if
+this broker stays master until its replicas have it, but cut from its log if another
+broker is elected first without it (this broker truncates to the new master's log when
+it follows it), so a producer that needs it must send it again (a duplicate if it
+survives).
+
+Whether a send is taken at all is hamq/broker/roles.py's ``refusal``: a broker that is
+not master refuses sends with SERVICE_NOT_AVAILABLE, as RocketMQ's store does, and so
+does a controller-mode master that has lost its controller lease (fenced); NO_PERMISSION
+is left to refusals no failover will lift (the ACL, a topic or broker without write
+permission). Both codes make producers retry — SERVICE_NOT_AVAILABLE is in RocketMQ's
+retry codes, and hamq's producer looks the route up again — and both are said before
+anything is stored. A controller-mode master that stops being master, or loses its
+lease, while sends wait for their replicas answers them SERVICE_NOT_AVAILABLE (stored
+here, not known to be on the replicas: send again) instead of their status; so is an
+answer the lease no longer covers (``Roles.answer_refusal``).
 
 What is checked, each refusal with RocketMQ's code and a remark that names it: the
 topic's name, sending to system topics, the topic's existence (auto-created from
@@ -33,7 +47,6 @@ import random
 import trio
 
 from hamq.broker.context import BrokerContext
-from hamq.broker.roles import Role
 from hamq.broker.stats import code_name
 from hamq.broker.transactions import half_message, is_transactional
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
@@ -86,6 +99,15 @@ _STATUS_CODES = {
     PutMessageStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
     PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
 }
+#: the statuses a send's replicas decide (a controller-mode master may have to take them
+#: back: Roles.answer_refusal)
+_REPLICA_STATUSES = frozenset(
+    {
+        PutMessageStatus.PUT_OK,
+        PutMessageStatus.FLUSH_SLAVE_TIMEOUT,
+        PutMessageStatus.SLAVE_NOT_AVAILABLE,
+    }
+)
 #: a stored send's answer by the SendStatus a client reads from it (for the broker's stats)
 _SEND_STATUSES: dict[int, str] = {
     ResponseCode.SUCCESS: "SEND_OK",
@@ -154,22 +176,11 @@ class SendProcessor:
         dispatcher.register(RequestCode.CONSUMER_SEND_MSG_BACK, self.send_back)
 
     # ------------------------------------------------------------------ send
-    def _refuse_on_slave(self) -> None:
-        ctx, roles = self.ctx, self.ctx.roles
-        name = ctx.config.broker_name
-        if roles.role is Role.SLAVE:
-            raise RequestError(
-                ResponseCode.SERVICE_NOT_AVAILABLE,
-                f"the broker[{name} at {ctx.address}] is a slave "
-                f"(broker id {roles.broker_id}): send to the master of {name}",
-            )
-        if roles.role is Role.STARTING:
-            raise RequestError(
-                ResponseCode.SERVICE_NOT_AVAILABLE,
-                f"the broker[{name} at {ctx.address}] is starting: it takes no sends yet",
-            )
-        if roles.sends_refused is not None:
-            raise RequestError(ResponseCode.SYSTEM_ERROR, roles.sends_refused)
+    def _refuse_unless_taken(self) -> None:
+        """RequestError unless this broker takes sends now (hamq/broker/roles.py says)."""
+        refusal = self.ctx.roles.refusal(trio.current_time())
+        if refusal is not None:
+            raise RequestError(refusal.code, refusal.why)
 
     def send(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
         started = trio.current_time()
@@ -182,7 +193,7 @@ class SendProcessor:
     def _send(
         self, request: RemotingCommand, conn: Connection, started: float
     ) -> RemotingCommand | None:
-        self._refuse_on_slave()
+        self._refuse_unless_taken()
         header = decode_send_header(request.ext_fields, v2=request.code != RequestCode.SEND_MESSAGE)
         batch = request.code == RequestCode.SEND_BATCH_MESSAGE or bool(header.batch)
         topic, queue_id = self._check(header)
@@ -417,10 +428,18 @@ class SendProcessor:
             self._answered(response, started)
             return response
 
+        roles = self.ctx.roles
+
         def answer(status: PutMessageStatus, remark: str) -> None:
             if status is not PutMessageStatus.PUT_OK:
                 response.code = _STATUS_CODES[status]
                 response.remark = remark
+            if roles.controlled and status in _REPLICA_STATUSES:
+                why = roles.answer_refusal(
+                    replicated=status is PutMessageStatus.PUT_OK, now=trio.current_time()
+                )
+                if why is not None:
+                    response.code, response.remark = ResponseCode.SERVICE_NOT_AVAILABLE, why
             responder.send(response)
             self._answered(response, started)
 
@@ -455,7 +474,7 @@ class SendProcessor:
     def send_back(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         """A push consumer could not consume a message: store a copy in its group's retry
         topic, delayed by level, or in its dead-letter topic past its retries."""
-        self._refuse_on_slave()
+        self._refuse_unless_taken()
         header = request.header(ConsumerSendMsgBackRequestHeader)
         group = self.ctx.subscriptions.find(header.group)
         if group is None:
