@@ -3,9 +3,10 @@ nemesis harness's cluster (tests/support/nemesis.py: 3 controllers in nameserver
 broker-a of 3 and broker-b of 2, allAckInSyncStateSet), a fault held, and what the
 brokers answer meanwhile.
 
-- a master cut from the controllers and its slaves, which the client still reaches,
-  loses its lease: it refuses sends saying so (SERVICE_NOT_AVAILABLE), never answers
-  SEND_OK after the cut, and the producer finds the new master;
+- a master cut from the controllers and its slaves, which the client still reaches (or
+  cut off together with the Raft leader, which has no majority then), loses its lease:
+  it refuses sends saying so (SERVICE_NOT_AVAILABLE), never answers SEND_OK after the
+  cut, and the producer finds the new master;
 - a slave cut from everyone leaves the SyncStateSet, and while its connection lingers
   (nothing closed it) it is not taken back on its old ack: sends keep going SEND_OK; once
   it acks again it is back in the set.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from tests.support.nemesis import (
     TOPIC,
     NemesisCluster,
     isolate_slave,
+    master_with_leader,
     nemesis_cluster,
     split_master,
 )
@@ -89,14 +91,18 @@ async def controller_view(cluster: NemesisCluster, address: str) -> dict[str, An
     return view
 
 
+@pytest.mark.parametrize("nemesis", [split_master, master_with_leader])
 async def test_a_master_cut_off_says_it_lost_its_lease_and_acknowledges_nothing(
-    cluster: NemesisCluster,
+    cluster: NemesisCluster, nemesis: Callable[[NemesisCluster, random.Random], Awaitable[Any]]
 ) -> None:
+    """Cut from the controllers and its slaves — or with the Raft leader on its side
+    (master-with-leader: that leader still answers its heartbeats, but has no majority,
+    so its answers do not renew the lease)."""
     old = await cluster.master("broker-a")
     assert old is not None
     before = await send_to(old.address, b"before")
     assert before is not None and before.code == ResponseCode.SUCCESS
-    _, heal = await split_master(cluster, random.Random(0))
+    _, heal = await nemesis(cluster, random.Random(0))
     answers: list[RemotingCommand] = []
     with trio.fail_after(30):
         while True:

@@ -7,10 +7,11 @@ and registers its addresses (CONTROLLER_REGISTER_BROKER). Then, until it stops:
 
 - it heartbeats every controller every ``controller_heartbeat_interval_s`` (1 s) with
   its epoch, max offset and confirm offset; the answers carry the group's replica
-  info, and so do the controllers' NOTIFY_BROKER_ROLE_CHANGED pushes. Each answered
-  heartbeat renews the broker's lease from when it was sent — a master's only when the
-  answer still names it master (roles.py: a master without its lease is fenced, and
-  ``_lease_loop`` notes when that starts and ends);
+  info, and so do the controllers' NOTIFY_BROKER_ROLE_CHANGED pushes. The Raft leader's
+  answer renews the broker's lease from when the heartbeat was sent, less how long ago
+  the leader last heard from a majority — a master's only when the answer still names
+  it master (roles.py: a master without its lease is fenced, and ``_lease_loop`` notes
+  when that starts and ends);
 - one task applies every newer replica info, in order, as a move of the broker's role
   (roles.py has the table and the order in which each move starts and stops things):
   * this broker is the master: stop replicating, trim a partial record at the log's
@@ -368,11 +369,14 @@ class ReplicasManager:
                     view = ReplicaView.from_command(response)
                     if view is not None:
                         self.offer(view)
-                    # a master's lease is renewed only by an answer that names it master:
-                    # one naming another (a newer epoch, which the apply loop acts on
-                    # next) must not let it take sends meanwhile
-                    if not (self.roles.is_master and view and view.master_id != self.broker_id):
-                        lease.renew(sent_at)
+                    # only the Raft leader's answer renews the lease (roles.py), and a
+                    # master's only when it names it master: one naming another (a newer
+                    # epoch, which the apply loop acts on next) must not let it take
+                    # sends meanwhile
+                    contact_ms = response.header(ReplicaInfoResponseHeader).leader_contact_ms
+                    named = not (self.roles.is_master and view and view.master_id != self.broker_id)
+                    if contact_ms is not None and contact_ms >= 0 and named:
+                        lease.renew(sent_at, contact_ms / 1000)
                 else:
                     problem = f"refused: {response.remark}"
             except RemotingError as exc:

@@ -38,11 +38,17 @@ unless (controller mode) it has lost its *lease*, or its SyncStateSet is below
 
 The lease (``Lease``): the controllers count a broker alive until ``controller_lease_s``
 (3 s, sent in every heartbeat) passes after they *received* its last heartbeat, and
-then elect another master. The broker counts its lease from when it *sent* the last
-heartbeat a controller answered — never later than the controllers' count — and holds
-it until ``LEASE_MARGIN_S`` (or a quarter of the lease, if less) before that ends: a
-master that cannot reach any controller stops taking sends before they could elect
-another. While its lease is lost, a master is *fenced*:
+then elect another master. Only the Raft leader's answer renews the lease, and the
+leader says how long ago it last heard from a majority of the controllers (``contact``;
+a follower's answer renews nothing: a controller cut off from the majority, or a
+stale leader that has not stepped down yet, must not keep an old master going while
+the majority elects another). The broker counts its lease from when it *sent* the
+heartbeat, less that age — never later than the count of any controller of that
+majority, which then received the heartbeat too or heard from the leader after the
+broker did — and holds it until ``LEASE_MARGIN_S`` (or a quarter of the lease, if less)
+before that ends: a master that cannot reach the leader of a majority stops taking
+sends before another master could be elected. While its lease is lost, a master is
+*fenced*:
 
 - new sends are refused at once with SERVICE_NOT_AVAILABLE and a remark that says why
   (RocketMQ's retry code for a broker that cannot take sends now, such as a slave:
@@ -151,9 +157,10 @@ class Lease:
     def until(self) -> float:
         return self.heard_at + self.lease_s - self.margin_s
 
-    def renew(self, sent_at: float) -> None:
-        """A controller answered the heartbeat sent at ``sent_at``."""
-        self.heard_at = max(self.heard_at, sent_at)
+    def renew(self, sent_at: float, contact_s: float = 0.0) -> None:
+        """The Raft leader answered the heartbeat sent at ``sent_at``, having heard
+        from a majority of the controllers ``contact_s`` before it answered."""
+        self.heard_at = max(self.heard_at, sent_at - contact_s)
 
     def held(self, now: float) -> bool:
         return now < self.until

@@ -37,6 +37,7 @@ import functools
 import logging
 import secrets
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +216,28 @@ class RaftState:
 
     def is_leader(self) -> bool:
         return self._sync is not None and bool(self._sync._isLeader())
+
+    def majority_contact_age(self) -> float | None:
+        """How long ago (s) this controller, as the Raft leader, last heard from a
+        majority of the controllers (itself counted: a single controller, 0); None when
+        it is not the leader. A leader cut off from the others answers ever older
+        figures, and steps down after ``leaderFallbackTimeout``: what a broker's lease
+        may count from (hamq/broker/roles.py's ``Lease``)."""
+        sync = self._sync
+        if sync is None or not sync._isLeader():
+            return None
+        if not self.partners:
+            return 0.0
+        # (pysyncobj's own bookkeeping: when each partner last answered this leader,
+        # on time.monotonic; it sets them all when it becomes leader, on a majority's
+        # votes)
+        responses: dict[Any, float] = sync._SyncObj__lastResponseTime
+        now = time.monotonic()
+        ages = sorted(now - when for when in responses.values())
+        needed = (len(self.partners) + 1) // 2  # partners that make a majority with it
+        if len(ages) < needed:
+            return None
+        return max(0.0, ages[needed - 1])
 
     def leader(self) -> str | None:
         """The Raft address of the current leader, None when there is none."""

@@ -350,9 +350,16 @@ class Controller:
                 "broker %s/%d (%s) is alive", broker.broker_name, broker.broker_id, broker.address
             )
             self._wake.set()  # a group without a master may get one now
+        # (the Raft leader says how fresh its majority is: only its answer renews the
+        # broker's lease, and one cut off from the other controllers renews it less and
+        # less, so that the broker stops before a new leader may elect another master)
+        age = self.raft.majority_contact_age()
+        contact_ms = None if age is None else int(age * 1000)
         if header.broker_name in self.raft.state.groups:
-            return self._answer(request, self.raft.state.replica_info(header.broker_name))
-        return request.response_to()
+            info = self.raft.state.replica_info(header.broker_name)
+            answer = attrs.evolve(replica_header(info), leader_contact_ms=contact_ms)
+            return request.response_to(header=answer, body=replica_body(info))
+        return request.response_to(header=ReplicaInfoResponseHeader(leader_contact_ms=contact_ms))
 
     def next_broker_id(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         header = request.header(GetNextBrokerIdRequestHeader)

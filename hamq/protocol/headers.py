@@ -124,13 +124,17 @@ class RegisterBrokerToControllerRequestHeader:
 class ReplicaInfoResponseHeader:
     """The answer of CONTROLLER_REGISTER_BROKER, CONTROLLER_GET_REPLICA_INFO and
     CONTROLLER_ELECT_MASTER, and NOTIFY_BROKER_ROLE_CHANGED's header (body: the
-    SyncStateSet). ``master_ha_address`` is hamq's."""
+    SyncStateSet); BROKER_HEARTBEAT's answer too. ``master_ha_address`` and
+    ``leader_contact_ms`` are hamq's: the second only in a heartbeat's answer from the
+    Raft leader, how long ago it last heard from a majority of the controllers (a
+    broker's lease counts from then; no other answer renews it)."""
 
     master_broker_id: int | None = None
     master_address: str | None = None
     master_epoch: int | None = None
     sync_state_set_epoch: int | None = None
     master_ha_address: str | None = None
+    leader_contact_ms: int | None = None
 
 
 @attrs.frozen
