@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import trio
@@ -15,6 +16,8 @@ import trio.testing
 
 from hamq.broker import ConfigError, build_config, load_config
 from hamq.broker.clients import ClientChannel, ConsumerManager
+from hamq.broker.registration import REGISTER_RETRY_MAX_S, Registrar
+from hamq.broker.topics import TopicConfigManager
 from hamq.protocol import LanguageCode, RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.bodies import (
     PERM_READ,
@@ -32,6 +35,7 @@ from hamq.protocol.headers import (
     PullMessageResponseHeader,
     QueryConsumerOffsetRequestHeader,
     QueryMessageRequestHeader,
+    RegisterBrokerResponseHeader,
     SendMessageResponseHeader,
     UnregisterClientRequestHeader,
     UpdateConsumerOffsetRequestHeader,
@@ -48,6 +52,7 @@ from hamq.protocol.message import (
     read_record,
 )
 from hamq.remoting import Connection, Dispatcher, RemotingClient
+from hamq.remoting.errors import RemotingConnectError
 from tests.support.brokers import (
     create_topic_request,
     pull_request,
@@ -591,3 +596,50 @@ async def test_a_send_back_is_refused_when_the_offset_holds_another_message(
         assert node.store.max_offset_in_queue("%RETRY%G", 0) <= 0
         right = await client.invoke(addr, back(first.physical_offset, first.msg_id), 5)
         assert right.code == ResponseCode.SUCCESS, right.remark
+
+
+class _Nameservers:
+    """A RemotingClient stand-in for a Registrar: nameservers that answer REGISTER_BROKER
+    or, while ``down``, fail as a nameserver that is not there does."""
+
+    def __init__(self) -> None:
+        self.down: set[str] = set()
+        self.asked: list[tuple[float, str]] = []
+
+    async def invoke(
+        self, addr: str, request: RemotingCommand, timeout_s: float
+    ) -> RemotingCommand:
+        self.asked.append((trio.current_time(), addr))
+        await trio.sleep(0.001)
+        if addr in self.down:
+            raise RemotingConnectError(addr, "cannot connect: connection refused")
+        return request.response_to(header=RegisterBrokerResponseHeader())
+
+
+async def test_a_nameserver_back_from_a_long_outage_has_the_broker_within_seconds(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A restarted nameserver knows no broker: the one that was down is tried again
+    alone, at most every REGISTER_RETRY_MAX_S (5 s), not every register_interval_s
+    (30 s), and the others are not asked meanwhile."""
+    ctx = SimpleNamespace(
+        config=build_config({"register_interval_s": 30.0}),
+        roles=SimpleNamespace(broker_id=0),
+        topics=TopicConfigManager(tmp_path / "topics.json", lambda: 0),
+        address="127.0.0.1:10911",
+        ha_address="127.0.0.1:10912",
+    )
+    nameservers = _Nameservers()
+    nameservers.down.add("ns2:9876")
+    registrar = Registrar(ctx, nameservers, ["ns1:9876", "ns2:9876"])  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(registrar.run)
+        await trio.sleep(100)  # (ns2 down a long while)
+        back = trio.current_time()
+        nameservers.down.clear()
+        await trio.sleep(60)
+        nursery.cancel_scope.cancel()
+    ns2_after = [t for t, addr in nameservers.asked if addr == "ns2:9876" and t >= back]
+    assert ns2_after[0] - back <= REGISTER_RETRY_MAX_S + 0.1
+    ns1 = [t for t, addr in nameservers.asked if addr == "ns1:9876"]
+    assert len([t for t in ns1 if t < back]) <= 1 + 100 // 30  # its rounds, no retries

@@ -2,9 +2,10 @@
 
 - Registration: REGISTER_BROKER to every configured nameserver, all at once, at start,
   every ``register_interval_s`` (30 s), and right after a topic changes; a nameserver
-  that is down is logged, and the next round comes sooner (REGISTER_RETRY_S, doubling up
-  to the interval): nameservers embedded in other brokers start after this one, and
-  clients asking them must find it soon. What a nameserver answers a slave
+  that is down is logged and tried again alone, sooner (REGISTER_RETRY_S, doubling up
+  to REGISTER_RETRY_MAX_S, 5 s): nameservers embedded in other brokers start after this
+  one, and a nameserver restarted knows no broker, and clients asking them must find it
+  soon. What a nameserver answers a slave
   (its master's address and HA address) is kept for replication. UNREGISTER_BROKER to
   each at a clean stop.
 - ``registered`` is set once any nameserver has accepted a registration: clients can
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import zlib
+from collections.abc import Sequence
 
 import trio
 
@@ -45,6 +47,9 @@ log = logging.getLogger(__name__)
 NOTIFY_TIMEOUT_S = 3.0
 #: the first pause before registering again after a nameserver did not accept
 REGISTER_RETRY_S = 1.0
+#: ... doubling up to this: a nameserver that was down (restarted: it knows no broker)
+#: has every broker again within this long of being back, not register_interval_s
+REGISTER_RETRY_MAX_S = 5.0
 #: how many different reasons a nameserver's failures are logged with, until it accepts
 MAX_REASONS_LOGGED = 8
 
@@ -62,6 +67,8 @@ class Registrar:
         self.registered = trio.Event()
         #: the reasons logged for each nameserver failing now (since it last accepted)
         self._failing: dict[str, set[str]] = {}
+        #: the nameservers whose last registration did not go through (retried soon)
+        self._missed: set[str] = set()
         #: from the nameservers' answers (a slave's master)
         self.master_addr: str | None = None
         self.master_ha_addr: str | None = None
@@ -73,16 +80,22 @@ class Registrar:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         interval = self.ctx.config.register_interval_s
         retry = REGISTER_RETRY_S
-        accepted = await self.register_all()
+        await self.register_all()
+        round_due = trio.current_time() + interval
         task_status.started()
         while True:
-            missed = accepted < len(self.namesrv_addrs)
-            with trio.move_on_after(min(retry, interval) if missed else interval):
+            missed = self._missed
+            wait = round_due - trio.current_time()
+            with trio.move_on_after(min(retry, wait) if missed else wait):
                 await self._changed.wait()
-            retry = min(retry * 2, interval) if missed else REGISTER_RETRY_S
+            retry = min(retry * 2, REGISTER_RETRY_MAX_S) if missed else REGISTER_RETRY_S
             # a fresh event before registering: a change during it means once more
-            self._changed = trio.Event()
-            accepted = await self.register_all()
+            changed, self._changed = self._changed.is_set(), trio.Event()
+            if changed or trio.current_time() >= round_due:
+                await self.register_all()
+                round_due = trio.current_time() + interval
+            else:  # (a retry: only those that did not accept, soon after they are back)
+                await self._register([a for a in self.namesrv_addrs if a in missed])
 
     def _request(self) -> RemotingCommand:
         config = self.ctx.config
@@ -102,8 +115,14 @@ class Registrar:
     async def register_all(self) -> int:
         """Register with every nameserver at once; returns how many accepted. (Not
         before the broker knows its role: controller mode, before the controllers said.)"""
+        return await self._register(self.namesrv_addrs)
+
+    async def _register(self, addrs: Sequence[str]) -> int:
+        """Register with the nameservers ``addrs`` at once; how many accepted (those
+        that did not are ``_missed`` until they do)."""
         accepted = 0
         if self.ctx.roles.broker_id < 0:
+            self._missed = set(addrs)
             return 0
         failures: dict[str, str] = {}
 
@@ -131,8 +150,9 @@ class Registrar:
                 self.master_ha_addr = answer.ha_server_addr
 
         async with trio.open_nursery() as nursery:
-            for addr in self.namesrv_addrs:
+            for addr in addrs:
                 nursery.start_soon(one, addr)
+        self._missed = (self._missed - set(addrs)) | set(failures)
         self.registrations += 1
         if accepted and not self.registered.is_set():
             log.info(
