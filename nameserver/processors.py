@@ -1,5 +1,8 @@
 """The nameserver's request processors: RocketMQ's codes and shapes (PROTOCOL.md §4).
 
+QUERY_DATA_VERSION tells a broker whether to register again: this nameserver does not
+know it (it restarted) or has another version of its topic table.
+
 All are inline (they answer at once from the route table). Time comes from the
 service's clock, so housekeeping can be tested in virtual time. Who may call them (an
 ACL) is decided before they run, by the dispatcher's guard (service.py).
@@ -12,6 +15,7 @@ from collections.abc import Callable
 
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import (
+    DataVersion,
     RegisterBrokerBody,
     TopicList,
     decode_body,
@@ -22,6 +26,8 @@ from hamq.protocol.headers import (
     DeleteTopicRequestHeader,
     GetRouteInfoRequestHeader,
     GetTopicsByClusterRequestHeader,
+    QueryDataVersionRequestHeader,
+    QueryDataVersionResponseHeader,
     RegisterBrokerRequestHeader,
     RegisterBrokerResponseHeader,
     UnregisterBrokerRequestHeader,
@@ -44,6 +50,7 @@ class NameServerProcessors:
     def install(self, dispatcher: Dispatcher, *, heartbeat: bool = True) -> None:
         dispatcher.register(RequestCode.REGISTER_BROKER, self.register_broker)
         dispatcher.register(RequestCode.UNREGISTER_BROKER, self.unregister_broker)
+        dispatcher.register(RequestCode.QUERY_DATA_VERSION, self.query_data_version)
         if heartbeat:  # (with an embedded controller, the nameserver routes 904 itself)
             dispatcher.register(RequestCode.BROKER_HEARTBEAT, self.broker_heartbeat)
         dispatcher.register(RequestCode.GET_ROUTEINFO_BY_TOPIC, self.route)
@@ -82,6 +89,19 @@ class NameServerProcessors:
                 ha_server_addr=result.ha_server_addr, master_addr=result.master_addr
             )
         )
+
+    def query_data_version(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        """Whether the broker must register again (RocketMQ's rule): it is not known
+        here, or its topic table's version differs from the one it registered; one that
+        need not counts as heard from."""
+        header = request.header(QueryDataVersionRequestHeader)
+        asked = decode_body(DataVersion, request.body) if request.body else DataVersion()
+        known = self.table.data_version_of(header.broker_addr)
+        changed = known is None or known != asked
+        if not changed:
+            self.table.heartbeat(header.broker_addr, self._clock())
+        body = encode_body(known) if known is not None else b""
+        return request.response_to(header=QueryDataVersionResponseHeader(changed), body=body)
 
     def unregister_broker(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         header = request.header(UnregisterBrokerRequestHeader)

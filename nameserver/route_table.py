@@ -127,6 +127,12 @@ class RouteTable:
         master = self.live.get(master_addr) if master_addr else None
         return RegisterResult(master_addr, master.ha_server_addr if master else None)
 
+    def data_version_of(self, addr: str) -> DataVersion | None:
+        """The topic-table version the broker at ``addr`` last registered; None if it is
+        not registered (after this nameserver restarted, say)."""
+        live = self.live.get(addr)
+        return live.data_version if live is not None else None
+
     def heartbeat(self, addr: str, now_ms: int, timeout_ms: int | None = None) -> bool:
         """Refresh a live broker; False if it is not registered (it must register)."""
         live = self.live.get(addr)

@@ -16,7 +16,7 @@ import trio.testing
 
 from hamq.broker import ConfigError, build_config, load_config
 from hamq.broker.clients import ClientChannel, ConsumerManager
-from hamq.broker.registration import REGISTER_RETRY_MAX_S, Registrar
+from hamq.broker.registration import NAMESRV_CHECK_S, REGISTER_RETRY_MAX_S, Registrar
 from hamq.broker.topics import TopicConfigManager
 from hamq.protocol import LanguageCode, RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.bodies import (
@@ -34,6 +34,7 @@ from hamq.protocol.headers import (
     GetConsumerListByGroupRequestHeader,
     PullMessageResponseHeader,
     QueryConsumerOffsetRequestHeader,
+    QueryDataVersionResponseHeader,
     QueryMessageRequestHeader,
     RegisterBrokerResponseHeader,
     SendMessageResponseHeader,
@@ -600,20 +601,41 @@ async def test_a_send_back_is_refused_when_the_offset_holds_another_message(
 
 class _Nameservers:
     """A RemotingClient stand-in for a Registrar: nameservers that answer REGISTER_BROKER
-    or, while ``down``, fail as a nameserver that is not there does."""
+    and QUERY_DATA_VERSION (``known``: those the broker registered with since they last
+    ``forget`` it, as a restart does) or, while ``down``, fail as a nameserver that is
+    not there does. ``registered``: when each REGISTER_BROKER came, and to whom."""
 
     def __init__(self) -> None:
         self.down: set[str] = set()
-        self.asked: list[tuple[float, str]] = []
+        self.known: set[str] = set()
+        self.registered: list[tuple[float, str]] = []
+
+    def forget(self, addr: str) -> None:
+        self.known.discard(addr)
 
     async def invoke(
         self, addr: str, request: RemotingCommand, timeout_s: float
     ) -> RemotingCommand:
-        self.asked.append((trio.current_time(), addr))
         await trio.sleep(0.001)
         if addr in self.down:
             raise RemotingConnectError(addr, "cannot connect: connection refused")
+        if request.code == RequestCode.QUERY_DATA_VERSION:
+            changed = addr not in self.known
+            return request.response_to(header=QueryDataVersionResponseHeader(changed))
+        self.registered.append((trio.current_time(), addr))
+        self.known.add(addr)
         return request.response_to(header=RegisterBrokerResponseHeader())
+
+
+def _registrar_context(tmp_path: Path) -> SimpleNamespace:
+    """What a Registrar reads of a broker's context."""
+    return SimpleNamespace(
+        config=build_config({"register_interval_s": 30.0}),
+        roles=SimpleNamespace(broker_id=0),
+        topics=TopicConfigManager(tmp_path / "topics.json", lambda: 0),
+        address="127.0.0.1:10911",
+        ha_address="127.0.0.1:10912",
+    )
 
 
 async def test_a_nameserver_back_from_a_long_outage_has_the_broker_within_seconds(
@@ -621,17 +643,10 @@ async def test_a_nameserver_back_from_a_long_outage_has_the_broker_within_second
 ) -> None:
     """A restarted nameserver knows no broker: the one that was down is tried again
     alone, at most every REGISTER_RETRY_MAX_S (5 s), not every register_interval_s
-    (30 s), and the others are not asked meanwhile."""
-    ctx = SimpleNamespace(
-        config=build_config({"register_interval_s": 30.0}),
-        roles=SimpleNamespace(broker_id=0),
-        topics=TopicConfigManager(tmp_path / "topics.json", lambda: 0),
-        address="127.0.0.1:10911",
-        ha_address="127.0.0.1:10912",
-    )
+    (30 s), and the others are not registered with again meanwhile."""
     nameservers = _Nameservers()
     nameservers.down.add("ns2:9876")
-    registrar = Registrar(ctx, nameservers, ["ns1:9876", "ns2:9876"])  # type: ignore[arg-type]
+    registrar = Registrar(_registrar_context(tmp_path), nameservers, ["ns1:9876", "ns2:9876"])  # type: ignore[arg-type]
     async with trio.open_nursery() as nursery:
         await nursery.start(registrar.run)
         await trio.sleep(100)  # (ns2 down a long while)
@@ -639,7 +654,28 @@ async def test_a_nameserver_back_from_a_long_outage_has_the_broker_within_second
         nameservers.down.clear()
         await trio.sleep(60)
         nursery.cancel_scope.cancel()
-    ns2_after = [t for t, addr in nameservers.asked if addr == "ns2:9876" and t >= back]
+    ns2_after = [t for t, addr in nameservers.registered if addr == "ns2:9876" and t >= back]
     assert ns2_after[0] - back <= REGISTER_RETRY_MAX_S + 0.1
-    ns1 = [t for t, addr in nameservers.asked if addr == "ns1:9876"]
+    ns1 = [t for t, addr in nameservers.registered if addr == "ns1:9876"]
     assert len([t for t in ns1 if t < back]) <= 1 + 100 // 30  # its rounds, no retries
+
+
+async def test_a_nameserver_restarted_between_rounds_has_the_broker_within_seconds(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A nameserver that restarts between two registration rounds (no registration
+    failed: the broker did not notice) knows no route to the broker: asked every
+    NAMESRV_CHECK_S whether it knows the broker's topic table (QUERY_DATA_VERSION), it
+    says no and gets the registration at once, not at the next round 30 s later."""
+    nameservers = _Nameservers()
+    registrar = Registrar(_registrar_context(tmp_path), nameservers, ["ns1:9876", "ns2:9876"])  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(registrar.run)
+        await trio.sleep(10)
+        restarted = trio.current_time()
+        nameservers.forget("ns1:9876")
+        await trio.sleep(15)
+        nursery.cancel_scope.cancel()
+    after = [(t, addr) for t, addr in nameservers.registered if t >= restarted]
+    assert [addr for _, addr in after] == ["ns1:9876"]
+    assert after[0][0] - restarted <= NAMESRV_CHECK_S + 0.1

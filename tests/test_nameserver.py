@@ -23,6 +23,8 @@ from hamq.protocol.bodies import (
 )
 from hamq.protocol.headers import (
     GetRouteInfoRequestHeader,
+    QueryDataVersionRequestHeader,
+    QueryDataVersionResponseHeader,
     RegisterBrokerRequestHeader,
     RegisterBrokerResponseHeader,
 )
@@ -181,6 +183,42 @@ async def test_nameserver_api_over_the_wire(nursery: trio.Nursery) -> None:
         client.close_connection(addr)
         await wait_for(lambda: not server.table.live, 5, what="the server drops them")
     assert server.table.route("T") is None
+
+
+async def test_query_data_version_says_whether_a_broker_must_register(
+    nursery: trio.Nursery,
+) -> None:
+    """QUERY_DATA_VERSION (RocketMQ's check before a registration): changed for a broker
+    this nameserver does not know (it restarted) or knows with another topic-table
+    version; unchanged, and counted as heard from, for the version it has."""
+    server = NameServer(NameServerConfig(port=0))
+    port = await nursery.start(server.run)
+    addr = f"127.0.0.1:{port}"
+
+    def query(version: DataVersion) -> RemotingCommand:
+        header = QueryDataVersionRequestHeader(
+            broker_name="broker-a",
+            broker_addr="127.0.0.1:10911",
+            cluster_name="DefaultCluster",
+            broker_id=0,
+        )
+        return RemotingCommand.request(
+            RequestCode.QUERY_DATA_VERSION, header, body=encode_body(version)
+        )
+
+    async with RemotingClient() as client:
+        unknown = await client.invoke(addr, query(DataVersion(0, 1, 1)), 5)
+        assert unknown.code == ResponseCode.SUCCESS
+        assert unknown.header(QueryDataVersionResponseHeader).changed is True
+        assert unknown.body == b""
+        await client.invoke(addr, register_request("127.0.0.1:10911", ("T",)), 5)
+        heard = server.table.live["127.0.0.1:10911"].last_update_ms
+        same = await client.invoke(addr, query(DataVersion(0, 1, 1)), 5)
+        assert same.header(QueryDataVersionResponseHeader).changed is False
+        assert decode_body(DataVersion, same.body) == DataVersion(0, 1, 1)
+        assert server.table.live["127.0.0.1:10911"].last_update_ms >= heard
+        newer = await client.invoke(addr, query(DataVersion(0, 2, 2)), 5)
+        assert newer.header(QueryDataVersionResponseHeader).changed is True
 
 
 async def test_a_silent_broker_is_dropped_after_120_seconds(

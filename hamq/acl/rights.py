@@ -91,6 +91,7 @@ ADMIN_CODES = frozenset(
         RequestCode.REGISTER_BROKER,
         RequestCode.UNREGISTER_BROKER,
         RequestCode.BROKER_HEARTBEAT,
+        RequestCode.QUERY_DATA_VERSION,  # (it keeps a broker alive in the nameserver)
         RequestCode.DELETE_TOPIC_IN_NAMESRV,
         RequestCode.WIPE_WRITE_PERM_OF_BROKER,
         RequestCode.ADD_WRITE_PERM_OF_BROKER,

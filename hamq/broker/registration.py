@@ -5,9 +5,13 @@
   that is down is logged and tried again alone, sooner (REGISTER_RETRY_S, doubling up
   to REGISTER_RETRY_MAX_S, 5 s): nameservers embedded in other brokers start after this
   one, and a nameserver restarted knows no broker, and clients asking them must find it
-  soon. What a nameserver answers a slave
-  (its master's address and HA address) is kept for replication. UNREGISTER_BROKER to
-  each at a clean stop.
+  soon. Between rounds, every NAMESRV_CHECK_S each nameserver that accepted is asked
+  whether it still knows this broker's topic table (QUERY_DATA_VERSION, RocketMQ's
+  check before a registration): one that restarted meanwhile says it changed, and gets
+  the registration at once (without it, it would know no route to this broker until
+  the next round). A nameserver that does not answer the check is left to the rounds.
+  What a nameserver answers a slave (its master's address and HA address) is kept for
+  replication. UNREGISTER_BROKER to each at a clean stop.
 - ``registered`` is set once any nameserver has accepted a registration: clients can
   find the broker from then on (``hamq broker`` prints its ready line then). A broker
   is registered with one nameserver of several that answers; one whose nameservers all
@@ -36,6 +40,8 @@ from hamq.protocol import RemotingCommand, RequestCode, ResponseCode, SerializeT
 from hamq.protocol.bodies import RegisterBrokerBody, encode_body
 from hamq.protocol.headers import (
     NotifyConsumerIdsChangedRequestHeader,
+    QueryDataVersionRequestHeader,
+    QueryDataVersionResponseHeader,
     RegisterBrokerRequestHeader,
     RegisterBrokerResponseHeader,
     UnregisterBrokerRequestHeader,
@@ -50,6 +56,10 @@ REGISTER_RETRY_S = 1.0
 #: ... doubling up to this: a nameserver that was down (restarted: it knows no broker)
 #: has every broker again within this long of being back, not register_interval_s
 REGISTER_RETRY_MAX_S = 5.0
+#: how often a nameserver that accepted is asked whether it still knows this broker
+NAMESRV_CHECK_S = 3.0
+#: how long that question may take
+NAMESRV_CHECK_TIMEOUT_S = 2.0
 #: how many different reasons a nameserver's failures are logged with, until it accepts
 MAX_REASONS_LOGGED = 8
 
@@ -83,6 +93,11 @@ class Registrar:
         await self.register_all()
         round_due = trio.current_time() + interval
         task_status.started()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._check_loop)
+            await self._register_loop(interval, round_due, retry)
+
+    async def _register_loop(self, interval: float, round_due: float, retry: float) -> None:
         while True:
             missed = self._missed
             wait = round_due - trio.current_time()
@@ -96,6 +111,55 @@ class Registrar:
                 round_due = trio.current_time() + interval
             else:  # (a retry: only those that did not accept, soon after they are back)
                 await self._register([a for a in self.namesrv_addrs if a in missed])
+
+    async def _check_loop(self) -> None:
+        """Every NAMESRV_CHECK_S, ask each nameserver not missed whether it still knows
+        this broker's topic table; register with those that do not (module doc)."""
+        while True:
+            await trio.sleep(NAMESRV_CHECK_S)
+            if self.ctx.roles.broker_id < 0:
+                continue
+            forgotten = await self._forgotten()
+            if forgotten:
+                log.info("nameserver(s) %s no longer know this broker: registering", forgotten)
+                await self._register([a for a in self.namesrv_addrs if a in forgotten])
+
+    async def _forgotten(self) -> list[str]:
+        """The nameservers, not missed, that say they do not know this broker as it is."""
+        forgotten: list[str] = []
+
+        async def ask(addr: str) -> None:
+            if await self._forgotten_by(addr):
+                forgotten.append(addr)
+
+        async with trio.open_nursery() as nursery:
+            for addr in self.namesrv_addrs:
+                if addr not in self._missed:
+                    nursery.start_soon(ask, addr)
+        return forgotten
+
+    async def _forgotten_by(self, addr: str) -> bool:
+        """Whether the nameserver at ``addr`` says it does not know this broker's topic
+        table as it is (False too when it does not answer, or cannot be asked)."""
+        config = self.ctx.config
+        header = QueryDataVersionRequestHeader(
+            broker_name=config.broker_name,
+            broker_addr=self.ctx.address,
+            cluster_name=config.cluster_name,
+            broker_id=self.ctx.roles.broker_id,
+        )
+        request = RemotingCommand.request(
+            RequestCode.QUERY_DATA_VERSION,
+            header,
+            body=encode_body(self.ctx.topics.data_version),
+        )
+        try:
+            response = await self.client.invoke(addr, request, NAMESRV_CHECK_TIMEOUT_S)
+        except RemotingError:
+            return False
+        if response.code != ResponseCode.SUCCESS:
+            return False  # (a nameserver without the code: the rounds keep it up to date)
+        return response.header(QueryDataVersionResponseHeader).changed
 
     def _request(self) -> RemotingCommand:
         config = self.ctx.config

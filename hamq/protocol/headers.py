@@ -568,12 +568,21 @@ class WipeWritePermOfBrokerRequestHeader:
 
 @attrs.frozen
 class QueryDataVersionRequestHeader:
-    """QUERY_DATA_VERSION (322)."""
+    """QUERY_DATA_VERSION (322); body: the broker's topic-table DataVersion (JSON)."""
 
     broker_name: str
     broker_addr: str
     cluster_name: str
     broker_id: int
+
+
+@attrs.frozen
+class QueryDataVersionResponseHeader:
+    """QUERY_DATA_VERSION's answer: whether the nameserver's copy of the broker's topic
+    table differs from the version asked about (or it does not know the broker: it must
+    register); body: the nameserver's DataVersion, if it has one."""
+
+    changed: bool = False
 
 
 # ---------------------------------------------------------------- hot paths
