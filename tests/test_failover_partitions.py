@@ -31,12 +31,14 @@ from hamq.remoting import RemotingClient, RemotingError
 from tests.support import netns
 from tests.support.nemesis import (
     TOPIC,
+    Member,
     NemesisCluster,
     isolate_slave,
     master_with_leader,
     nemesis_cluster,
     split_master,
 )
+from tests.support.timing import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -120,8 +122,12 @@ async def test_a_master_cut_off_says_it_lost_its_lease_and_acknowledges_nothing(
             Message(TOPIC, b"after"), queue=MessageQueue(TOPIC, "broker-a", 0)
         )
     assert result.status is SendStatus.SEND_OK
-    new = await cluster.master("broker-a")
-    assert new is not None and new is not old
+
+    async def elected() -> Member | None:  # (a follower asked may apply it a beat later)
+        master = await cluster.master("broker-a")
+        return master if master is not None and master is not old else None
+
+    new = await wait_for(elected, 10, every_s=0.05, what="the controllers naming a new master")
     assert stored_at(result.offset_msg_id) == new.host.ip != old.host.ip
     await heal()
     await cluster.wait_settled("broker-a")
