@@ -206,6 +206,65 @@ async def sync_state_when(
     return entry
 
 
+def controller_server(
+    name: str,
+    root: Path,
+    *,
+    host: str,
+    port: int,
+    raft_port: int,
+    peers: str,
+    secret: Path,
+    prefix: list[str] | None = None,
+) -> Server:
+    """``hamq nameserver --controller`` at ``host:port`` (Raft on ``raft_port``, with
+    ``peers``, the shared ``secret``'s file), its data and log under ``root``."""
+    args = [
+        "nameserver", "--host", host, "--port", str(port), "--controller",
+        "--raft-address", f"{host}:{raft_port}", "--raft-peers", peers,
+        "--raft-secret-file", str(secret), "--controller-dir", str(root / f"{name}-data"),
+    ]  # fmt: skip
+    return Server(name, args, root / f"{name}.log", f"{host}:{port}", prefix=prefix or [])
+
+
+def controller_mode_broker(
+    name: str,
+    root: Path,
+    *,
+    host: str,
+    port: int,
+    ha_port: int,
+    controllers: list[str],
+    store: Path,
+    group: str = "broker-a",
+    settings: dict[str, Any] | None = None,
+    prefix: list[str] | None = None,
+) -> Server:
+    """A controller-mode broker of ``group`` at ``host:port`` (``settings`` on top of its
+    configuration, small store files), its configuration and log under ``root``."""
+    config = write_toml(
+        root / f"{name}.toml",
+        {
+            "broker_name": group,
+            "listen_host": host,
+            "listen_port": port,
+            "ha_listen_port": ha_port,
+            "namesrv_addrs": controllers,
+            "enable_controller_mode": True,
+            "controller_addrs": controllers,
+            **(settings or {}),
+            "store": {"store_dir": str(store), **SMALL_STORE},
+        },
+    )
+    return Server(
+        name,
+        ["broker", "-c", str(config)],
+        root / f"{name}.log",
+        f"{host}:{port}",
+        prefix=prefix or [],
+    )
+
+
 @asynccontextmanager
 async def autoswitch_cluster(
     root: Path, *, brokers: int = 3, broker_config: dict[str, Any] | None = None
@@ -217,54 +276,32 @@ async def autoswitch_cluster(
     secret = root / "raft.secret"
     await anyio.Path(secret).write_text("autoswitch-test-secret\n")
     nameservers = [
-        Server(
+        controller_server(
             f"nameserver-{i}",
-            [
-                "nameserver",
-                "--port",
-                str(ns_ports[i]),
-                "--controller",
-                "--raft-address",
-                f"127.0.0.1:{raft_ports[i]}",
-                "--raft-peers",
-                peers,
-                "--raft-secret-file",
-                str(secret),
-                "--controller-dir",
-                str(root / f"controller-{i}"),
-            ],
-            root / f"nameserver-{i}.log",
-            f"127.0.0.1:{ns_ports[i]}",
+            root,
+            host="127.0.0.1",
+            port=ns_ports[i],
+            raft_port=raft_ports[i],
+            peers=peers,
+            secret=secret,
         )
         for i in range(3)
     ]
     addrs = [s.address for s in nameservers]
-    servers = []
-    stores = []
-    for i in range(brokers):
-        store = root / f"broker-{i}"
-        stores.append(store)
-        config = write_toml(
-            root / f"broker-{i}.toml",
-            {
-                "broker_name": "broker-a",
-                "listen_port": broker_ports[2 * i],
-                "ha_listen_port": broker_ports[2 * i + 1],
-                "namesrv_addrs": addrs,
-                "enable_controller_mode": True,
-                "controller_addrs": addrs,
-                **(broker_config or {}),
-                "store": {"store_dir": str(store), **SMALL_STORE},
-            },
+    stores = [root / f"broker-{i}" for i in range(brokers)]
+    servers = [
+        controller_mode_broker(
+            f"broker-{i}",
+            root,
+            host="127.0.0.1",
+            port=broker_ports[2 * i],
+            ha_port=broker_ports[2 * i + 1],
+            controllers=addrs,
+            store=stores[i],
+            settings=broker_config,
         )
-        servers.append(
-            Server(
-                f"broker-{i}",
-                ["broker", "-c", str(config)],
-                root / f"broker-{i}.log",
-                f"127.0.0.1:{broker_ports[2 * i]}",
-            )
-        )
+        for i in range(brokers)
+    ]
     cluster = AutoswitchCluster(root, nameservers, servers, stores)
     try:
         async with anyio.create_task_group() as group:

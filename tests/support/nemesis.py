@@ -69,15 +69,18 @@ from hamq.client.errors import ClientError
 from hamq.protocol import RemotingCommand, RequestCode
 from hamq.remoting import RemotingClient, RemotingError
 from tests.support import netns
-from tests.support.autoswitch import Server
-from tests.support.brokers import SMALL_STORE
+from tests.support.autoswitch import Server, controller_mode_broker, controller_server
 from tests.support.faketime import faketime_env
-from tests.support.processes import write_toml
 
 TOPIC = "nemesis"
 GROUPS = {"broker-a": 3, "broker-b": 2}
 QUEUES_PER_GROUP = 4
 NAMESRV_PORT, RAFT_PORT, BROKER_PORT, HA_PORT = 9876, 9880, 10911, 10912
+#: what every broker of the cluster is configured with, on top of controller mode
+BROKER_SETTINGS = {
+    "all_ack_in_sync_state_set": True,
+    "ha": {"secret": "nemesis-ha-secret-0123456789"},
+}
 #: how long a send may take, retries included (the producer's own)
 SEND_TIMEOUT_S = 6.0
 #: how long a group may take to settle after a fault is healed
@@ -143,9 +146,24 @@ class NemesisCluster:
         raise RuntimeError(f"no controller answered: {problems}")
 
     async def group_state(self, group: str) -> dict[str, Any]:
-        response = await self.ask(RequestCode.CONTROLLER_GET_SYNC_STATE_DATA)
-        table: dict[str, Any] = json.loads(response.body)["replicasInfoTable"]
-        return dict(table.get(group, {}))
+        """The group's state as the controllers hold it: the newest (highest master
+        epoch, then SyncStateSet epoch) of those that answer within 2 s — a controller
+        cut off from the majority holds an old one. RuntimeError if none answers."""
+        states: list[dict[str, Any]] = []
+
+        async def ask(client: RemotingClient, member: Member) -> None:
+            request = RemotingCommand.request(RequestCode.CONTROLLER_GET_SYNC_STATE_DATA)
+            with contextlib.suppress(RemotingError, ValueError, KeyError):
+                response = await client.invoke(member.address, request, 2.0)
+                states.append(dict(json.loads(response.body)["replicasInfoTable"].get(group, {})))
+
+        async with RemotingClient() as client, trio.open_nursery() as nursery:
+            for member in self.controllers:
+                if member.server.running:
+                    nursery.start_soon(ask, client, member)
+        if not states:
+            raise RuntimeError("no controller answered")
+        return max(states, key=lambda s: (s.get("masterEpoch", 0), s.get("syncStateSetEpoch", 0)))
 
     async def master(self, group: str) -> Member | None:
         with contextlib.suppress(RuntimeError, RemotingError):
@@ -238,26 +256,14 @@ async def nemesis_cluster(root: Path) -> AsyncIterator[NemesisCluster]:
             Member(
                 host.name,
                 host,
-                Server(
+                controller_server(
                     host.name,
-                    [
-                        "nameserver",
-                        "--host",
-                        host.ip,
-                        "--port",
-                        str(NAMESRV_PORT),
-                        "--controller",
-                        "--raft-address",
-                        f"{host.ip}:{RAFT_PORT}",
-                        "--raft-peers",
-                        peers,
-                        "--raft-secret-file",
-                        str(secret),
-                        "--controller-dir",
-                        str(root / f"{host.name}-controller"),
-                    ],
-                    root / f"{host.name}.log",
-                    f"{host.ip}:{NAMESRV_PORT}",
+                    root,
+                    host=host.ip,
+                    port=NAMESRV_PORT,
+                    raft_port=RAFT_PORT,
+                    peers=peers,
+                    secret=secret,
                     prefix=host.command([]),
                 ),
             )
@@ -270,26 +276,16 @@ async def nemesis_cluster(root: Path) -> AsyncIterator[NemesisCluster]:
             for i in range(1, count + 1):
                 host = network.add(f"{group[-1]}{i}")
                 store = root / f"{host.name}-store"
-                config = write_toml(
-                    root / f"{host.name}.toml",
-                    {
-                        "broker_name": group,
-                        "listen_host": host.ip,
-                        "listen_port": BROKER_PORT,
-                        "ha_listen_port": HA_PORT,
-                        "namesrv_addrs": namesrv,
-                        "enable_controller_mode": True,
-                        "controller_addrs": namesrv,
-                        "all_ack_in_sync_state_set": True,
-                        "ha": {"secret": "nemesis-ha-secret-0123456789"},
-                        "store": {"store_dir": str(store), **SMALL_STORE},
-                    },
-                )
-                server = Server(
+                server = controller_mode_broker(
                     host.name,
-                    ["broker", "-c", str(config)],
-                    root / f"{host.name}.log",
-                    f"{host.ip}:{BROKER_PORT}",
+                    root,
+                    host=host.ip,
+                    port=BROKER_PORT,
+                    ha_port=HA_PORT,
+                    controllers=namesrv,
+                    store=store,
+                    group=group,
+                    settings=BROKER_SETTINGS,
                     prefix=host.command([]),
                 )
                 brokers[group].append(Member(host.name, host, server, group, store))

@@ -28,10 +28,8 @@ import attrs
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.headers import ApplyBrokerIdRequestHeader
 from hamq.remoting import RemotingClient, RemotingError
-from tests.support.autoswitch import HAMQ_INFO, READY_S, Server
-from tests.support.brokers import SMALL_STORE
-from tests.support.netns import Host, Network, entered
-from tests.support.processes import open_child, read_ready_line, write_toml
+from tests.support.autoswitch import Server, controller_mode_broker, controller_server
+from tests.support.netns import Network, entered
 
 NAMESERVER_PORT = 9876
 RAFT_PORT = 9877
@@ -40,27 +38,10 @@ BROKER_HA_PORT = 10912
 
 
 @attrs.define
-class HostServer(Server):
-    """A ``Server`` (autoswitch.py) whose process runs on ``host``."""
-
-    host: Host | None = None
-
-    async def start(self) -> None:
-        assert self.host is not None
-        self.starts += 1
-        with self.log_path.open("ab") as log:
-            log.write(f"---- start {self.starts}\n".encode())
-            log.flush()
-            proc = await open_child(self.host.command([*HAMQ_INFO, *self.args]), stderr=log)
-        self.proc = proc
-        await read_ready_line(proc, f"{self.name} (log: {self.log_path})", READY_S)
-
-
-@attrs.define
 class ControllerHosts:
     net: Network
-    controllers: list[HostServer]
-    brokers: list[HostServer]
+    controllers: list[Server]
+    brokers: list[Server]
 
     @property
     def controller_addrs(self) -> list[str]:
@@ -97,7 +78,7 @@ async def controller_hosts(root: Path, *, brokers: int = 0) -> AsyncIterator[Con
     """The hosts and processes (module docstring); everything removed at the end."""
     await anyio.Path(root).mkdir(parents=True, exist_ok=True)
     net = Network.create()
-    servers: list[HostServer] = []
+    servers: list[Server] = []
     try:
         hosts = [net.add(f"c{i}") for i in range(3)]
         broker_hosts = [net.add(f"b{i}") for i in range(brokers)]
@@ -106,55 +87,32 @@ async def controller_hosts(root: Path, *, brokers: int = 0) -> AsyncIterator[Con
         await anyio.Path(secret).write_text("raft-hosts-test-secret\n")
         peers = ";".join(f"{h.ip}:{RAFT_PORT}" for h in hosts)
         controllers = [
-            HostServer(
+            controller_server(
                 f"controller-{i}",
-                [
-                    "nameserver",
-                    "--host",
-                    host.ip,
-                    "--port",
-                    str(NAMESERVER_PORT),
-                    "--controller",
-                    "--raft-address",
-                    f"{host.ip}:{RAFT_PORT}",
-                    "--raft-peers",
-                    peers,
-                    "--raft-secret-file",
-                    str(secret),
-                    "--controller-dir",
-                    str(root / f"controller-{i}"),
-                ],
-                root / f"controller-{i}.log",
-                f"{host.ip}:{NAMESERVER_PORT}",
-                host=host,
+                root,
+                host=host.ip,
+                port=NAMESERVER_PORT,
+                raft_port=RAFT_PORT,
+                peers=peers,
+                secret=secret,
+                prefix=host.command([]),
             )
             for i, host in enumerate(hosts)
         ]
         addrs = [c.address for c in controllers]
-        broker_servers = []
-        for i, host in enumerate(broker_hosts):
-            config = write_toml(
-                root / f"broker-{i}.toml",
-                {
-                    "broker_name": "broker-a",
-                    "listen_host": host.ip,
-                    "listen_port": BROKER_PORT,
-                    "ha_listen_port": BROKER_HA_PORT,
-                    "namesrv_addrs": addrs,
-                    "enable_controller_mode": True,
-                    "controller_addrs": addrs,
-                    "store": {"store_dir": str(root / f"broker-{i}"), **SMALL_STORE},
-                },
+        broker_servers = [
+            controller_mode_broker(
+                f"broker-{i}",
+                root,
+                host=host.ip,
+                port=BROKER_PORT,
+                ha_port=BROKER_HA_PORT,
+                controllers=addrs,
+                store=root / f"broker-{i}",
+                prefix=host.command([]),
             )
-            broker_servers.append(
-                HostServer(
-                    f"broker-{i}",
-                    ["broker", "-c", str(config)],
-                    root / f"broker-{i}.log",
-                    f"{host.ip}:{BROKER_PORT}",
-                    host=host,
-                )
-            )
+            for i, host in enumerate(broker_hosts)
+        ]
         servers = [*controllers, *broker_servers]
         with entered(here):
             async with anyio.create_task_group() as group:
