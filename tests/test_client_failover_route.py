@@ -5,7 +5,10 @@ at A, then the route names B (as after a failover).
 - an answer short of SEND_OK (FLUSH_SLAVE_TIMEOUT: what a master cut off from its
   replicas answers) makes the next send look the route up again;
 - a try waiting on a master that answers nothing (stopped) goes to the new master as
-  soon as the route names it, not after its own time out.
+  soon as the route names it, not after its own time out;
+- a master that refuses sends (SERVICE_NOT_AVAILABLE: it lost its lease) while the
+  nameserver in use still names it (cut off with it) has the route asked of the other
+  nameservers, and the one that names the new master is used.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ class FakeNameserver:
     lookups: int = 0
     #: False: it answers TOPIC_NOT_EXIST (just restarted, nobody registered yet)
     knows: bool = True
+    #: the id ``master`` is named under (not 0: a fenced master registered as itself)
+    master_id: int = 0
 
     def route(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         self.lookups += 1
@@ -64,17 +69,25 @@ class FakeNameserver:
             return request.response_to(ResponseCode.TOPIC_NOT_EXIST, "no route")
         route = TopicRouteData(
             queue_datas=[QueueData("broker-a", 1, 1, 6)],
-            broker_datas=[BrokerData("C", "broker-a", {0: self.master})],
+            broker_datas=[BrokerData("C", "broker-a", {self.master_id: self.master})],
         )
         return request.response_to(body=encode_body(route))
 
 
 @attrs.frozen
 class Group:
-    nameserver: FakeNameserver
-    namesrv: str
+    nameservers: list[FakeNameserver]
+    namesrvs: list[str]
     a: FakeBroker
     b: FakeBroker
+
+    @property
+    def nameserver(self) -> FakeNameserver:
+        return self.nameservers[0]
+
+    @property
+    def namesrv(self) -> list[str]:
+        return self.namesrvs
 
 
 async def serve(nursery: trio.Nursery, dispatcher: Dispatcher) -> str:
@@ -84,7 +97,7 @@ async def serve(nursery: trio.Nursery, dispatcher: Dispatcher) -> str:
 
 
 @asynccontextmanager
-async def moving_master() -> AsyncIterator[Group]:
+async def moving_master(nameservers: int = 1) -> AsyncIterator[Group]:
     async with trio.open_nursery() as nursery:
         brokers = []
         for _ in range(2):
@@ -93,11 +106,14 @@ async def moving_master() -> AsyncIterator[Group]:
             dispatcher.register_async(RequestCode.SEND_MESSAGE_V2, broker.send)
             broker.address = await serve(nursery, dispatcher)
             brokers.append(broker)
-        nameserver = FakeNameserver(brokers[0].address)
-        dispatcher = Dispatcher()
-        dispatcher.register(RequestCode.GET_ROUTEINFO_BY_TOPIC, nameserver.route)
-        namesrv = await serve(nursery, dispatcher)
-        yield Group(nameserver, namesrv, brokers[0], brokers[1])
+        servers, addrs = [], []
+        for _ in range(nameservers):
+            nameserver = FakeNameserver(brokers[0].address)
+            dispatcher = Dispatcher()
+            dispatcher.register(RequestCode.GET_ROUTEINFO_BY_TOPIC, nameserver.route)
+            addrs.append(await serve(nursery, dispatcher))
+            servers.append(nameserver)
+        yield Group(servers, addrs, brokers[0], brokers[1])
         nursery.cancel_scope.cancel()
 
 
@@ -172,3 +188,32 @@ async def test_a_try_waiting_on_a_master_that_moved_goes_to_the_new_one() -> Non
         assert results[0].offset_msg_id.startswith(group.b.address)
         assert producer.master_watch.closed == 1
         assert group.nameserver.lookups > lookups
+
+
+@pytest.mark.parametrize("old_master_id", [0, 1], ids=["as-master", "as-itself"])
+async def test_a_nameserver_cut_off_with_a_refusing_master_is_left_for_one_that_is_not(
+    old_master_id: int,
+) -> None:
+    """The nameserver in use is cut off with the old master A, which has lost its lease
+    and still registers there: as the master (its registration as itself did not get
+    through) or under its own id (no master then: sends never go to a slave); the other
+    names the new master B. The producer asks the other nameserver and sends to B, and
+    keeps using that nameserver."""
+    async with (
+        moving_master(nameservers=2) as group,
+        Producer("g", group.namesrv, send_timeout_s=20, auto_batch=False) as producer,
+    ):
+        first = await producer.send(Message(TOPIC, b"1"), queue=QUEUE)
+        assert first.status is SendStatus.SEND_OK
+        in_use = producer.instance.namesrv_addr
+        stale = group.nameservers[group.namesrvs.index(in_use)]
+        (fresh,) = (n for n in group.nameservers if n is not stale)
+        stale.master_id = old_master_id
+        fresh.master = group.b.address
+        group.a.answer = ResponseCode.SERVICE_NOT_AVAILABLE
+        with trio.fail_after(15):  # (without the other nameserver: SendError after 20 s)
+            result = await producer.send(Message(TOPIC, b"2"), queue=QUEUE)
+        assert result.status is SendStatus.SEND_OK
+        assert result.offset_msg_id.startswith(group.b.address)
+        assert producer.instance.namesrv_addr != in_use
+        assert group.a.sends == 2  # (the one refused: then the producer looked again)

@@ -11,7 +11,13 @@ Nameservers: one is used at a time, starting at a random one; when it fails (can
 connect, times out, connection drops, or the address is a broker's or a controller's)
 the next one is tried at once, and so on round the list; the one that answered is kept
 (and the failures before it logged, once). ``NameServerUnavailableError`` only when
-none answers, naming each address and why.
+none answers, naming each address and why. A nameserver that answers can still be
+behind: cut off with a deposed master, it names that master, or (the master registered
+there under its own id once fenced) none. So a route with a broker group whose master
+is missing or refused a send lately (SERVICE_NOT_AVAILABLE: it lost its controller
+lease, or is a slave now; ``master_refused``, for REFUSED_MASTER_S or until it takes a
+send) is asked of the other nameservers too; one whose route has fewer such groups is
+used from then on (logged).
 
 What brokers ask of a client (over the client's own connections):
 - NOTIFY_CONSUMER_IDS_CHANGED (oneway): the group's consumer rebalances at once;
@@ -73,6 +79,7 @@ from hamq.protocol import (
 )
 from hamq.protocol.bodies import (
     MASTER_ID,
+    BodyError,
     ConsumerData,
     GetConsumerStatusBody,
     HeartbeatData,
@@ -109,6 +116,10 @@ from hamq.remoting.client import RpcHook
 from hamq.remoting.loop import ANY_LOOP, LoopPrimitives, current_loop
 
 log = logging.getLogger(__name__)
+
+#: how long a master that refused a send (SERVICE_NOT_AVAILABLE) makes a route that still
+#: names it worth asking the other nameservers about (the module doc)
+REFUSED_MASTER_S = 10.0
 
 
 def _namesrv_addrs(value: str | Sequence[str]) -> tuple[str, ...]:
@@ -216,6 +227,8 @@ class ClientInstance:
         #: the nameserver in use has answered once (a later failure is worth a warning)
         self._namesrv_answered = False
         self._refreshed_after_failure: dict[str, float] = {}
+        #: master address -> when it last refused a send (``master_refused``)
+        self._refused_masters: dict[str, float] = {}
         self._stack: contextlib.AsyncExitStack | None = None
         self._nursery: anyio.abc.TaskGroup | None = None
         #: the running loop's Event and clock, taken when the instance starts
@@ -356,6 +369,8 @@ class ClientInstance:
         has just restarted knows no topic until the brokers register with it again, and
         RocketMQ's clients keep their route then too. Raises as ``fetch_route``."""
         route = await self.fetch_route(topic)
+        if route is not None and (stale := self._stale_groups(route)):
+            route = await self._route_elsewhere(topic, route, stale)
         if route is None and keep_known and topic in self.routes:
             return self.routes[topic]
         if route is None:
@@ -369,6 +384,69 @@ class ClientInstance:
             if topic in self._publish:
                 self._publish[topic] = publish_info(topic, route)
         return route
+
+    def master_refused(self, addr: str) -> None:
+        """The master at ``addr`` refused a send as not (or no longer) the master
+        (SERVICE_NOT_AVAILABLE): routes naming it are checked with the other nameservers
+        for REFUSED_MASTER_S (the module doc)."""
+        self._refused_masters[addr] = self.loop.current_time()
+
+    def master_answered(self, addr: str) -> None:
+        """The master at ``addr`` took a send: it is a master again."""
+        if self._refused_masters:
+            self._refused_masters.pop(addr, None)
+
+    def _stale_groups(self, route: TopicRouteData) -> int:
+        """How many of ``route``'s broker groups name no master, or one that refused a
+        send within REFUSED_MASTER_S."""
+        if self._refused_masters:
+            since = self.loop.current_time() - REFUSED_MASTER_S
+            for addr, when in list(self._refused_masters.items()):
+                if when < since:
+                    del self._refused_masters[addr]
+        masters = [b.master_addr() for b in route.broker_datas]
+        return sum(1 for m in masters if m is None or m in self._refused_masters)
+
+    async def _route_elsewhere(
+        self, topic: str, route: TopicRouteData, stale: int
+    ) -> TopicRouteData:
+        """``route`` (from the nameserver in use) has ``stale`` broker groups without a
+        master that takes sends: the other nameservers are asked, and the route with
+        the fewest such groups, if fewer, is used (and its nameserver from then on);
+        else ``route`` (no nameserver knows better: a failover under way)."""
+        addrs = self.config.namesrv_addrs
+        request = self.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, GetRouteInfoRequestHeader(topic))
+        best: tuple[int, int, TopicRouteData] | None = None
+        for i in range(1, len(addrs)):
+            index = (self._namesrv_index + i) % len(addrs)
+            try:
+                response = await self.remoting.invoke(
+                    addrs[index], request, self.config.request_timeout_s
+                )
+                if response.code != ResponseCode.SUCCESS:
+                    continue
+                other = decode_body(TopicRouteData, response.body)
+            except (RemotingError, BodyError) as exc:
+                log.debug("asking nameserver %s for %s failed: %s", addrs[index], topic, exc)
+                continue
+            other_stale = self._stale_groups(other)
+            if other_stale < (stale if best is None else best[0]):
+                best = (other_stale, index, other)
+                if other_stale == 0:
+                    break
+        if best is None:
+            return route
+        log.warning(
+            "now using nameserver %s: the route of %s from %s has %d broker group(s) "
+            "without a master that takes sends, its %d (cut off from a new master?)",
+            addrs[best[1]],
+            topic,
+            self.namesrv_addr,
+            stale,
+            best[0],
+        )
+        self._namesrv_index = best[1]
+        return best[2]
 
     async def refresh_route_after_failure(self, topic: str, *, keep_known: bool = False) -> None:
         """Look a topic's route up again after a broker failed, at most once a second
@@ -469,6 +547,21 @@ class ClientInstance:
             await self.update_route(queue.topic)
             addr = self.broker_addr(queue.broker_name, broker_id)
         if addr is None:
+            raise NoRouteError(f"no address known for broker {queue.broker_name} ({queue})")
+        return addr
+
+    async def find_master_addr(self, queue: MessageQueue) -> str:
+        """The address of the master of ``queue``'s broker group (where sends go: never a
+        slave), looking the topic's route up again if none is known; NoMasterError when
+        the route names none (a failover under way), NoRouteError when it has no such
+        group."""
+        addr = self.broker_addr(queue.broker_name, only_this=True)
+        if addr is None:
+            await self.update_route(queue.topic)
+            addr = self.broker_addr(queue.broker_name, only_this=True)
+        if addr is None:
+            if self.brokers.get(queue.broker_name):
+                raise NoMasterError(f"broker group {queue.broker_name} has no master now ({queue})")
             raise NoRouteError(f"no address known for broker {queue.broker_name} ({queue})")
         return addr
 

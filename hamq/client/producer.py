@@ -22,9 +22,11 @@
   connection to the old address: every try waiting there fails at once and goes again
   to the new master (``_MasterWatch``). A deposed master that still answers says so
   itself (SERVICE_NOT_AVAILABLE: it is a slave now, or lost its controller lease),
-  which is retried with the route looked up again. Otherwise the hang is noticed by a
-  timeout: an address that timed out is avoided for as long as that try waited (a
-  success clears it): other brokers are chosen first (RocketMQ's
+  which is retried with the route looked up again — of another nameserver when the
+  one in use still names that master, or none (cut off with it: hamq.client.instance).
+  Sends go to a group's master only, never to another broker of the group. Otherwise
+  the hang is noticed by a timeout: an address that timed out is avoided for as long
+  as that try waited (a success clears it): other brokers are chosen first (RocketMQ's
   sendLatencyFaultEnable, per address). Each try waits at most
   ``send_attempt_timeout_s`` (10 s; None: the rest of ``send_timeout_s``, as RocketMQ's
   does); when set, a send whose only broker timed out waits, looking the route up
@@ -720,7 +722,7 @@ class Producer(InstanceOwner):
         oneway: bool,
     ) -> SendResult | None:
         instance = self.instance
-        addr = await instance.find_broker_addr(target)
+        addr = await instance.find_master_addr(target)
         command = self._command(target, request)
         if oneway:
             await instance.remoting.invoke_oneway(addr, command, timeout_s)
@@ -984,7 +986,7 @@ class _Attempts:
         instance = producer.instance
 
         def available(broker: str) -> bool:
-            addr = instance.broker_addr(broker)
+            addr = instance.broker_addr(broker, only_this=True)
             if addr is not None and producer.timed_out.avoided(addr, now):
                 return False
             return producer.faults.available(broker, now)
@@ -998,7 +1000,7 @@ class _Attempts:
         time out to pass."""
         producer = self.producer
         started = self.clock()
-        addr = producer.instance.broker_addr(target.broker_name)
+        addr = producer.instance.broker_addr(target.broker_name, only_this=True)
         if (
             producer.timed_out
             and producer.send_attempt_timeout_s is not None
@@ -1030,6 +1032,8 @@ class _Attempts:
         if isinstance(error, RemotingTimeoutError):
             producer.timed_out.add(error.addr, now, now - attempt.started)
         self._failed(f"{target}: {error}", error)
+        if isinstance(error, BrokerError) and error.code == ResponseCode.SERVICE_NOT_AVAILABLE:
+            producer.instance.master_refused(error.addr)  # (deposed? the module doc)
         if isinstance(error, RequestError) or (
             isinstance(error, BrokerError) and error.code not in _RETRY_CODES
         ):
@@ -1048,8 +1052,10 @@ class _Attempts:
         True when that settles the send; False to try another broker with a status
         short of SEND_OK (``retry_another_broker_when_not_store_ok``, tries left)."""
         producer = self.producer
-        if attempt.addr is not None and producer.timed_out:
-            producer.timed_out.discard(attempt.addr)
+        if attempt.addr is not None:
+            producer.instance.master_answered(attempt.addr)
+            if producer.timed_out:
+                producer.timed_out.discard(attempt.addr)
         if result is not None and result.status is not SendStatus.SEND_OK:
             # its master's replicas did not confirm it: a master cut off from them, or
             # deposed, answers so; the route is looked up again meanwhile
