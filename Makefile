@@ -33,9 +33,14 @@ run: $(STAMP)
 
 test: lint typecheck pytest
 
+# pytest-xdist workers: most tests wait on sockets and child processes, so two run side by
+# side on two cores; a file's tests stay on one worker (its module fixtures once)
+PYTEST_WORKERS ?= 2
+PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadfile
+
 # the edit loop: the tests not marked slow (no processes, no multi-second runs)
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q -m "not slow" $(PYTEST_XDIST)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(SOURCES) tests benchmarks examples
@@ -46,7 +51,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_XDIST)
 
 bench: $(STAMP)
 	$(BIN)/hamq bench remoting

@@ -131,21 +131,30 @@ def autojump_clock(monkeypatch: pytest.MonkeyPatch) -> trio.testing.MockClock:
 # ---------------------------------------------------------------- figures tests report
 # Some tests measure something worth seeing (acked messages in flight at a kill, the
 # loss window of an async master); they hand a line to ``report`` and it is printed
-# at the end of the run.
+# at the end of the run. The lines travel as the test's user properties, which
+# pytest-xdist's workers send with their reports (``make test`` runs two workers).
 
-_REPORTS: list[str] = []
+_MEASURED = "measured"
 
 
 @pytest.fixture
 def report(request: pytest.FixtureRequest) -> Callable[[str], None]:
     def add(line: str) -> None:
-        _REPORTS.append(f"{request.node.name}: {line}")
+        request.node.user_properties.append((_MEASURED, f"{request.node.name}: {line}"))
 
     return add
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _REPORTS:
+    lines = [
+        value
+        for reports in terminalreporter.stats.values()
+        for test_report in reports
+        if getattr(test_report, "when", None) == "call"
+        for key, value in getattr(test_report, "user_properties", ())
+        if key == _MEASURED
+    ]
+    if lines:
         terminalreporter.section("measured by tests")
-        for line in _REPORTS:
+        for line in lines:
             terminalreporter.write_line(line)

@@ -26,6 +26,12 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
+# one install at a time (pytest's workers may ask at once): apt-get's own lock fails
+# rather than waits; flock (util-linux, essential in Debian) waits for the other
+if command -v flock >/dev/null 2>&1; then
+    exec 9>/tmp/hamq-install-debian.lock
+    flock -w 600 9
+fi
 log=$(mktemp)
 # shellcheck disable=SC2086 # (the package names are words)
 if ! { apt-get install -y -q --no-install-recommends $missing >"$log" 2>&1 ||

@@ -14,7 +14,10 @@ Needs root, ``ip`` (iproute2) and ``iptables``: ``unavailable()`` says why not, 
 trying to install what is missing (install-debian.sh); tests skip with that reason.
 Everything made is removed by ``close`` (namespaces, and with them their links and
 rules), also after a crash of the test: the names carry the network's number, and
-``Network.create`` removes what an earlier run left under the same number.
+``Network.create`` removes what an earlier run left under the same number. A number is
+held with an flock (``LOCK_DIR``) while its network lives, so that runs side by side
+(``make test``'s two pytest workers) never pick the same one; the lock goes with the
+process that held it, crashed or not.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import fcntl
 import functools
 import os
 import random
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +42,8 @@ PREFIX = "10.213"
 CLONE_NEWNET = 0x40000000
 #: how long one ``ip`` / ``iptables`` command may take
 COMMAND_TIMEOUT_S = 20
+#: where the networks' numbers are held (hamq-netns-N.lock, flocked)
+LOCK_DIR = Path(tempfile.gettempdir())
 
 
 class NetnsError(RuntimeError):
@@ -103,8 +110,10 @@ class Host:
 class Network:
     """A bridge and its hosts (module docstring)."""
 
-    def __init__(self, number: int) -> None:
+    def __init__(self, number: int, lock: int) -> None:
         self.number = number
+        #: the flocked file that holds the number (closed by ``close``)
+        self._lock = lock
         self.switch = f"hq{number}-sw"
         self.hosts: dict[str, Host] = {}
         #: the pairs cut now (names, sorted)
@@ -112,8 +121,17 @@ class Network:
 
     @classmethod
     def create(cls, number: int | None = None) -> Network:
-        """A new network (its bridge up, no hosts yet); a random number unless given."""
-        network = cls(random.randrange(1, 250) if number is None else number)
+        """A new network (its bridge up, no hosts yet); a random number not held by
+        another run unless given (NetnsError if that one is)."""
+        candidates = random.sample(range(1, 250), 249) if number is None else [number]
+        for candidate in candidates:
+            lock = _hold(candidate)
+            if lock is not None:
+                break
+        else:
+            held = "every network number is" if number is None else f"network {number} is"
+            raise NetnsError(f"{held} held by another run ({LOCK_DIR}/hamq-netns-*.lock)")
+        network = cls(candidate, lock)
         network._remove_leftovers()
         run("ip", "netns", "add", network.switch)
         try:
@@ -180,6 +198,21 @@ class Network:
             subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True, check=False)
         subprocess.run(["ip", "netns", "del", self.switch], capture_output=True, check=False)
         self.hosts.clear()
+        if self._lock >= 0:
+            os.close(self._lock)
+            self._lock = -1
+
+
+def _hold(number: int) -> int | None:
+    """The descriptor of network ``number``'s lock file, flocked; None if another
+    process holds it."""
+    fd = os.open(LOCK_DIR / f"hamq-netns-{number}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _setns(fd: int) -> None:

@@ -184,25 +184,43 @@ EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 FREE_PORTS_FROM = 20000
 
 
+def _worker_slice(low: int, high: int) -> tuple[int, int]:
+    """This pytest-xdist worker's share of ``range(low, high)`` (all of it outside
+    xdist): workers never pick the same port, one between its check and its server's
+    bind."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    try:
+        count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        index = int(worker.removeprefix("gw")) if worker else 0
+    except ValueError:
+        return low, high
+    if count <= 1 or not 0 <= index < count:
+        return low, high
+    span = (high - low) // count
+    return low + index * span, low + (index + 1) * span
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct ports free right now (the sockets are closed on return), for
     servers started later. They are taken below the ephemeral range: a port bound to 0
     comes from that range, and any outgoing connection (of the cluster itself, of other
     tests) could take it as its local port before the server that is to listen there
-    starts ("Address already in use", by chance)."""
+    starts ("Address already in use", by chance); under pytest-xdist, from this
+    worker's share of it."""
     try:
         below = int(EPHEMERAL_RANGE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         below = 0
+    low, high = _worker_slice(FREE_PORTS_FROM, below)
     with contextlib.ExitStack() as stack:
         ports: list[int] = []
         while len(ports) < count:
             sock = stack.enter_context(socket.socket())
-            if below - FREE_PORTS_FROM < 100 * count:  # no room below: the kernel's choice
+            if high - low < 100 * count:  # no room below: the kernel's choice
                 sock.bind(("127.0.0.1", 0))
                 ports.append(sock.getsockname()[1])
                 continue
-            port = random.randrange(FREE_PORTS_FROM, below)
+            port = random.randrange(low, high)
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
