@@ -31,10 +31,12 @@ import os
 import random
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
+import trio
 
 INSTALL_SCRIPT = Path(__file__).with_name("install-debian.sh")
 #: the networks are 10.213.N.0/24 (N picked at random per network)
@@ -229,7 +231,8 @@ def _setns(fd: int) -> None:
 @contextlib.contextmanager
 def entered(host: Host) -> Iterator[None]:
     """The calling thread in ``host``'s namespace for the block (sockets opened in it
-    are the host's; threads started in it inherit the namespace), then back."""
+    are the host's; threads started in it inherit the namespace), then back — and Trio's
+    worker threads with it (``_bring_workers_home``)."""
     with open("/proc/thread-self/ns/net") as home:
         with open(f"/run/netns/{host.namespace}") as target:
             _setns(target.fileno())
@@ -237,3 +240,23 @@ def entered(host: Host) -> Iterator[None]:
             yield
         finally:
             _setns(home.fileno())
+            _bring_workers_home(home.fileno())
+
+
+def _bring_workers_home(home: int) -> None:
+    """Trio keeps its worker threads for later jobs, and one started in the block is in
+    the host's namespace: a child process a later test spawns from it (Trio forks in a
+    worker thread) would start there, its 127.0.0.1 not this one's. So every idle worker
+    is given a job that moves it back to ``home``: as many jobs at once as there are
+    Trio worker threads, and one more, each holding its thread until all have moved, so
+    that no thread takes two."""
+    count = 1 + sum(1 for t in threading.enumerate() if t.name.startswith("Trio thread"))
+    moved = threading.Barrier(count + 1)
+
+    def move() -> None:
+        _setns(home)
+        moved.wait(COMMAND_TIMEOUT_S)
+
+    for _ in range(count):
+        trio.lowlevel.start_thread_soon(move, lambda _outcome: None)
+    moved.wait(COMMAND_TIMEOUT_S)
