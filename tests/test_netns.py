@@ -9,6 +9,7 @@ iptables that can be installed).
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -35,18 +36,35 @@ async def child_namespace() -> str:
     return done.stdout.decode().strip()
 
 
-async def test_a_child_spawned_after_the_block_is_in_this_namespace(
+async def worker_namespaces() -> set[str]:
+    """The network namespaces of Trio's worker threads: one more job at once than there
+    are worker threads, each holding its thread until all run (so every idle worker
+    takes one, and at least one thread is started now)."""
+    count = 1 + sum(1 for t in threading.enumerate() if t.name.startswith("Trio thread"))
+    running = threading.Barrier(count)
+    seen: set[str] = set()
+
+    def job() -> None:
+        seen.add(os.readlink("/proc/thread-self/ns/net"))
+        running.wait(10)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(count):
+            nursery.start_soon(trio.to_thread.run_sync, job)
+    return seen
+
+
+async def test_trio_workers_and_children_are_back_in_this_namespace_after_the_block(
     network: netns.Network,
 ) -> None:
     host = network.add("h1")
     home = os.readlink("/proc/thread-self/ns/net")
     with netns.entered(host):
-        inside = await child_namespace()  # (a Trio worker thread started in there)
-        await trio.to_thread.run_sync(os.getpid)
-    assert inside != home
+        inside = await worker_namespaces()
+    assert inside - {home}, "no worker thread was started in the host's namespace"
     assert os.readlink("/proc/thread-self/ns/net") == home
+    assert await worker_namespaces() == {home}
     assert await child_namespace() == home
-    assert await trio.to_thread.run_sync(os.readlink, "/proc/thread-self/ns/net") == home
 
 
 def test_network_numbers_are_never_shared_while_held(network: netns.Network) -> None:
