@@ -352,14 +352,20 @@ class ClientInstance:
                 return what
         return None
 
-    async def fetch_route(self, topic: str) -> TopicRouteData | None:
-        """The topic's route from a nameserver; None if no broker serves it."""
+    async def fetch_route(self, topic: str, addr: str | None = None) -> TopicRouteData | None:
+        """The topic's route from a nameserver (the one in use, or the next that answers;
+        ``addr`` alone if given); None if no broker serves it. NameServerUnavailableError
+        (RemotingError when ``addr`` is given), BrokerError for another refusal,
+        BodyError for a body that does not decode."""
         request = self.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, GetRouteInfoRequestHeader(topic))
-        response = await self.invoke_namesrv(request)
+        if addr is None:
+            response = await self.invoke_namesrv(request)
+        else:
+            response = await self.remoting.invoke(addr, request, self.config.request_timeout_s)
         if response.code == ResponseCode.TOPIC_NOT_EXIST:
             return None
         if response.code != ResponseCode.SUCCESS:
-            raise BrokerError(response.code, response.remark, self.namesrv_addr)
+            raise BrokerError(response.code, response.remark, addr or self.namesrv_addr)
         return decode_body(TopicRouteData, response.body)
 
     async def update_route(self, topic: str, *, keep_known: bool = False) -> TopicRouteData | None:
@@ -415,19 +421,15 @@ class ClientInstance:
         the fewest such groups, if fewer, is used (and its nameserver from then on);
         else ``route`` (no nameserver knows better: a failover under way)."""
         addrs = self.config.namesrv_addrs
-        request = self.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, GetRouteInfoRequestHeader(topic))
         best: tuple[int, int, TopicRouteData] | None = None
         for i in range(1, len(addrs)):
             index = (self._namesrv_index + i) % len(addrs)
             try:
-                response = await self.remoting.invoke(
-                    addrs[index], request, self.config.request_timeout_s
-                )
-                if response.code != ResponseCode.SUCCESS:
-                    continue
-                other = decode_body(TopicRouteData, response.body)
-            except (RemotingError, BodyError) as exc:
+                other = await self.fetch_route(topic, addrs[index])
+            except (RemotingError, BrokerError, BodyError) as exc:
                 log.debug("asking nameserver %s for %s failed: %s", addrs[index], topic, exc)
+                continue
+            if other is None:
                 continue
             other_stale = self._stale_groups(other)
             if other_stale < (stale if best is None else best[0]):
