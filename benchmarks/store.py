@@ -108,8 +108,12 @@ async def store_group_commit(directory: Path, count: int, appenders: int) -> tup
 
         async def appender(k: int) -> None:
             for i in range(k, count, appenders):
-                result = await store.put_message(_message(body, i))
-                assert result.status.value == "PUT_OK", result
+                message = _message(body, i)
+                ticket = store.durability.ticket(message.wait_store_ok)
+                result = store.put_message_nowait(message)
+                assert ticket is not None and result.append is not None, result
+                status, remark = await ticket.result(result.append.end_offset)
+                assert status.value == "PUT_OK", remark
 
         start = time.perf_counter()
         async with trio.open_nursery() as workers:

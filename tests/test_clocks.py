@@ -38,7 +38,7 @@ from hamq.protocol.message import (
 from hamq.store import MessageStore
 from hamq.store.schedule import SEEN_GRAIN_S, SeenMarks
 from tests.support.brokers import broker_config
-from tests.support.store import message, open_store, small_config
+from tests.support.store import message, open_store, put, small_config
 from tests.support.timing import wait_for
 
 HOUR_MS = 3_600_000
@@ -84,7 +84,7 @@ def delivered(store: MessageStore, queue_id: int) -> list[StoredMessage]:
 
 
 async def put_delayed(store: MessageStore, body: str) -> None:
-    result = await store.put_message(message(queue_id=1, body=body.encode(), DELAY="3"))
+    result = await put(store, message(queue_id=1, body=body.encode(), DELAY="3"))
     assert result.append is not None, result
 
 
@@ -175,7 +175,7 @@ def transactions(store: MessageStore, directory: Path, wall: WallClock) -> Trans
 
 async def put_half(store: MessageStore, body: str, **properties: str) -> None:
     half = half_message(message("T", body=body.encode(), UNIQ_KEY=body, **properties), "PG")
-    result = await store.put_message(half)
+    result = await put(store, half)
     assert result.append is not None, result
 
 

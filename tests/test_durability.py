@@ -279,5 +279,6 @@ async def test_the_replica_policy_follows_the_configured_role(tmp_path: Path, ro
         assert node.ha_service is not None
         waits: Any = node.ha_service.transfer.waits()
         assert waits is (role == "SYNC_MASTER")
-        assert node.store.durability.waits(wait_store_ok=True) is (role == "SYNC_MASTER")
-        assert not node.store.durability.waits(wait_store_ok=False)
+        ticket = node.store.durability.ticket(wait_store_ok=True)
+        assert (ticket is not None) is (role == "SYNC_MASTER")
+        assert node.store.durability.ticket(wait_store_ok=False) is None

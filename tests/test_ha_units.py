@@ -13,7 +13,7 @@ import trio.testing
 from hamq.ha.epoch import EpochFile, EpochFileError, consistent_point
 from hamq.ha.states import IllegalTransition, StateMachine
 from hamq.protocol.ha_wire import EpochEntry, HAState
-from hamq.store.durability import OffsetWaiters
+from hamq.store.offset_waiters import OffsetWaiters
 
 
 def entries(*pairs: tuple[int, int]) -> list[EpochEntry]:

@@ -199,14 +199,16 @@ async def test_sends_waiting_for_replicas_are_never_acknowledged_after_stepping_
         roles, transfer = node.roles, node.ha_service.transfer
         roles.own_id = 3
         await roles.become_master(1, "test", frozenset({3, 4, 5}))
+        ticket = node.store.durability.ticket(wait_store_ok=True)
+        assert ticket is not None
         stored = node.store.put_message_nowait(MessageToStore("T", 0, b"x")).append
         assert stored is not None
         end = stored.end_offset
-        outcome: list[bool] = []
-        transfer.notify(end, outcome.append)
+        outcome: list[PutMessageStatus] = []
+        ticket.wait(end, lambda status, _remark: outcome.append(status))
         transfer._acked_upto = lambda: [(4, end)]  # (slave 4's ack; 5 has sent none)
         transfer.slave_acked(end)
         assert outcome == []  # still waiting for 5
         await roles.become_slave("another broker was elected")
-        assert outcome == [False]
+        assert outcome == [PutMessageStatus.FLUSH_SLAVE_TIMEOUT]
         assert roles.answer_refusal(replicated=False, now=trio.current_time()) is not None

@@ -29,7 +29,7 @@ from hamq.store import (
 from hamq.store import segment as segment_module
 from hamq.store.message_store import StoreLockedError
 from hamq.store.segment import Segment, StoreError
-from tests.support.store import SEGMENT, message, open_store, put_many, small_config
+from tests.support.store import SEGMENT, message, open_store, put, put_many, small_config
 from tests.support.timing import virtual_clock, wait_for
 
 
@@ -88,7 +88,7 @@ async def test_messages_and_offsets_survive_a_restart(tmp_path: Path) -> None:
         assert store.recovery is not None and store.recovery.clean
         assert store.commitlog_max_offset == end
         assert bodies(store, 2, 45, 2) == [b"m182", b"m186"]
-        result = await store.put_message(message(queue_id=2, body=b"after-restart"))
+        result = await put(store, message(queue_id=2, body=b"after-restart"))
         assert result.append is not None and result.append.queue_offset == 50
         [by_key] = store.query_message("T", "k123", 5)
         assert by_key.body.startswith(b"m123.")
@@ -105,7 +105,7 @@ async def test_a_pull_reads_records_back_to_back_as_one_view_and_checks_the_rest
     config = small_config(tmp_path, max_transfer_count=1000, max_transfer_bytes=4 * SEGMENT)
     async with open_store(config) as store:
         for i in range(300):  # queue 0: runs of 5 in a row; queue 1: one record at a time
-            await store.put_message(message(queue_id=0 if i % 6 else 1, body=b"%d." % i * 700))
+            await put(store, message(queue_id=0 if i % 6 else 1, body=b"%d." % i * 700))
         await settle(store)
         assert store.commitlog_max_offset > 2 * SEGMENT  # the queues span segments
 
@@ -141,7 +141,7 @@ async def test_pulls_of_checked_and_unchecked_records_take_what_the_budgets_allo
     async with open_store(config) as store:
         for i in range(400):
             body = b"%d." % i + b"x" * rng.choice([10, 300, 3000])
-            await store.put_message(message(queue_id=i % 3 and 1, body=body))
+            await put(store, message(queue_id=i % 3 and 1, body=body))
         await settle(store)
     async with open_store(config) as store:  # nothing checked yet
         queue = store.queues.get("T", 1)
@@ -230,7 +230,7 @@ async def test_a_torn_tail_is_copied_aside_and_cut(tmp_path: Path) -> None:
         assert store.commitlog_max_offset == end
         assert store.recovery is not None and store.recovery.truncated == (end, end + len(torn))
         assert sum(store.max_offset_in_queue("T", q) for q in range(4)) == 10
-        result = await store.put_message(message(body=b"next"))
+        result = await put(store, message(body=b"next"))
         assert result.append is not None and result.append.physical_offset == end
     assert (tmp_path / "torn" / f"{end:020d}.tail").read_bytes() == torn
 
@@ -241,12 +241,12 @@ async def test_sync_flush_group_commit(tmp_path: Path) -> None:
         assert store.flush is not None
         results = []
 
-        async def put(i: int) -> None:
-            results.append(await store.put_message(message(queue_id=i % 4, body=b"x" * 100)))
+        async def put_one(i: int) -> None:
+            results.append(await put(store, message(queue_id=i % 4, body=b"x" * 100)))
 
         async with trio.open_nursery() as nursery:
             for i in range(64):
-                nursery.start_soon(put, i)
+                nursery.start_soon(put_one, i)
         assert all(r.status is PutMessageStatus.PUT_OK for r in results)
         assert store.flush.flushed_offset >= max(r.append.end_offset for r in results if r.append)
         assert store.flush.rounds < 64  # puts shared their fsyncs
@@ -271,7 +271,7 @@ async def test_a_slow_fsync_gives_flush_disk_timeout_and_keeps_the_data(
         start = trio.current_time()
         try:
             with trio.fail_after(10):
-                result = await store.put_message(message(body=b"slow disk"))
+                result = await put(store, message(body=b"slow disk"))
             assert result.status is PutMessageStatus.FLUSH_DISK_TIMEOUT
             assert trio.current_time() - start >= 0.2
             assert result.append is not None  # stored nonetheless
@@ -286,8 +286,8 @@ async def test_a_delayed_message_is_delivered_after_its_level(
 ) -> None:
     config = small_config(tmp_path, message_delay_level="1s 5s 10s")
     async with open_store(config, clock=virtual_clock()) as store:
-        sent = await store.put_message(
-            message(queue_id=2, body=b"later", DELAY="3", UNIQ_KEY="ID-1", TAGS="t")
+        sent = await put(
+            store, message(queue_id=2, body=b"later", DELAY="3", UNIQ_KEY="ID-1", TAGS="t")
         )
         assert sent.append is not None
         start = trio.current_time()
@@ -308,7 +308,7 @@ async def test_a_delayed_message_is_delivered_after_its_level(
         assert trio.current_time() - start < 10.3
         assert store.delay_offsets() == {3: 1}
         # a level past the last one is capped at the last
-        await store.put_message(message(queue_id=0, body=b"capped", DELAY="99"))
+        await put(store, message(queue_id=0, body=b"capped", DELAY="99"))
         await settle(store)
         assert store.max_offset_in_queue(SCHEDULE_TOPIC, 2) == 2
     offsets = (tmp_path / "config" / "delayOffset.json").read_text()
@@ -353,22 +353,22 @@ async def test_retention_deletes_old_segments_once_nobody_needs_them(
 
 async def test_bad_puts_are_refused_with_a_named_status(tmp_path: Path) -> None:
     async with open_store(small_config(tmp_path)) as store:
-        too_big = await store.put_message(message(body=b"x" * (64 * 1024 + 1)))
+        too_big = await put(store, message(body=b"x" * (64 * 1024 + 1)))
         assert too_big.status is PutMessageStatus.MESSAGE_ILLEGAL
         assert "over max_message_bytes 65536" in too_big.remark
-        huge_properties = await store.put_message(message(big="p" * 40_000))
+        huge_properties = await put(store, message(big="p" * 40_000))
         assert huge_properties.status is PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
         # the status follows the error's type, not its text: this one names the key
-        illegal_key = await store.put_message(message(**{"properties of\x01": "v"}))
+        illegal_key = await put(store, message(**{"properties of\x01": "v"}))
         assert illegal_key.status is PutMessageStatus.MESSAGE_ILLEGAL
         assert "may not contain" in illegal_key.remark
-        bad_delay = await store.put_message(message(DELAY="soon"))
+        bad_delay = await put(store, message(DELAY="soon"))
         assert bad_delay.status is PutMessageStatus.MESSAGE_ILLEGAL
         assert not (too_big.stored or huge_properties.stored or bad_delay.stored)
         assert not illegal_key.stored
         assert store.commitlog_max_offset == 0
     async with open_store(small_config(tmp_path, role=BrokerRole.SLAVE)) as slave:
-        refused = await slave.put_message(message())
+        refused = await put(slave, message())
         assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
 
 
@@ -535,7 +535,7 @@ async def test_truncate_drops_records_everywhere_and_appends_continue(tmp_path: 
         await settle(store)
         await store.truncate(offsets[60])
         assert store.commitlog_max_offset == offsets[60]
-        other = await store.put_message(message(topic="Other", queue_id=0))
+        other = await put(store, message(topic="Other", queue_id=0))
         assert other.append is not None
         await store.wait_dispatched()
         with pytest.raises(StoreError, match="no record starts there"):
@@ -546,7 +546,7 @@ async def test_truncate_drops_records_everywhere_and_appends_continue(tmp_path: 
         await store.truncate(offsets[60])
         assert [store.max_offset_in_queue("T", q) for q in range(4)] == [15, 15, 15, 15]
         assert store.query_message("T", "k70", 3) == []
-        result = await store.put_message(message(queue_id=0, body=b"new", KEYS="k70"))
+        result = await put(store, message(queue_id=0, body=b"new", KEYS="k70"))
         assert result.append is not None
         assert (result.append.physical_offset, result.append.queue_offset) == (offsets[60], 15)
         await settle(store)
@@ -561,7 +561,7 @@ async def test_offset_by_time_and_store_times(
     async with open_store(small_config(tmp_path), clock=clock) as store:
         stamps = []
         for _ in range(10):
-            result = await store.put_message(message(queue_id=0))
+            result = await put(store, message(queue_id=0))
             assert result.append is not None
             stamps.append(result.append.store_timestamp)
             await trio.sleep(1)

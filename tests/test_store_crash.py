@@ -21,7 +21,7 @@ WRITER = """
 import sys, trio
 from hamq.store import FlushDiskType, MessageStore, MessageToStore
 sys.path.insert(0, sys.argv[3])
-from tests.support.store import small_config
+from tests.support.store import put, small_config
 
 async def main():
     config = small_config(sys.argv[1], flush_disk_type=FlushDiskType(sys.argv[2]))
@@ -32,7 +32,7 @@ async def main():
         i = 0
         while True:
             body = f"record-{i}|".encode() + bytes(range(256)) * (1 + i % 7)
-            result = await store.put_message(
+            result = await put(store,
                 MessageToStore(topic="T", queue_id=i % 4, body=body, properties={"KEYS": f"k{i}"})
             )
             assert result.append is not None, result

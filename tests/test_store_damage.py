@@ -29,7 +29,7 @@ from hamq.store.checkpoint import MetadataFileError
 from hamq.store.consume_queue import ENTRY_SIZE
 from hamq.store.segment import StoreError
 from tests.support.brokers import namesrv, running_broker
-from tests.support.store import SEGMENT, message, open_store, put_many, small_config
+from tests.support.store import SEGMENT, message, open_store, promote, put, put_many, small_config
 
 # ---------------------------------------------------------------- helpers
 
@@ -210,7 +210,7 @@ async def test_a_damaged_consume_queue_is_rebuilt_at_start(
             for offset in (0, 99, 100, 150, 199, 200, 249):
                 got = store.get_message("g", "T", 0, offset, 1)
                 assert bodies_of(got.body) == [f"m{2 * offset}"], (offset, got)
-            result = await store.put_message(message(queue_id=0, body=b"new"))
+            result = await put(store, message(queue_id=0, body=b"new"))
             assert result.append is not None and result.append.queue_offset == 250
             assert store.recovery is not None and store.recovery.rebuilt_queues == ("T/0",)
     assert "consume queue T/0" in caplog.text and "rebuilt" in caplog.text
@@ -280,7 +280,7 @@ async def test_invalid_json_in_the_delay_offsets_uses_the_previous_copy(
     config = small_config(tmp_path, message_delay_level="1h 2h")
     async with open_store(config) as master:
         for level in (1, 2) * 10:  # none of them due during the test
-            result = await master.put_message(message(body=b"later", DELAY=str(level)))
+            result = await put(master, message(body=b"later", DELAY=str(level)))
             assert result.status is PutMessageStatus.PUT_OK
     async with open_store(attrs.evolve(config, role=BrokerRole.SLAVE)) as slave:
         await slave.replace_delay_offsets({1: 5, 2: 7})  # copies of its master's
@@ -322,7 +322,7 @@ async def test_crash_recovery_passes_over_one_damaged_record_and_keeps_the_rest(
             found, skipped = read_all(store, 1)
             assert found == [f"m{i}" for i in range(1, 900, 3) if i != victim]
             assert skipped == 1
-            result = await store.put_message(message(queue_id=1, body=b"next"))
+            result = await put(store, message(queue_id=1, body=b"next"))
             assert result.append is not None
             assert (result.append.queue_offset, result.append.physical_offset) == (300, end)
     [copy] = (tmp_path / "torn").iterdir()
@@ -351,7 +351,7 @@ async def test_two_damaged_records_in_a_row_are_a_torn_tail_and_cut(tmp_path: Pa
         assert store.max_offset_in_queue("T", 1) == 300
         found, skipped = read_all(store, 1)
         assert found == [f"m{i}" for i in range(1, 400, 3)] and skipped == 0
-        result = await store.put_message(message(queue_id=1, body=b"new"))
+        result = await put(store, message(queue_id=1, body=b"new"))
         assert result.append is not None and result.append.queue_offset == 300
 
 
@@ -363,7 +363,7 @@ async def test_put_status_is_unchanged_for_damage_elsewhere(tmp_path: Path) -> N
         offsets = await put_many(store, 10, queues=1, padding=500)
     flip(tmp_path, offsets[3], "topic")
     async with open_store(config) as store:
-        result = await store.put_message(message(body=b"after"))
+        result = await put(store, message(body=b"after"))
         assert result.status is PutMessageStatus.PUT_OK
         await store.wait_dispatched()
         found, skipped = read_all(store)
@@ -429,8 +429,8 @@ async def test_a_slave_passes_over_a_damaged_record_it_receives_and_goes_on(
             assert found == [f"m{i}" for i in range(1, 30, 3) if i != victim]
             assert skipped == 1
             assert slave.statistics().damaged_records_dispatched == 1
-            await slave.set_master(True)
-            result = await slave.put_message(message(queue_id=1, body=b"next"))
+            await promote(slave)
+            result = await put(slave, message(queue_id=1, body=b"next"))
             assert result.append is not None and result.append.queue_offset == 10
     assert f"damaged record at commitlog offset {offsets[victim]}" in caplog.text
 
@@ -500,8 +500,8 @@ async def test_a_replicated_record_with_a_bad_body_crc_is_passed_over_by_pulls(
         with trio.fail_after(5):
             await slave.wait_dispatched()
         assert slave.statistics().damaged_records_dispatched == 0
-        await slave.set_master(True)
-        assert (await slave.put_message(message(queue_id=1, body=b"m30."))).stored
+        await promote(slave)
+        assert (await put(slave, message(queue_id=1, body=b"m30."))).stored
         await slave.wait_dispatched()
         for _ in range(2):
             found, skipped = read_all(slave, 1)

@@ -25,7 +25,7 @@ from hamq.store.commitlog import CommitLog
 from hamq.store.consume_queue import ENTRY_SIZE, MAX_CHECKED_RANGES, CheckedRanges
 from hamq.store.index import IndexService
 from hamq.store.segment import Segment, StoreError, fsync_directory
-from tests.support.store import SEGMENT, message, open_store, put_many, small_config
+from tests.support.store import SEGMENT, message, open_store, put, put_many, small_config
 from tests.support.timing import virtual_clock
 
 
@@ -132,7 +132,7 @@ async def test_delay_offsets_past_their_queue_move_back_to_its_end(
     (tmp_path / "config").mkdir(parents=True)
     (tmp_path / "config" / "delayOffset.json").write_text(json.dumps({"offsetTable": {"1": 9}}))
     async with open_store(config, clock=virtual_clock()) as store:
-        await store.put_message(message(queue_id=0, body=b"late", DELAY="1"))
+        await put(store, message(queue_id=0, body=b"late", DELAY="1"))
         await trio.sleep(5)
         assert store.max_offset_in_queue(SCHEDULE_TOPIC, 0) == 1
         assert store.max_offset_in_queue("T", 0) == 1  # delivered after all
@@ -205,9 +205,9 @@ def test_dropping_segments_newest_first_never_leaves_a_gap(
 async def test_bad_topic_names_are_refused_before_they_reach_disk(tmp_path: Path) -> None:
     async with open_store(small_config(tmp_path / "store")) as store:
         for topic in ("", "bad\x00topic", "../../escaped", "a/b", "t" * 128, "spaces here"):
-            result = await store.put_message(message(topic=topic))
+            result = await put(store, message(topic=topic))
             assert result.status is PutMessageStatus.MESSAGE_ILLEGAL, topic
-        ok = await store.put_message(message(topic="%RETRY%group|x-y_z"))
+        ok = await put(store, message(topic="%RETRY%group|x-y_z"))
         assert ok.status is PutMessageStatus.PUT_OK
         assert store.running
     assert sorted(os.listdir(tmp_path)) == ["store"]  # nothing written outside the store

@@ -25,7 +25,7 @@ from hamq.store import GetMessageStatus, MessageStore, MessageToStore, PutMessag
 from hamq.store import recovery as recovery_module
 from hamq.store.config import BrokerRole
 from hamq.store.segment import StoreCorruptionError, StoreError
-from tests.support.store import SEGMENT, message, open_store, put_many, small_config
+from tests.support.store import SEGMENT, message, open_store, put, put_many, small_config
 from tests.support.timing import wait_for
 
 # ---------------------------------------------------------------- helpers
@@ -49,8 +49,8 @@ def read_topic(store: MessageStore, topic: str, queues: int = 4) -> list[str]:
 
 async def put_bodies(store: MessageStore, topic: str, bodies: list[str], queues: int = 4) -> None:
     for i, body in enumerate(bodies):
-        result = await store.put_message(
-            message(topic, queue_id=i % queues, body=f"{body}.".encode(), KEYS=f"key-{body}")
+        result = await put(
+            store, message(topic, queue_id=i % queues, body=f"{body}.".encode(), KEYS=f"key-{body}")
         )
         assert result.status is PutMessageStatus.PUT_OK, result
 
@@ -156,8 +156,8 @@ async def test_delayed_and_uncommitted_messages_of_a_deleted_topic_stay_gone(
     config = small_config(tmp_path, message_delay_level="1s")
     async with open_store(config) as store:
         delayed = message("T", body=b"late.", DELAY="1")
-        assert (await store.put_message(delayed)).status is PutMessageStatus.PUT_OK
-        half = await store.put_message(message("T", body=b"half."))
+        assert (await put(store, delayed)).status is PutMessageStatus.PUT_OK
+        half = await put(store, message("T", body=b"half."))
         assert half.append is not None
         await store.delete_topic("T")
         commit = MessageToStore(
@@ -167,7 +167,7 @@ async def test_delayed_and_uncommitted_messages_of_a_deleted_topic_stay_gone(
             sys_flag=SYSFLAG_TRANSACTION_COMMIT,
             prepared_transaction_offset=half.append.physical_offset,
         )
-        refused = await store.put_message(commit)
+        refused = await put(store, commit)
         assert refused.status is PutMessageStatus.MESSAGE_ILLEGAL
         assert "deleted after this transaction's half message" in refused.remark
         assert store.schedule is not None
@@ -179,7 +179,7 @@ async def test_no_one_sends_to_the_deletions_topic_or_deletes_a_topic_on_a_slave
     tmp_path: Path,
 ) -> None:
     async with open_store(small_config(tmp_path)) as store:
-        forged = await store.put_message(message("HAMQ_SYS_TOPIC_DELETION", body=b"T"))
+        forged = await put(store, message("HAMQ_SYS_TOPIC_DELETION", body=b"T"))
         assert forged.status is PutMessageStatus.MESSAGE_ILLEGAL
         with pytest.raises(StoreError, match="reserved"):
             await store.delete_topic("HAMQ_SYS_TOPIC_DELETION")
@@ -231,7 +231,7 @@ async def test_a_queue_that_lost_files_far_from_the_logs_end_is_rebuilt(
         assert store.recovery is not None
         assert store.recovery.rebuilt_queues == ("Old/0", "Old/1")
         assert read_topic(store, "Old", 2) == sorted(f"o{i}" for i in range(250))
-        result = await store.put_message(message("Old", queue_id=0, body=b"next."))
+        result = await put(store, message("Old", queue_id=0, body=b"next."))
         assert result.append is not None and result.append.queue_offset == 125
 
 
@@ -261,7 +261,7 @@ async def test_offsets_of_records_a_crash_cut_are_not_handed_out_again(
         for q in range(4):
             assert store.max_offset_in_queue("T", q) == 50
             assert read_queue(store, "T", q) == [b for b in seen[q] if int(b[1:]) < 195]
-        new = await store.put_message(message("T", queue_id=3, body=b"new."))
+        new = await put(store, message("T", queue_id=3, body=b"new."))
         assert new.append is not None and new.append.queue_offset == 50
         await store.wait_dispatched()
         assert read_queue(store, "T", 3, 48) == ["new"]  # placeholders passed over
@@ -312,9 +312,7 @@ async def test_a_damaged_tail_after_a_clean_stop_is_cut_as_after_a_crash(
             assert report.commitlog_end == offsets[95]
             assert sum(stop - first for first, stop in report.lost_offsets.values()) == 5
             assert len(read_topic(store, "T")) == 95
-            assert (await store.put_message(message(body=b"new."))).status is (
-                PutMessageStatus.PUT_OK
-            )
+            assert (await put(store, message(body=b"new."))).status is (PutMessageStatus.PUT_OK)
     assert f"stopped cleanly at {end} but its records end at {offsets[95]}" in caplog.text
     if damage == "random bytes":
         [copy] = report.torn_copy

@@ -41,7 +41,7 @@ from tests.support.processes import (
     stop,
     write_toml,
 )
-from tests.support.store import message, open_store, small_config
+from tests.support.store import message, open_store, put, small_config
 from tests.support.timing import wait_for
 
 TIMEOUT_S = 10.0
@@ -108,7 +108,7 @@ async def test_idle_consume_queue_files_are_unmapped_and_hold_no_descriptor(
         for round_ in range(3):
             for topic, bodies in sent.items():
                 body = f"{topic}-{round_}".encode()
-                result = await store.put_message(message(topic, body=body))
+                result = await put(store, message(topic, body=body))
                 assert result.status is PutMessageStatus.PUT_OK, result
                 bodies.append(body)
             await store.wait_dispatched()
@@ -127,7 +127,7 @@ async def test_idle_consume_queue_files_are_unmapped_and_hold_no_descriptor(
         assert len(descriptors_under(os.getpid(), queue_dir)) <= MAPPED + SYNCING
         for topic, bodies in sent.items():
             assert await read_queue(store, topic) == bodies
-        result = await store.put_message(message("T0", body=b"after the restart"))
+        result = await put(store, message("T0", body=b"after the restart"))
         assert result.status is PutMessageStatus.PUT_OK and result.append is not None
         assert result.append.queue_offset == 3
         nursery.cancel_scope.cancel()
@@ -295,20 +295,20 @@ async def test_a_full_disk_pauses_dispatching_refuses_sends_and_both_resume_by_t
     config = small_config(tmp_path)
     acknowledged: dict[str, list[bytes]] = {"A": [], "B": []}
 
-    async def put(topic: str, body: bytes) -> PutMessageStatus:
-        result = await store.put_message(message(topic, body=body))
+    async def put_acked(topic: str, body: bytes) -> PutMessageStatus:
+        result = await put(store, message(topic, body=body))
         if result.stored:
             acknowledged[topic].append(body)
         return result.status
 
     async with open_store(config) as store:
-        assert await put("A", b"a0") is PutMessageStatus.PUT_OK
+        assert await put_acked("A", b"a0") is PutMessageStatus.PUT_OK
         await store.wait_dispatched()
         disk.full = True
-        assert await put("B", b"b0") is PutMessageStatus.PUT_OK  # the CommitLog had room
+        assert await put_acked("B", b"b0") is PutMessageStatus.PUT_OK  # the CommitLog had room
         await wait_for(lambda: store.reput.failure is not None)
         assert any("consumequeue" in str(p) for p in disk.refused)
-        refused = await store.put_message(message("A", body=b"refused"))
+        refused = await put(store, message("A", body=b"refused"))
         assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
         assert refused.remark.startswith("disk full: "), refused.remark
         assert "consumequeue/B/0" in refused.remark and "retrying" in refused.remark
@@ -317,8 +317,8 @@ async def test_a_full_disk_pauses_dispatching_refuses_sends_and_both_resume_by_t
         disk.full = False  # space was freed
         await wait_for(lambda: store.reput.failure is None)
         for i in range(1, 4):
-            assert await put("A", b"a%d" % i) is PutMessageStatus.PUT_OK
-            assert await put("B", b"b%d" % i) is PutMessageStatus.PUT_OK
+            assert await put_acked("A", b"a%d" % i) is PutMessageStatus.PUT_OK
+            assert await put_acked("B", b"b%d" % i) is PutMessageStatus.PUT_OK
         await store.wait_dispatched()
         for topic, bodies in acknowledged.items():
             assert await read_queue(store, topic) == bodies
@@ -337,10 +337,10 @@ async def test_a_full_disk_at_an_index_file_loses_no_key(
     monkeypatch.setattr(segment_module, "reserve_blocks", disk)
     config = small_config(tmp_path, index_max_entries=4)  # 3 usable entries a file
     async with open_store(config) as store:
-        assert (await store.put_message(message(KEYS="k0 k00"))).stored
+        assert (await put(store, message(KEYS="k0 k00"))).stored
         await store.wait_dispatched()
         disk.full = True
-        assert (await store.put_message(message(KEYS="k1 k2"))).stored  # 2 keys, 1 entry left
+        assert (await put(store, message(KEYS="k1 k2"))).stored  # 2 keys, 1 entry left
         await wait_for(lambda: store.reput.failure is not None)
         assert any("index" in str(p) for p in disk.refused)
         disk.full = False
@@ -386,7 +386,7 @@ async def test_a_batch_stopped_by_a_full_disk_at_a_segment_end_keeps_what_it_wro
 
 async def put_all(store: MessageStore, messages: list[tuple[str, str]]) -> None:
     for topic, body in messages:
-        result = await store.put_message(message(topic, body=body.encode()))
+        result = await put(store, message(topic, body=body.encode()))
         assert result.status is PutMessageStatus.PUT_OK, result
 
 
@@ -416,7 +416,7 @@ async def test_a_store_started_on_a_full_disk_serves_what_it_dispatched_and_resu
         assert store.recovery.paused.startswith("disk full: ")
         assert await read_queue(store, "A") == bodies("a0", "a1", "a2", "a3", "a4")
         assert await read_queue(store, "B") == []
-        refused = await store.put_message(message("A", body=b"refused"))
+        refused = await put(store, message("A", body=b"refused"))
         assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
         assert refused.remark.startswith("disk full: "), refused.remark
         assert "consumequeue/B/0" in refused.remark
@@ -431,7 +431,7 @@ async def test_a_store_started_on_a_full_disk_serves_what_it_dispatched_and_resu
         assert await read_queue(store, "A") == bodies(*(f"a{i}" for i in range(7)))
         assert await read_queue(store, "B") == bodies("b0", "b1", "b2")
         for topic, body, queue_offset in (("A", b"a7", 7), ("B", b"b3", 3)):
-            result = await store.put_message(message(topic, body=body))
+            result = await put(store, message(topic, body=body))
             assert result.append is not None, result
             assert result.append.queue_offset == queue_offset
     async with open_store(config) as store:

@@ -76,7 +76,7 @@ from hamq.remoting import (
     format_address,
     parse_address,
 )
-from hamq.store import BrokerRole, MessageStore, StoreError
+from hamq.store import MessageStore, StoreError
 from hamq.store.files import raise_open_files_limit
 from hamq.store.message_store import wall_clock_ms
 from nameserver import NameServer, NameServerConfig
@@ -108,9 +108,10 @@ class BrokerNode:
         self.config = config
         self._clock = clock
         # the store takes no sends (and delivers no delayed messages) until the broker's
-        # role makes it master: at the end of start-up, or when the controllers say
+        # role (roles.py, which the store reads) makes it master: at the end of start-up,
+        # or when the controllers say
         self.store = MessageStore(
-            attrs.evolve(config.store, role=BrokerRole.SLAVE),
+            config.store,
             clock=self._clock,
             retention_floor=self._retention_floor,
             confirm_offset=self._confirm_offset,

@@ -3,7 +3,11 @@
 Everything that decides whether this broker takes sends lives here (h11's rule for a
 state machine: one module): the role, the broker id it registers as, the refusal of
 sends while a SyncStateSet is too small, and the order in which the role's services
-start and stop. hamq/ha/states.py does the same for the HA slave's connection.
+start and stop. hamq/ha/states.py does the same for the HA slave's connection. The
+store and the HA service keep no copy of the role: they read this object
+(hamq/store/role.py's ``RoleReader``: ``is_master``, ``serves_slaves``), and so do
+the broker's other role-dependent answers (``retention_floor``, ``confirm_offset``,
+``master_ha_status``).
 
     STARTING ──a configured master, serving and registered──────────▶ MASTER
     STARTING ──a configured slave──────────────────────────────────▶ SLAVE
@@ -19,14 +23,15 @@ configured broker keeps the role it started in. Anything else raises
 
 Becoming master, in this order: the HA client stops replicating; (controller mode) a
 partial record a replica's log ends with is trimmed; the new epoch is written at the
-log's end; the HA service serves slaves, and puts wait for the replicas the
-replication mode names (hamq/ha/group_transfer.py's ReplicaPolicy); the store takes
-puts and runs the delayed-message scheduler (once everything is dispatched); only then
-is the role MASTER — sends pass the processors from here — and the listeners
-(registration with the nameservers) hear of it. Becoming slave undoes it in reverse:
-the role first (sends are refused), then the store's puts and scheduler, then the HA
-service's slaves and replica policy; the HA client then follows the new master.
-The master's own services (``master_services``: the transaction check-back,
+log's end; puts wait for the replicas the replication mode names
+(hamq/ha/group_transfer.py's ReplicaPolicy); the HA service serves slaves while the
+store settles (everything dispatched, each queue's next offset from its queue); then
+the role is MASTER — sends pass the processors and the store from here — the store
+runs the delayed-message scheduler, and the listeners (registration with the
+nameservers) hear of it. Becoming slave undoes it in reverse: the role first (sends
+are refused, by the store too), then the store's scheduler, then the HA service's
+replica policy and slaves; the HA client then follows the new master. The master's
+own services (``master_services``: the transaction check-back,
 hamq/broker/transactions.py) start right after the store's scheduler and stop right
 before it. Becoming slave also answers at once every send still waiting for the
 replicas (``SERVICE_NOT_AVAILABLE``: stored here, not known to be on the new master).
@@ -203,17 +208,28 @@ class Roles:
         #: started on becoming master, stopped on becoming slave, next to the scheduler
         self.master_services: list[MasterService] = []
         self.changes = 0
+        #: becoming master: the HA service serves slaves already
+        self._promoting = False
+        store.use_role(self)
         if ha_service is not None:
-            # a configured master's slaves may catch up while it starts (its log is
-            # recovered and takes no sends yet); a controlled broker serves none until
-            # the controllers make it master
-            ha_service.active = not self.controlled
-            store.use_replicas(ha_service.transfer)
+            ha_service.use_role(self)
+            store.use_replicas(ha_service.replica_gate)
 
     # ------------------------------------------------------------------ what it says
     @property
     def is_master(self) -> bool:
+        """Does this broker take sends (the store reads it too: hamq/store/role.py)?"""
         return self.role is Role.MASTER
+
+    @property
+    def serves_slaves(self) -> bool:
+        """Does the HA service serve slaves (it reads this): as master, and while a
+        configured master starts (its slaves may catch up while its recovered log takes
+        no sends yet); a controlled broker serves none until the controllers make it
+        master."""
+        if self.role is Role.MASTER or self._promoting:
+            return True
+        return self.role is Role.STARTING and not self.controlled and self.config.is_master
 
     @property
     def broker_id(self) -> int:
@@ -302,12 +318,11 @@ class Roles:
         self.fenced = fenced
         if fenced:
             log.warning("broker %s: %s", self.config.broker_name, self._lease_lost(now))
-            if self.ha_service is not None:
-                abandoned = self.ha_service.transfer.abandon()
-                if abandoned:
-                    log.warning(
-                        "%d send(s) waiting for replicas answered SERVICE_NOT_AVAILABLE", abandoned
-                    )
+            abandoned = self.store.durability.abandon_replica_waits()
+            if abandoned:
+                log.warning(
+                    "%d send(s) waiting for replicas answered SERVICE_NOT_AVAILABLE", abandoned
+                )
         else:
             log.warning(
                 "broker %s (id %d): takes sends again as master (%s)",
@@ -330,14 +345,14 @@ class Roles:
 
     def _all_ack(self) -> bool:
         service = self.ha_service
-        return service is not None and service.transfer.policy is ReplicaPolicy.SYNC_STATE_SET
+        return service is not None and service.replica_policy is ReplicaPolicy.SYNC_STATE_SET
 
     def _replicas_acking(self, now: float) -> bool:
         """Every broker a SEND_OK waits for is behind by at most
         ``ha_max_time_slave_not_catchup_s`` (hamq/ha/sync_state_set.py)."""
         service = self.ha_service
         assert service is not None
-        must_ack = service.transfer.must_ack
+        must_ack = service.must_ack
         if not must_ack:
             return True
         facts = service.slave_facts(now)
@@ -373,8 +388,9 @@ class Roles:
             log.error("%s", problem)
             raise IllegalRoleChange(problem)
 
-    def _moved(self, before: Role, new: Role, why: str) -> None:
-        self.role = new
+    def _moved(self, before: Role, why: str) -> None:
+        """The role moved from ``before`` (``self.role`` is the new one): log it and
+        tell the listeners."""
         self.changes += 1
         log.log(
             logging.WARNING if self.controlled else logging.INFO,  # (a failover is news)
@@ -382,7 +398,7 @@ class Roles:
             self.config.broker_name,
             self.own_id,
             before.value,
-            new.value,
+            self.role.value,
             why,
         )
         for listener in self.listeners:
@@ -402,15 +418,19 @@ class Roles:
             await store.trim_partial_tail()
         await self.epochs.append(epoch, store.commitlog_max_offset)
         if self.ha_service is not None:
-            self.ha_service.transfer.set_policy(self.replica_policy())
-            self.ha_service.active = True
+            self.ha_service.set_replica_policy(self.replica_policy())
         self.adopt_sync_state_set(sync_state_set)
-        await store.set_master(True)  # (waits until the reput task dispatched everything)
+        if before is not Role.MASTER:
+            self._promoting = True  # (slaves may connect while the store settles)
+            try:
+                await store.prepare_master()  # (until the reput task dispatched everything)
+            finally:
+                self._promoting = False
+        self.role = Role.MASTER  # (sends are taken from here on: the processors, the store)
+        await store.follow_role()  # (the delayed-message scheduler)
         for service in self.master_services:
             await service.set_master(True)
-        self._moved(
-            before, Role.MASTER, f"{why}; epoch {epoch} from offset {store.commitlog_max_offset}"
-        )
+        self._moved(before, f"{why}; epoch {epoch} from offset {store.commitlog_max_offset}")
 
     async def become_slave(self, why: str) -> None:
         """Stop taking sends and serving slaves; the HA client follows whichever master
@@ -419,18 +439,17 @@ class Roles:
         before, self.role = self.role, Role.SLAVE  # (sends are refused from here on)
         self.sends_refused = None
         self.fenced = False
-        if self.ha_service is not None:
-            # (before the policy changes: none of these may be answered SEND_OK now)
-            self.ha_service.transfer.abandon()
+        # (before the policy changes: none of these may be answered SEND_OK now)
+        self.store.durability.abandon_replica_waits()
         for service in self.master_services:
             await service.set_master(False)
-        await self.store.set_master(False)
+        await self.store.follow_role()
         if self.ha_service is not None:
-            self.ha_service.transfer.set_policy(ReplicaPolicy.NONE)
-            self.ha_service.deactivate()
+            self.ha_service.set_replica_policy(ReplicaPolicy.NONE)
+            self.ha_service.drop_slaves()
         if self.ha_client is not None:
             self.ha_client.kick()
-        self._moved(before, Role.SLAVE, why)
+        self._moved(before, why)
 
     def adopt_sync_state_set(
         self, members: frozenset[int], joining: frozenset[int] = frozenset()
@@ -441,10 +460,8 @@ class Roles:
         if not self.controlled:
             return
         service = self.ha_service
-        if service is not None and service.transfer.policy is ReplicaPolicy.SYNC_STATE_SET:
-            service.transfer.set_policy(
-                ReplicaPolicy.SYNC_STATE_SET, members | joining, self.own_id
-            )
+        if service is not None and service.replica_policy is ReplicaPolicy.SYNC_STATE_SET:
+            service.set_replica_policy(ReplicaPolicy.SYNC_STATE_SET, members | joining, self.own_id)
         least = self.config.min_in_sync_replicas
         self.sends_refused = (
             None

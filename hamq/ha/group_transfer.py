@@ -1,7 +1,7 @@
 """The replicas' half of a send's durability wait: who a put waits for, and their acks.
 
 The store decides when a put is answered (hamq/store/durability.py); this module is the
-``ReplicaWaiter`` the broker injects into it, and decides everything replication adds:
+``ReplicaGate`` the broker injects into it, and decides everything replication adds:
 
 - whether a put waits for replicas, by its ``ReplicaPolicy`` (``policy_for``; the
   broker's role sets it, hamq/broker/roles.py): NONE on an ASYNC_MASTER and on a
@@ -13,11 +13,12 @@ The store decides when a put is answered (hamq/store/durability.py); this module
   keep the set to who is in sync, so there is always someone to wait for);
 - what counts as acked: ONE_SLAVE the best admitted slave's ack, SYNC_STATE_SET the
   least of the members' (each ack at most what was sent on that connection: master.py);
-- how long a put waits: ``[ha] sync_timeout_s``, then FLUSH_SLAVE_TIMEOUT; or less,
-  when the broker stops being master or loses its controller lease (``abandon``).
+- how long a put waits: ``[ha] sync_timeout_s``, then FLUSH_SLAVE_TIMEOUT (or less:
+  the broker's role abandons the waits when it stops being master or loses its
+  controller lease, hamq/broker/roles.py).
 
-The waiting itself is the store's ``OffsetWaiters`` (durability.py), the same
-bookkeeping as the flush's: every slave report moves ``reached`` on.
+The waiting itself is the store's (durability.py): every slave report that moves what
+counts as acked is reported into it (``replicated``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import enum
 from collections.abc import Callable, Iterable
 
 from hamq.store import BrokerRole
-from hamq.store.durability import OffsetWaiters
 
 
 class ReplicaPolicy(enum.Enum):
@@ -58,11 +58,13 @@ def slave_ok(*, transferring: bool, ack_offset: int, log_end: int, max_gap: int)
 
 
 class GroupTransfer:
-    """The store's ``ReplicaWaiter`` (hamq/store/durability.py) on a master.
+    """The store's ``ReplicaGate`` (hamq/store/durability.py) on a master.
 
     ``in_sync()`` says whether an admitted slave is in sync; ``acked_upto()`` gives
     (broker id, what counts of its acks) for every admitted slave; ``end()`` is the
-    log's end. The HA service (master.py) provides the three."""
+    log's end. The HA service (master.py) provides the three. ``replicated(offset)``
+    reports to the store that the replicas a put waits for have everything below
+    ``offset``."""
 
     def __init__(
         self,
@@ -71,15 +73,16 @@ class GroupTransfer:
         in_sync: Callable[[], bool],
         acked_upto: Callable[[], Iterable[tuple[int, int]]],
         end: Callable[[], int],
+        replicated: Callable[[int], None],
     ) -> None:
         self.timeout_s = timeout_s
-        self.acks = OffsetWaiters()
         self.policy = ReplicaPolicy.NONE
         #: SYNC_STATE_SET: the members other than this broker that must ack
         self.must_ack: frozenset[int] = frozenset()
         self._in_sync = in_sync
         self._acked_upto = acked_upto
         self._end = end
+        self._replicated = replicated
 
     def set_policy(
         self, policy: ReplicaPolicy, members: frozenset[int] = frozenset(), self_id: int = 0
@@ -90,9 +93,9 @@ class GroupTransfer:
         self.must_ack = (
             members - {self_id} if policy is ReplicaPolicy.SYNC_STATE_SET else frozenset()
         )
-        self.acks.reached(self.replicated_offset())
+        self._replicated(self.replicated_offset())
 
-    # ------------------------------------------------------------------ ReplicaWaiter
+    # ------------------------------------------------------------------ ReplicaGate
     def waits(self) -> bool:
         policy = self.policy
         if policy is ReplicaPolicy.ONE_SLAVE:
@@ -102,23 +105,13 @@ class GroupTransfer:
     def available(self) -> bool:
         return self.policy is ReplicaPolicy.SYNC_STATE_SET or self._in_sync()
 
-    def notify(self, end_offset: int, callback: Callable[[bool], None]) -> None:
-        self.acks.notify(end_offset, callback, self.timeout_s)
-
-    def abandon(self) -> int:
-        """Answer every put waiting for replicas now as not replicated (``notify``'s
-        callback(False)): this broker stopped being master, or lost its lease, and no ack
-        can make those puts safe any more. Returns how many were waiting. The puts stay
-        in the log; what the broker answers them is its own (hamq/broker/roles.py)."""
-        return self.acks.give_up()
-
     # ------------------------------------------------------------------ acks
     def slave_acked(self, offset: int) -> None:
         """A slave's ack now counts up to ``offset``: wake the puts it covers (with a
         SyncStateSet, the ones every member's acks cover)."""
         if self.policy is ReplicaPolicy.SYNC_STATE_SET:
             offset = self.replicated_offset()
-        self.acks.reached(offset)
+        self._replicated(offset)
 
     def replicated_offset(self) -> int:
         """SYNC_STATE_SET: what every member that must ack has (-1 if one has nothing of

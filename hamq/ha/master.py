@@ -43,9 +43,9 @@ the acks' waiters; ``floor`` is what retention may not delete past (the furthest
 slave's ack).
 
 The service listens all the time but serves slaves only while ``active``: the broker's
-role sets it (hamq/broker/roles.py), and ``deactivate`` drops them when it stops being
-master. With a SyncStateSet (allAckInSyncStateSet), the confirm offset is the least of
-its members' acks.
+role says so (hamq/broker/roles.py's ``serves_slaves``, read, never copied), and
+``drop_slaves`` closes them when it stops being master. With a SyncStateSet
+(allAckInSyncStateSet), the confirm offset is the least of its members' acks.
 """
 
 from __future__ import annotations
@@ -90,6 +90,8 @@ from hamq.remoting import RemotingConfig
 from hamq.remoting.address import IPAddress, ip_of
 from hamq.remoting.server import Acceptor
 from hamq.store import MessageStore, StoreError
+from hamq.store.durability import ReplicaGate
+from hamq.store.role import ConfiguredRole, RoleReader
 
 log = logging.getLogger(__name__)
 
@@ -567,16 +569,17 @@ class HAService:
         self._members: MemberCache | None = None
         self.refused_peers = 0
         self.last_refusal: str | None = None
-        #: who a put waits for, and their acks (the store's ReplicaWaiter)
+        #: who a put waits for, and what counts as acked (the store's ReplicaGate)
         self.transfer = GroupTransfer(
             config.sync_timeout_s,
             in_sync=self._any_slave_in_sync,
             acked_upto=lambda: [(c.broker_id, c.acked_upto) for c in self.connections],
             end=lambda: self.store.commitlog_max_offset,
+            replicated=store.durability.replicated,
         )
         self._appended = trio.lowlevel.ParkingLot()
-        #: serving slaves: set by the broker's role (hamq/broker/roles.py), only as master
-        self.active = False
+        #: whose role says whether slaves are served (the broker's: hamq/broker/roles.py)
+        self._role: RoleReader = ConfiguredRole(False)
         #: every line a stranger can provoke at will (refusals, the listener's)
         self.warnings = RateLimitedLog(log)
         #: the listener's connection cap and TLS (the broker's [remoting] settings)
@@ -585,6 +588,36 @@ class HAService:
     @property
     def address(self) -> str:
         return self._format_address(self.host, self.port)
+
+    def use_role(self, role: RoleReader) -> None:
+        """Whose role says whether this service serves slaves (until set: none)."""
+        self._role = role
+
+    @property
+    def active(self) -> bool:
+        """Serving slaves: as the broker's role says (``serves_slaves``)."""
+        return self._role.serves_slaves
+
+    # ------------------------------------------------------------------ who puts wait for
+    @property
+    def replica_gate(self) -> ReplicaGate:
+        """What the store asks whether a put waits for replicas (group_transfer.py)."""
+        return self.transfer
+
+    @property
+    def replica_policy(self) -> ReplicaPolicy:
+        return self.transfer.policy
+
+    @property
+    def must_ack(self) -> frozenset[int]:
+        """SYNC_STATE_SET: the members other than this broker whose acks a put waits for."""
+        return self.transfer.must_ack
+
+    def set_replica_policy(
+        self, policy: ReplicaPolicy, members: frozenset[int] = frozenset(), self_id: int = 0
+    ) -> None:
+        """Puts wait for ``policy``'s replicas from now on (group_transfer.py)."""
+        self.transfer.set_policy(policy, members, self_id)
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -602,7 +635,6 @@ class HAService:
             "[ha] secret" if self.config.secret else "their registration (no [ha] secret)",
         )
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.transfer.acks.run)
             task_status.started(self.port)
             await self._acceptor.serve(listeners, self._serve, nursery)
 
@@ -682,9 +714,9 @@ class HAService:
         self.last_refusal = f"{peer}: {reason}"
         self.warnings.warning("refused", "HA peer %s refused: %s", peer, reason)
 
-    def deactivate(self) -> None:
-        """Stop serving slaves (this broker is no longer master)."""
-        self.active = False
+    def drop_slaves(self) -> None:
+        """Close every slave's connection (this broker is no longer master: its role
+        says so already, so none is admitted again)."""
         for connection in self.connections:
             connection.scope.cancel()
 
@@ -748,8 +780,8 @@ class HAService:
             address=self.address,
             protocol=self.config.protocol.value,
             max_offset=self.store.commitlog_max_offset,
-            acked_offset=self.transfer.acks.reached_offset,
-            waiting_sends=self.transfer.acks.waiting,
+            acked_offset=self.store.durability.replicated_offset,
+            waiting_sends=self.store.durability.waiting_for_replicas,
             slaves=tuple(
                 sorted((c.statistics() for c in self.connections), key=lambda s: s.address)
             ),

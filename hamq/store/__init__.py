@@ -20,7 +20,7 @@ No network code here; the broker drives it through ``MessageStore``
 from hamq.protocol.message import SCHEDULE_TOPIC
 from hamq.store.commitlog import AppendResult
 from hamq.store.config import BrokerRole, FlushDiskType, StoreConfig, parse_delay_levels
-from hamq.store.durability import PutMessageStatus, ReplicaWaiter
+from hamq.store.durability import PutMessageStatus, ReplicaGate, Ticket
 from hamq.store.message_store import (
     GetMessageResult,
     GetMessageStatus,
@@ -31,12 +31,14 @@ from hamq.store.message_store import (
     copy_to_store,
 )
 from hamq.store.reput import DispatchRequest
+from hamq.store.role import ConfiguredRole, RoleReader
 from hamq.store.segment import StoreCorruptionError, StoreError
 
 __all__ = [
     "SCHEDULE_TOPIC",
     "AppendResult",
     "BrokerRole",
+    "ConfiguredRole",
     "DispatchRequest",
     "FlushDiskType",
     "GetMessageResult",
@@ -45,11 +47,13 @@ __all__ = [
     "MessageToStore",
     "PutMessageResult",
     "PutMessageStatus",
-    "ReplicaWaiter",
+    "ReplicaGate",
+    "RoleReader",
     "StoreConfig",
     "StoreCorruptionError",
     "StoreError",
     "StoreStatistics",
+    "Ticket",
     "copy_to_store",
     "parse_delay_levels",
 ]

@@ -24,8 +24,8 @@ import trio
 from hamq.store.checkpoint import Checkpoint, save_checkpoint
 from hamq.store.commitlog import CommitLog
 from hamq.store.config import FlushDiskType, StoreConfig
-from hamq.store.durability import OffsetWaiters
 from hamq.store.index import IndexFile, IndexService
+from hamq.store.offset_waiters import OffsetWaiters
 from hamq.store.reput import ConsumeQueueTable, ReputService
 from hamq.store.segment import Segment
 

@@ -64,7 +64,7 @@ from hamq.store.commitlog import AppendResult, CommitLog
 from hamq.store.config import StoreConfig
 from hamq.store.consume_queue import ConsumeQueue
 from hamq.store.deletions import TopicDeletions
-from hamq.store.durability import Durability, PutMessageStatus, ReplicaWaiter
+from hamq.store.durability import Durability, PutMessageStatus, ReplicaGate
 from hamq.store.extents import QueueExtents, forget_extents, load_extents, save_extents
 from hamq.store.files import DirectoryInUseError, DirectoryLock, fsync_directory
 from hamq.store.flush import FlushService
@@ -73,6 +73,7 @@ from hamq.store.records import is_lost_record
 from hamq.store.recovery import RecoveryReport, recover
 from hamq.store.reput import ConsumeQueueTable, ReputService
 from hamq.store.retention import RetentionService
+from hamq.store.role import ConfiguredRole, RoleReader
 from hamq.store.schedule import ScheduleService, encode_delay_offsets
 from hamq.store.segment import StoreCorruptionError, StoreError
 
@@ -80,8 +81,6 @@ log = logging.getLogger(__name__)
 
 #: entries a get_message scans at most while a tag filter skips them (RocketMQ: 16000)
 MAX_FILTERED_SCAN = 16_000
-#: put_message yields to other tasks once per this many calls
-YIELD_EVERY = 32
 
 
 class StoreLockedError(StoreError):
@@ -268,15 +267,18 @@ class MessageStore:
         #: what a put waits for before it is answered (durability.py: the one place)
         self.durability = Durability(config)
         self._running = False
-        self._master = config.role.is_master
+        #: whose role this store follows (``use_role``): puts are taken, and delayed
+        #: messages delivered, only while it is a master's
+        self.role: RoleReader = ConfiguredRole(config.role.is_master)
         self._nursery: trio.Nursery | None = None
+        #: the scheduler's (cancelled: none runs)
         self._schedule_scope = trio.CancelScope()
+        self._schedule_scope.cancel()
         self._valid_topics: set[str] = set()  # names already checked (a bounded cache)
         #: where the log ended when records were left undispatched (a full disk at
         #: start or at promotion): sends wait until they are, then take their queue
         #: offsets afresh
         self._undispatched_end: int | None = None
-        self._until_yield = YIELD_EVERY
         self._puts = 0
         self._put_failures = 0
         self._gets = 0
@@ -342,16 +344,17 @@ class MessageStore:
                 await nursery.start(self.reput.run)
                 await nursery.start(self.flush.run)
                 await nursery.start(self.retention.run)
+                await nursery.start(self.durability.replica_acks.run)
                 self._running = True
                 self._nursery = nursery
-                if self._master:
+                if self.role.is_master:
                     await nursery.start(self._run_schedule)
                 # (a broker's store starts taking no sends whatever its role: the broker
                 # makes it master once it is serving, and says so itself)
                 log.info(
                     "message store running in %s, %s",
                     config.store_dir,
-                    f"taking sends as {config.role.value}" if self._master else "taking no sends",
+                    "taking sends" if self.role.is_master else "taking no sends",
                 )
                 task_status.started()
                 await trio.sleep_forever()
@@ -398,27 +401,30 @@ class MessageStore:
             self.index.close()
             self._lock.release()
 
-    async def set_master(self, master: bool) -> None:
-        """Take sends and deliver delayed messages (a master), or stop both (a slave).
-        A controller-mode broker switches roles with this."""
-        if master == self._master:
-            return
-        nursery = self._nursery
-        if master:
-            assert nursery is not None, "the store is not running"
-            # a replica's queues grew by dispatch: new sends continue where they end
-            # (if dispatching is paused by a full disk, sends wait until it is done)
-            end = self.commitlog.max_offset
-            if await self.reput.wait_settled(end):
-                self._recover_queue_offsets()
-                self._undispatched_end = None
-            else:
-                self._undispatched_end = end
-        self._master = master
-        if master:
-            assert nursery is not None
-            await nursery.start(self._run_schedule)
+    def use_role(self, role: RoleReader) -> None:
+        """Whose role this store reads (a broker's: hamq/broker/roles.py)."""
+        self.role = role
+
+    async def prepare_master(self) -> None:
+        """Before the role makes this store a master's (a slave's or a starting one's
+        until now): wait until everything in the log is dispatched, so new sends
+        continue each queue where it ends (a replica's queues grew by dispatch); if
+        dispatching is paused by a full disk, sends wait until it is done."""
+        assert self._nursery is not None, "the store is not running"
+        end = self.commitlog.max_offset
+        if await self.reput.wait_settled(end):
+            self._recover_queue_offsets()
+            self._undispatched_end = None
         else:
+            self._undispatched_end = end
+
+    async def follow_role(self) -> None:
+        """The role changed: run the delayed-message scheduler while it is a master's,
+        stop it when it is not."""
+        if self.role.is_master and self._schedule_scope.cancel_called:
+            assert self._nursery is not None, "the store is not running"
+            await self._nursery.start(self._run_schedule)
+        elif not self.role.is_master:
             self._schedule_scope.cancel()
 
     async def delete_topic(self, topic: str) -> int:
@@ -453,10 +459,9 @@ class MessageStore:
                 f"topic {topic}: its deletion is in the log, and is applied once dispatching "
                 f"gets there: {self.reput.failure}"
             )
-        if self.durability.waits(True):
-            answered = trio.Event()
-            if self.durability.wait(appended.end_offset, True, lambda *_: answered.set()):
-                await answered.wait()
+        ticket = self.durability.ticket(True)
+        if ticket is not None:
+            await ticket.result(appended.end_offset)
         return appended.physical_offset
 
     def on_topic_deleted(self, listener: Callable[[str], None]) -> None:
@@ -479,7 +484,7 @@ class MessageStore:
                 await schedule.run(task_status=task_status)  # (persists its offsets at the end)
         finally:
             self.reput.listeners.remove(schedule.on_dispatch)
-            if not self._master:  # demoted (at shutdown _stop persists it after the flush)
+            if not self.role.is_master:  # demoted (at shutdown _stop persists it after the flush)
                 self.schedule = None
 
     def _schedule_service(self) -> ScheduleService:
@@ -571,37 +576,9 @@ class MessageStore:
         else:
             self._put_failures += 1
 
-    def use_replicas(self, replicas: ReplicaWaiter | None) -> None:
+    def use_replicas(self, replicas: ReplicaGate | None) -> None:
         """Who else a put waits for (the broker's replication: hamq/ha/group_transfer.py)."""
         self.durability.replicas = replicas
-
-    async def put_message(self, message: MessageToStore) -> PutMessageResult:
-        """Append, and return once the message is as safe as configured: on disk
-        (SYNC_FLUSH) and on the replicas the broker injected, or the status saying which
-        did not happen in time (durability.py, the decision a broker's sends take too,
-        with a callback where this awaits). The message is stored either way.
-
-        Always a cancellation point; it yields to other tasks every ``YIELD_EVERY`` calls
-        (a full Trio checkpoint per put would cost more than the append itself), so a
-        burst of puts does not starve the dispatch or network tasks.
-        """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        self._until_yield -= 1
-        if self._until_yield <= 0:
-            self._until_yield = YIELD_EVERY
-            await trio.lowlevel.checkpoint()
-        result = self.put_message_nowait(message)
-        if result.append is None or not self.durability.waits(message.wait_store_ok):
-            return result
-        answered = trio.Event()
-
-        def answer(status: PutMessageStatus, remark: str) -> None:
-            result.status, result.remark = status, remark
-            answered.set()
-
-        if self.durability.wait(result.append.end_offset, message.wait_store_ok, answer):
-            await answered.wait()
-        return result
 
     def _refuse(self, status: PutMessageStatus, remark: str) -> PutMessageResult:
         return PutMessageResult(status, None, remark)
@@ -674,7 +651,7 @@ class MessageStore:
         behind after a disk error), None if it takes them."""
         if not self._running:
             return self._refuse(PutMessageStatus.SERVICE_NOT_AVAILABLE, "the store is not running")
-        if not self._master:
+        if not self.role.is_master:
             return self._refuse(
                 PutMessageStatus.SERVICE_NOT_AVAILABLE,
                 "this broker is a slave; send to its master",
@@ -1199,7 +1176,7 @@ class MessageStore:
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(
             running=self._running,
-            role=self.config.role.value,
+            role="MASTER" if self.role.is_master else "SLAVE",
             commitlog_min_offset=self.commitlog.min_offset,
             commitlog_max_offset=self.commitlog.max_offset,
             flushed_offset=self.flush.flushed_offset if self.flush else 0,

@@ -9,7 +9,14 @@ from typing import Any
 
 import trio
 
-from hamq.store import MessageStore, MessageToStore, PutMessageStatus, StoreConfig
+from hamq.store import (
+    ConfiguredRole,
+    MessageStore,
+    MessageToStore,
+    PutMessageResult,
+    PutMessageStatus,
+    StoreConfig,
+)
 
 SEGMENT = 256 * 1024
 
@@ -38,6 +45,28 @@ async def open_store(config: StoreConfig, **kwargs: Any) -> AsyncIterator[Messag
         nursery.cancel_scope.cancel()
 
 
+async def put(store: MessageStore, message: MessageToStore) -> PutMessageResult:
+    """Append ``message`` the way a send does, and return once the store answers it
+    (durability.py's ticket: on disk with SYNC_FLUSH, on the replicas the store was
+    given), its status saying what did not happen in time; the message is stored either
+    way. A checkpoint, so a loop of puts lets the store's tasks run."""
+    await trio.lowlevel.checkpoint()
+    ticket = store.durability.ticket(message.wait_store_ok)
+    result = store.put_message_nowait(message)
+    if result.append is not None and ticket is not None:
+        result.status, result.remark = await ticket.result(result.append.end_offset)
+    return result
+
+
+async def promote(store: MessageStore) -> None:
+    """Make a store on its own (its ``ConfiguredRole``) a master's, in the order a
+    broker's role does (hamq/broker/roles.py): settle, the role, then its scheduler."""
+    assert isinstance(store.role, ConfiguredRole)
+    await store.prepare_master()
+    store.role.is_master = True
+    await store.follow_role()
+
+
 def message(
     topic: str = "T", queue_id: int = 0, body: bytes = b"body", **properties: str
 ) -> MessageToStore:
@@ -53,14 +82,15 @@ async def put_many(
     Each put must be PUT_OK."""
     offsets = []
     for i in range(count):
-        result = await store.put_message(
+        result = await put(
+            store,
             message(
                 queue_id=i % queues,
                 body=f"m{i}.".encode() + b"." * padding,
                 KEYS=f"k{i}",
                 TAGS="odd" if i % 2 else "even",
                 UNIQ_KEY=f"UNIQ{i:06d}",
-            )
+            ),
         )
         assert result.status is PutMessageStatus.PUT_OK, result
         assert result.append is not None, result

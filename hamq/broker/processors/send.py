@@ -2,10 +2,11 @@
 CONSUMER_SEND_MSG_BACK (36). Shapes and codes: shared/PROTOCOL.md §5.1-5.2, §5.9, §6.6.
 
 Appends run inline, in the order requests arrive on a connection (ordered messages
-stay ordered). When the store says a put will wait (hamq/store/durability.py decides:
-its fsync with SYNC_FLUSH, its replicas on a SYNC_MASTER, unless the message's WAIT is
-"false"), the send takes its place in flight before it is stored and is answered when
-the store calls back with the status (SEND_OK, FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT,
+stay ordered). Before it puts, a send asks the store for its durability ticket
+(hamq/store/durability.py decides, in ``Durability.ticket``: its fsync with SYNC_FLUSH,
+its replicas on a SYNC_MASTER, unless the message's WAIT is "false"); with one, the send
+takes its place in flight before it is stored and is answered when the ticket calls
+back with the status (SEND_OK, FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT,
 SLAVE_NOT_AVAILABLE; the message is stored in every case). What the statuses promise:
 SEND_OK, that it is as durable as configured (with a SyncStateSet: on every member);
 FLUSH_SLAVE_TIMEOUT and SLAVE_NOT_AVAILABLE, only that it is on this master — kept if
@@ -394,8 +395,8 @@ class SendProcessor:
         # A send that waits (for its fsync, for a slave's ack) takes its place in flight
         # first: refused for being one too many (SYSTEM_BUSY), it must not be stored.
         store = self.ctx.store
-        wait_store_ok = messages[-1].wait_store_ok
-        responder = conn.defer(request) if store.durability.waits(wait_store_ok) else None
+        ticket = store.durability.ticket(messages[-1].wait_store_ok)
+        responder = conn.defer(request) if ticket is not None else None
         if len(messages) == 1:
             results = [store.put_message_nowait(messages[0])]
         else:
@@ -424,7 +425,7 @@ class SendProcessor:
             stats.refused(code_name(refusal.code))
             return None
         response = self._response(request, messages, results, queue_id)
-        if responder is None:
+        if responder is None or ticket is None:
             self._answered(response, started)
             return response
 
@@ -443,8 +444,7 @@ class SendProcessor:
             responder.send(response)
             self._answered(response, started)
 
-        if not store.durability.wait(last.append.end_offset, wait_store_ok, answer):
-            answer(PutMessageStatus.PUT_OK, "")  # (nothing to wait for after all)
+        ticket.wait(last.append.end_offset, answer)
         return None
 
     def _response(
