@@ -206,9 +206,10 @@ class BrokerCollector:
             labels=["broker_id"],
         )
         in_sync = 1 if node.ctx.roles.is_master else 0
-        if node.ha_service is not None and node.ctx.roles.is_master:
+        master = node.ctx.roles.master_ha_statistics()
+        if master is not None:
             lags: dict[str, int] = {}
-            for slave in node.ha_service.statistics().slaves:
+            for slave in master.slaves:
                 in_sync += slave.in_sync
                 if slave.broker_id < 0:
                     lags["unknown"] = max(lags.get("unknown", 0), slave.lag_bytes)

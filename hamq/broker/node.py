@@ -78,7 +78,7 @@ from hamq.remoting import (
 )
 from hamq.store import MessageStore, StoreError
 from hamq.store.files import raise_open_files_limit
-from hamq.store.message_store import wall_clock_ms
+from hamq.store.values import wall_clock_ms
 from nameserver import NameServer, NameServerConfig
 from nameserver.metrics import NameServerCollector
 
@@ -113,8 +113,8 @@ class BrokerNode:
         self.store = MessageStore(
             config.store,
             clock=self._clock,
-            retention_floor=self._retention_floor,
-            confirm_offset=self._confirm_offset,
+            retention_floor=lambda: self.roles.retention_floor(),
+            confirm_offset=lambda: self.roles.confirm_offset(),
             on_recovered=self._recovered,
         )
         self.epochs = EpochFile(Path(config.store.store_dir) / EPOCH_FILE_NAME)
@@ -262,11 +262,6 @@ class BrokerNode:
             return self.replicas.master_address
         return self.registrar.master_addr if self.registrar else None
 
-    def _retention_floor(self) -> int:
-        if self.ha_service is not None and self.roles.is_master:
-            return self.ha_service.floor()
-        return self.store.commitlog_max_offset
-
     def _message_topic(self, offset: int) -> str | None:
         """The topic of the message at commit-log ``offset`` (a half message's: its real
         topic), None if none starts there (the ACL checks a send-back and an
@@ -278,11 +273,6 @@ class BrokerNode:
         if message.topic == TRANS_HALF_TOPIC:
             return message.properties.get(PROPERTY_REAL_TOPIC)
         return message.topic
-
-    def _confirm_offset(self) -> int:
-        if self.ha_service is not None and self.roles.is_master:
-            return self.ha_service.confirm_offset
-        return self.ha_client.confirm_offset if self.ha_client else 0
 
     async def _recovered(self) -> None:
         """Store hook, before anything is appended: the epochs are read."""
@@ -334,7 +324,7 @@ class BrokerNode:
             await state.load()
         ctx.topics.on_change.append(self._topics_changed)
         assert ctx.pull_holds is not None
-        self.store.reput.listeners.append(ctx.pull_holds.on_dispatch)
+        self.store.on_dispatch(ctx.pull_holds.on_dispatch)
         self.store.on_topic_deleted(self._topic_deleted)
         assert self.store.recovery is not None
         for topic in self.store.recovery.topics_deleted:  # (applied before this ran)
@@ -410,7 +400,11 @@ class BrokerNode:
         if config.enable_controller_mode:
             assert self.ha_client is not None
             self.replicas = ReplicasManager(
-                self.ctx, client, self.epochs, self.ha_client, confirm_offset=self._confirm_offset
+                self.ctx,
+                client,
+                self.epochs,
+                self.ha_client,
+                confirm_offset=self.roles.confirm_offset,
             )
             self.replicas.install(client_dispatcher)
         if self.ha_service is not None:
@@ -507,10 +501,11 @@ class BrokerNode:
         }
         if self.replicas is not None:
             status["controller"] = self.replicas.status()
-        if self.ha_service is not None and self.roles.is_master:
-            status["master"] = attrs.asdict(self.ha_service.statistics())
-        if self.ha_client is not None and not self.roles.is_master:
-            status["slave"] = attrs.asdict(self.ha_client.statistics())
+        master, slave = self.roles.master_ha_statistics(), self.roles.slave_ha_statistics()
+        if master is not None:
+            status["master"] = attrs.asdict(master)
+        if slave is not None:
+            status["slave"] = attrs.asdict(slave)
         if self.slave_sync is not None:
             status["metadataSync"] = attrs.asdict(self.slave_sync.statistics())
         return status

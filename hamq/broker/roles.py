@@ -91,7 +91,14 @@ from typing import Protocol
 import attrs
 
 from hamq.broker.config import BrokerConfig
-from hamq.ha import EpochFile, HAClient, HAService, ReplicaPolicy
+from hamq.ha import (
+    EpochFile,
+    HAClient,
+    HAService,
+    MasterHAStatistics,
+    ReplicaPolicy,
+    SlaveHAStatistics,
+)
 from hamq.ha.group_transfer import policy_for
 from hamq.protocol import ResponseCode
 from hamq.store import BrokerRole, MessageStore
@@ -252,6 +259,32 @@ class Roles:
         broker configured SLAVE masters asynchronously)."""
         configured = self.config.store.role
         return configured if configured.is_master else BrokerRole.ASYNC_MASTER
+
+    def retention_floor(self) -> int:
+        """What retention may not delete past: as master, what an in-sync slave still
+        needs (hamq/ha/master.py's ``floor``); else nothing beyond the log's end."""
+        if self.ha_service is not None and self.role is Role.MASTER:
+            return self.ha_service.floor()
+        return self.store.commitlog_max_offset
+
+    def confirm_offset(self) -> int:
+        """What every in-sync replica has (the checkpoint's confirm offset): as master,
+        the HA service's count of its slaves' acks; as a slave, its HA client's."""
+        if self.ha_service is not None and self.role is Role.MASTER:
+            return self.ha_service.confirm_offset
+        return self.ha_client.confirm_offset if self.ha_client is not None else 0
+
+    def master_ha_statistics(self) -> MasterHAStatistics | None:
+        """The HA service's view of its slaves while this broker is master, else None."""
+        if self.ha_service is not None and self.role is Role.MASTER:
+            return self.ha_service.statistics()
+        return None
+
+    def slave_ha_statistics(self) -> SlaveHAStatistics | None:
+        """The HA client's view of its master while this broker is not master, else None."""
+        if self.ha_client is not None and self.role is not Role.MASTER:
+            return self.ha_client.statistics()
+        return None
 
     def replica_policy(self) -> ReplicaPolicy:
         """Who this broker's puts wait for as master, besides the disk (group_transfer.py)."""

@@ -399,11 +399,10 @@ class TransactionService:
         """One pass over up to CHECK_BATCH half messages past the progress offset (module
         docstring); True if it got through all CHECK_BATCH with more to look at (the
         loop then goes on at once)."""
-        queues = self.store.queues
-        half_queue = queues.get(TRANS_HALF_TOPIC, 0)
+        half_queue = self.store.consume_queue(TRANS_HALF_TOPIC, 0)
         if half_queue is None:
             return False
-        op_queue = queues.get(TRANS_OP_HALF_TOPIC, 0)
+        op_queue = self.store.consume_queue(TRANS_OP_HALF_TOPIC, 0)
         half_start = max(
             self.offsets.query(PROGRESS_GROUP, TRANS_HALF_TOPIC, 0), half_queue.min_offset
         )

@@ -273,7 +273,7 @@ class HAClient:
 
         async def report() -> None:
             nonlocal last_report
-            failure = self.store.reput.failure
+            failure = self.store.dispatch_failure
             if failure is not None:  # what came does not read as records: no ack for it
                 raise SessionEnded(f"replicated data does not dispatch: {failure}")
             offset = self.store.commitlog_max_offset
@@ -300,7 +300,7 @@ class HAClient:
                 raise SessionEnded("the master closed the connection")
             last_heard = trio.current_time()
             if len(data) >= CATCH_UP_READ_BYTES:  # a backlog: the log first, queues after
-                self.store.reput.defer_for(DEFER_DISPATCH_PER_READ_S)
+                self.store.defer_dispatch(DEFER_DISPATCH_PER_READ_S)
             decoder.feed(data)
             if await self._take(decoder) and (
                 decoder.buffered == 0 or trio.current_time() - last_report >= REPORT_EVERY_S

@@ -21,18 +21,18 @@ from hamq.protocol.message import SCHEDULE_TOPIC
 from hamq.store.commitlog import AppendResult
 from hamq.store.config import BrokerRole, FlushDiskType, StoreConfig, parse_delay_levels
 from hamq.store.durability import PutMessageStatus, ReplicaGate, Ticket
-from hamq.store.message_store import (
+from hamq.store.message_store import MessageStore
+from hamq.store.reput import DispatchRequest
+from hamq.store.role import ConfiguredRole, RoleReader
+from hamq.store.segment import StoreCorruptionError, StoreError
+from hamq.store.values import (
     GetMessageResult,
     GetMessageStatus,
-    MessageStore,
     MessageToStore,
     PutMessageResult,
     StoreStatistics,
     copy_to_store,
 )
-from hamq.store.reput import DispatchRequest
-from hamq.store.role import ConfiguredRole, RoleReader
-from hamq.store.segment import StoreCorruptionError, StoreError
 
 __all__ = [
     "SCHEDULE_TOPIC",

@@ -31,6 +31,8 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
+from hamq.protocol.message import topic_error
+from hamq.store.files import open_files_limit
 from hamq.store.segment import MappedFiles, SegmentQueue, StoreCorruptionError
 
 log = logging.getLogger(__name__)
@@ -367,3 +369,69 @@ class ConsumeQueue:
             return offsets[max(found, 0)]
         found = bisect.bisect_left(offsets, timestamp_ms, key=store_time)
         return offsets[found] if found < len(offsets) else self.max_offset
+
+
+#: most consume-queue files mapped at a time, whatever the open-files limit (every map
+#: is a kernel map area: vm.max_map_count is 65530 by default)
+MAX_MAPPED_QUEUE_FILES = 8192
+
+
+def mapped_queue_files_limit() -> int:
+    """How many consume-queue files may be mapped at once: a quarter of the open-files
+    limit (each map holds a descriptor before CPython 3.13; the rest is for
+    connections, CommitLog and index files), at least 16, at most MAX_MAPPED_QUEUE_FILES."""
+    return max(16, min(MAX_MAPPED_QUEUE_FILES, open_files_limit() // 4))
+
+
+class ConsumeQueueTable:
+    """Every consume queue of the store, by (topic, queue id), created on first use.
+
+    Their files share one MappedFiles: at most ``files.limit`` are mapped at a time.
+    The limit is ``max_mapped_files`` if given, else it follows the open-files limit in
+    force when the store loads (``mapped_queue_files_limit``)."""
+
+    def __init__(
+        self, root: Path, entries_per_file: int, *, max_mapped_files: int | None = None
+    ) -> None:
+        self.root = root
+        self.entries_per_file = entries_per_file
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self.max_mapped_files = max_mapped_files
+        self.files = MappedFiles(max_mapped_files or mapped_queue_files_limit())
+
+    def load(self) -> None:
+        self.files.limit = self.max_mapped_files or mapped_queue_files_limit()
+        self.files.shrink()
+        self.root.mkdir(parents=True, exist_ok=True)
+        for topic_dir in sorted(self.root.iterdir()):
+            if not topic_dir.is_dir():
+                continue
+            for queue_dir in sorted(topic_dir.iterdir()):
+                if queue_dir.is_dir() and queue_dir.name.isdigit():
+                    queue = self.get_or_create(topic_dir.name, int(queue_dir.name))
+                    queue.load()
+
+    def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self.queues.get((topic, queue_id))
+
+    def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
+        key = (topic, queue_id)
+        queue = self.queues.get(key)
+        if queue is None:
+            problem = topic_error(topic)
+            if problem is not None or queue_id < 0:
+                raise StoreCorruptionError(
+                    f"no consume queue for {topic!r}/{queue_id}: {problem or 'negative queue id'}"
+                )
+            queue = ConsumeQueue(self.root, topic, queue_id, self.entries_per_file, self.files)
+            self.queues[key] = queue
+        return queue
+
+    def remove_topic_directory(self, topic: str) -> None:
+        """Remove ``consumequeue/<topic>`` and what is left in it (the queues' own
+        directories): the topic was deleted, and its queues destroyed."""
+        shutil.rmtree(self.root / topic, ignore_errors=True)
+
+    def close(self) -> None:
+        for queue in self.queues.values():
+            queue.close()

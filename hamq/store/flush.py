@@ -24,9 +24,10 @@ import trio
 from hamq.store.checkpoint import Checkpoint, save_checkpoint
 from hamq.store.commitlog import CommitLog
 from hamq.store.config import FlushDiskType, StoreConfig
+from hamq.store.consume_queue import ConsumeQueueTable
 from hamq.store.index import IndexFile, IndexService
 from hamq.store.offset_waiters import OffsetWaiters
-from hamq.store.reput import ConsumeQueueTable, ReputService
+from hamq.store.reput import ReputService
 from hamq.store.segment import Segment
 
 log = logging.getLogger(__name__)

@@ -23,64 +23,45 @@ response) before the next await.
 
 from __future__ import annotations
 
-import bisect
-import enum
-import itertools
 import logging
-import operator
-import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
-import attrs
 import trio
 
 from hamq.protocol.message import (
-    PROPERTY_DELAY,
-    PROPERTY_KEYS,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
-    PROPERTY_UNIQ_KEY,
-    PROPERTY_WAIT,
-    SCHEDULE_TOPIC,
-    SYSFLAG_BORNHOST_V6,
-    SYSFLAG_TRANSACTION_COMMIT,
-    SYSFLAG_TRANSACTION_MASK,
-    SYSFLAG_TRANSACTION_NOT_TYPE,
     TOPIC_DELETION_TOPIC,
-    MessageFormatError,
-    PropertiesTooLong,
     RecordTemplate,
     StoredMessage,
-    decode_message,
-    encode_properties,
     make_record_template,
-    make_record_templates,
-    pack_host,
-    read_record,
     topic_error,
 )
 from hamq.store.checkpoint import Checkpoint, load_checkpoint, save_with_backup
 from hamq.store.commitlog import AppendResult, CommitLog
 from hamq.store.config import StoreConfig
-from hamq.store.consume_queue import ConsumeQueue
+from hamq.store.consume_queue import ConsumeQueue, ConsumeQueueTable
 from hamq.store.deletions import TopicDeletions
 from hamq.store.durability import Durability, PutMessageStatus, ReplicaGate
+from hamq.store.encoding import PutEncoder
 from hamq.store.extents import QueueExtents, forget_extents, load_extents, save_extents
 from hamq.store.files import DirectoryInUseError, DirectoryLock, fsync_directory
 from hamq.store.flush import FlushService
 from hamq.store.index import IndexService
-from hamq.store.records import is_lost_record
+from hamq.store.reads import StoreReader
 from hamq.store.recovery import RecoveryReport, recover
-from hamq.store.reput import ConsumeQueueTable, ReputService
+from hamq.store.reput import DispatchRequest, ReputService
 from hamq.store.retention import RetentionService
 from hamq.store.role import ConfiguredRole, RoleReader
 from hamq.store.schedule import ScheduleService, encode_delay_offsets
 from hamq.store.segment import StoreCorruptionError, StoreError
+from hamq.store.values import (
+    MessageToStore,
+    PutMessageResult,
+    StoreStatistics,
+    copy_to_store,
+    wall_clock_ms,
+)
 
 log = logging.getLogger(__name__)
-
-#: entries a get_message scans at most while a tag filter skips them (RocketMQ: 16000)
-MAX_FILTERED_SCAN = 16_000
 
 
 class StoreLockedError(StoreError):
@@ -92,135 +73,9 @@ class StoreLockedError(StoreError):
         self.pid = pid
 
 
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
+class MessageStore(StoreReader):
+    """The store: lifecycle, writes, replication; reads are ``StoreReader``'s (reads.py)."""
 
-
-class GetMessageStatus(enum.Enum):
-    FOUND = "FOUND"
-    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
-    MESSAGE_WAS_REMOVING = "MESSAGE_WAS_REMOVING"
-    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
-    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
-    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
-    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
-    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
-    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
-
-
-@attrs.define(slots=True)
-class MessageToStore:
-    """A message as a producer's request gives it; the store adds place and time.
-    (Not frozen: one is made per send on the hot path; the store does not change it.)"""
-
-    topic: str
-    queue_id: int
-    body: bytes
-    flag: int = 0
-    properties: Mapping[str, str] = attrs.field(factory=dict)
-    sys_flag: int = 0
-    born_timestamp: int = 0
-    born_host: tuple[str, int] = ("127.0.0.1", 0)
-    store_host: tuple[str, int] = ("127.0.0.1", 10911)
-    reconsume_times: int = 0
-    prepared_transaction_offset: int = 0
-    #: ``properties`` as text, when the caller has it (a batch entry's own text, the
-    #: pairs added since appended: it decodes to ``properties``); a batch's records then
-    #: take it as it is, not encoded again. Whoever changes ``properties`` sets it None.
-    properties_text: str | None = None
-
-    @property
-    def wait_store_ok(self) -> bool:
-        """WAIT=false asks not to wait for flush or replicas (RocketMQ's default: wait)."""
-        return self.properties.get(PROPERTY_WAIT, "true") != "false"
-
-
-@attrs.define(slots=True)
-class PutMessageResult:
-    status: PutMessageStatus
-    append: AppendResult | None = None
-    remark: str = ""
-
-    @property
-    def stored(self) -> bool:
-        """True when the message is in the CommitLog (even if a flush or replica timed out)."""
-        return self.append is not None
-
-
-@attrs.frozen
-class GetMessageResult:
-    status: GetMessageStatus
-    next_begin_offset: int
-    min_offset: int
-    max_offset: int
-    #: the records found, in queue order: zero-copy views of the CommitLog, each of one
-    #: record or of several back to back (``messages``: one view a record)
-    runs: tuple[memoryview, ...] = ()
-    message_count: int = 0
-    #: how far the last record found is behind the CommitLog's end, in bytes (a master
-    #: sends consumers this far behind to a slave, slaveReadEnable)
-    lag_bytes: int = 0
-    #: damaged records passed over (not in ``runs``; ``next_begin_offset`` is past them)
-    skipped: int = 0
-
-    @property
-    def body(self) -> bytes:
-        """The records back to back: a PULL response body."""
-        return b"".join(self.runs)
-
-    @property
-    def messages(self) -> tuple[memoryview, ...]:
-        """The records found, a view each, in queue order."""
-        records = []
-        for run in self.runs:
-            at = 0
-            while at < len(run):
-                size = int.from_bytes(run[at : at + 4], "big")
-                if not 0 < size <= len(run) - at:  # (never for records this store read)
-                    raise StoreError(f"a TOTALSIZE of {size} at byte {at} of a run of records")
-                records.append(run[at : at + size])
-                at += size
-        return tuple(records)
-
-
-@attrs.frozen
-class StoreStatistics:
-    running: bool
-    role: str
-    commitlog_min_offset: int
-    commitlog_max_offset: int
-    flushed_offset: int
-    dispatched_offset: int
-    consume_queues: int
-    messages_put: int
-    put_failures: int
-    messages_got: int
-    flush_rounds: int
-    delayed_delivered: int
-    segments_deleted: int
-    dispatch_failure: str | None
-    #: damaged records dispatching passed over (each once), and pulls skipped (each time)
-    damaged_records_dispatched: int = 0
-    damaged_records_read: int = 0
-
-
-class _Scan:
-    """What one read of a consume queue found (``get_message``)."""
-
-    __slots__ = (
-        "count", "filtered", "last_physical", "next_offset", "removed", "runs", "skipped",
-    )  # fmt: skip
-
-    def __init__(self, offset: int) -> None:
-        self.next_offset = offset
-        #: the records found: views of one or more records back to back (``count`` in all)
-        self.runs: list[memoryview] = []
-        self.count = 0
-        self.last_physical = 0
-        self.removed = self.filtered = self.skipped = 0
-
-
-class MessageStore:
     def __init__(
         self,
         config: StoreConfig,
@@ -230,18 +85,16 @@ class MessageStore:
         confirm_offset: Callable[[], int] = lambda: 0,
         on_recovered: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        self.config = config
+        super().__init__(
+            config,
+            CommitLog(config.commitlog_dir, config.commitlog_segment_bytes, clock),
+            ConsumeQueueTable(config.consume_queue_dir, config.consume_queue_entries_per_file),
+            IndexService(config.index_dir, config.index_hash_slots, config.index_max_entries),
+            # deleted topics: where each was deleted (hamq/store/deletions.py)
+            TopicDeletions(config.config_dir / "topicDeletions.json"),
+        )
         self._clock = clock
         self._delay_levels_ms = config.delay_levels_ms
-        self.commitlog = CommitLog(config.commitlog_dir, config.commitlog_segment_bytes, clock)
-        self.queues = ConsumeQueueTable(
-            config.consume_queue_dir, config.consume_queue_entries_per_file
-        )
-        self.index = IndexService(
-            config.index_dir, config.index_hash_slots, config.index_max_entries
-        )
-        #: deleted topics: where each was deleted (hamq/store/deletions.py)
-        self.deletions = TopicDeletions(config.config_dir / "topicDeletions.json")
         self._extents_path = config.config_dir / "queueExtents.json"
         self.reput = ReputService(
             self.commitlog,
@@ -274,7 +127,7 @@ class MessageStore:
         #: the scheduler's (cancelled: none runs)
         self._schedule_scope = trio.CancelScope()
         self._schedule_scope.cancel()
-        self._valid_topics: set[str] = set()  # names already checked (a bounded cache)
+        self._encoder = PutEncoder(config, self.deletions)
         #: where the log ended when records were left undispatched (a full disk at
         #: start or at promotion): sends wait until they are, then take their queue
         #: offsets afresh
@@ -502,7 +355,7 @@ class MessageStore:
     # ------------------------------------------------------------------ writing
     def put_message_nowait(self, message: MessageToStore) -> PutMessageResult:
         """Append without waiting for a flush (what ``put_message`` does first)."""
-        prepared = self._prepare(message)
+        prepared = self._unavailable() or self._encoder.prepare(message)
         if isinstance(prepared, PutMessageResult):
             result = prepared
         else:
@@ -520,12 +373,19 @@ class MessageStore:
 
         A batch as a send makes it (one topic and queue; the same sys flag, born time,
         hosts and reconsume times; no delay level) is checked and encoded as one
-        (``_prepare_batch``); any other, or one with a fault, goes message by message."""
-        prepared = self._prepare_batch(messages)
+        (encoding.py's ``prepare_batch``); any other, or one with a fault, goes message
+        by message."""
+        unavailable = self._unavailable()
+        if unavailable is not None:
+            unavailable.remark = f"batch entry 0: {unavailable.remark}"
+            self._count(unavailable)
+            return [unavailable]
+        encoder = self._encoder
+        prepared = encoder.prepare_batch(messages)
         if prepared is None:
             prepared = []
             for i, message in enumerate(messages):
-                outcome = self._prepare(message)
+                outcome = encoder.prepare(message)
                 if isinstance(outcome, PutMessageResult):
                     outcome.remark = f"batch entry {i}: {outcome.remark}"
                     self._count(outcome)
@@ -583,69 +443,6 @@ class MessageStore:
     def _refuse(self, status: PutMessageStatus, remark: str) -> PutMessageResult:
         return PutMessageResult(status, None, remark)
 
-    def _prepare_batch(
-        self, messages: list[MessageToStore]
-    ) -> list[tuple[str, RecordTemplate, Mapping[str, str]]] | None:
-        """``_prepare`` for each message of a batch that shares all but body, flag and
-        properties and has no delay level, with what they share checked and encoded
-        once (make_record_templates): 0.9 against 1.7 us a message. None for any other
-        batch, or one that would be refused (``_prepare`` then names the entry)."""
-        first = messages[0]
-        topic, queue_id, sys_flag = first.topic, first.queue_id, first.sys_flag
-        born_timestamp, born_host, store_host = (
-            first.born_timestamp,
-            first.born_host,
-            first.store_host,
-        )
-        reconsume_times, transaction_offset = (
-            first.reconsume_times,
-            first.prepared_transaction_offset,
-        )
-        most = self.config.max_message_bytes
-        for message in messages:
-            if not (
-                message.topic == topic
-                and message.queue_id == queue_id
-                and message.sys_flag == sys_flag
-                and message.born_timestamp == born_timestamp
-                and message.born_host == born_host
-                and message.store_host == store_host
-                and message.reconsume_times == reconsume_times
-                and message.prepared_transaction_offset == transaction_offset
-                and len(message.body) <= most
-                and not message.properties.get(PROPERTY_DELAY)
-            ):
-                return None
-        if self._refusal(first) is not None:
-            return None
-        try:
-            templates = make_record_templates(
-                topic=topic,
-                queue_id=queue_id,
-                entries=[
-                    (
-                        m.body,
-                        m.flag,
-                        encode_properties(m.properties)
-                        if m.properties_text is None
-                        else m.properties_text,
-                    )
-                    for m in messages
-                ],
-                sys_flag=sys_flag,
-                born_timestamp=born_timestamp,
-                born_host=pack_host(*born_host),
-                store_host=pack_host(*store_host),
-                reconsume_times=reconsume_times,
-                prepared_transaction_offset=transaction_offset,
-            )
-        except MessageFormatError:
-            return None
-        return [
-            (topic, template, message.properties)
-            for template, message in zip(templates, messages, strict=True)
-        ]
-
     def _unavailable(self) -> PutMessageResult | None:
         """Why the store takes no puts now (not running, a slave, dispatching stopped or
         behind after a disk error), None if it takes them."""
@@ -661,87 +458,6 @@ class MessageStore:
             if unavailable is not None:
                 return self._refuse(PutMessageStatus.SERVICE_NOT_AVAILABLE, unavailable)
         return None
-
-    def _refusal(self, message: MessageToStore) -> PutMessageResult | None:
-        """Why ``message`` cannot be stored whatever its properties say, None if it can:
-        the store's state (``_unavailable``), its topic, queue id and body size."""
-        unavailable = self._unavailable()
-        if unavailable is not None:
-            return unavailable
-        if message.topic not in self._valid_topics:
-            problem = topic_error(message.topic)
-            if message.topic == TOPIC_DELETION_TOPIC:
-                problem = f"topic {TOPIC_DELETION_TOPIC} is the store's own; no one sends to it"
-            if problem is not None:
-                return self._refuse(PutMessageStatus.MESSAGE_ILLEGAL, problem)
-            if len(self._valid_topics) < 100_000:
-                self._valid_topics.add(message.topic)
-        if not 0 <= message.queue_id < 2**31:
-            return self._refuse(
-                PutMessageStatus.MESSAGE_ILLEGAL, f"queue id {message.queue_id} is not valid"
-            )
-        if len(message.body) > self.config.max_message_bytes:
-            return self._refuse(
-                PutMessageStatus.MESSAGE_ILLEGAL,
-                f"body of {len(message.body)} bytes is over max_message_bytes "
-                f"{self.config.max_message_bytes}",
-            )
-        return None
-
-    def _prepare(
-        self, message: MessageToStore
-    ) -> tuple[str, RecordTemplate, Mapping[str, str]] | PutMessageResult:
-        """Check a message and encode its record: (the topic it goes to, the record, the
-        properties it holds), or the refusal."""
-        refusal = self._refusal(message)
-        if refusal is not None:
-            return refusal
-        topic, queue_id = message.topic, message.queue_id
-        properties = message.properties
-        transaction = message.sys_flag & SYSFLAG_TRANSACTION_MASK
-        if (
-            transaction == SYSFLAG_TRANSACTION_COMMIT
-            and self.deletions.offsets
-            and self.deletions.dead(topic, message.prepared_transaction_offset)
-        ):
-            return self._refuse(
-                PutMessageStatus.MESSAGE_ILLEGAL,
-                f"topic {topic} was deleted after this transaction's half message was stored",
-            )
-        delay = properties.get(PROPERTY_DELAY)
-        if delay and transaction in (SYSFLAG_TRANSACTION_NOT_TYPE, SYSFLAG_TRANSACTION_COMMIT):
-            if not delay.strip().lstrip("-").isdigit():
-                return self._refuse(
-                    PutMessageStatus.MESSAGE_ILLEGAL, f"DELAY property {delay!r} is not a level"
-                )
-            level = min(int(delay), len(self._delay_levels_ms))
-            if level > 0:
-                properties = {
-                    **properties,
-                    PROPERTY_DELAY: str(level),
-                    PROPERTY_REAL_TOPIC: topic,
-                    PROPERTY_REAL_QUEUE_ID: str(queue_id),
-                }
-                topic, queue_id = SCHEDULE_TOPIC, level - 1
-        try:
-            template = make_record_template(
-                topic=topic,
-                queue_id=queue_id,
-                body=message.body,
-                flag=message.flag,
-                properties=encode_properties(properties),
-                sys_flag=message.sys_flag,
-                born_timestamp=message.born_timestamp,
-                born_host=pack_host(*message.born_host),
-                store_host=pack_host(*message.store_host),
-                reconsume_times=message.reconsume_times,
-                prepared_transaction_offset=message.prepared_transaction_offset,
-            )
-        except PropertiesTooLong as exc:
-            return self._refuse(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, str(exc))
-        except MessageFormatError as exc:
-            return self._refuse(PutMessageStatus.MESSAGE_ILLEGAL, str(exc))
-        return topic, template, properties
 
     def _append(
         self, topic: str, template: RecordTemplate, properties: Mapping[str, str]
@@ -841,312 +557,6 @@ class MessageStore:
         """Whether a replica whose log ends at ``offset`` can continue from there."""
         return self.commitlog.is_boundary(offset)
 
-    # ------------------------------------------------------------------ reading
-    def get_message(
-        self,
-        group: str,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_count: int,
-        *,
-        tag_codes: Collection[int] | None = None,
-        max_bytes: int | None = None,
-    ) -> GetMessageResult:
-        """Up to ``max_count`` messages of a queue from ``offset``; ``tag_codes`` keeps
-        only messages whose tags hash is in it (None: all).
-
-        A record a consumer could not decode (or, with ``check_crc_on_read``, whose body
-        CRC fails) is passed over and counted in ``skipped``. Each record is checked
-        once per run of the process: entries in the queue's ``checked`` (dispatched by
-        this process, or checked by an earlier pull) are read as they are."""
-        self._gets += 1
-        queue = self.queues.get(topic, queue_id)
-        if queue is None:
-            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
-        low, high = queue.min_offset, queue.max_offset
-
-        def result(status: GetMessageStatus, next_offset: int) -> GetMessageResult:
-            return GetMessageResult(status, next_offset, low, high)
-
-        if high == 0:
-            return result(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0)
-        if offset < low:
-            return result(GetMessageStatus.OFFSET_TOO_SMALL, low)
-        if offset == high:
-            return result(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset)
-        if offset > high:  # RocketMQ: back to the start when the queue starts at 0
-            return result(GetMessageStatus.OFFSET_OVERFLOW_BADLY, low if low == 0 else high)
-        scan = _Scan(offset)
-        self._read_queue(
-            scan,
-            queue,
-            (topic, queue_id),
-            high,
-            max(1, min(max_count, self.config.max_transfer_count)),
-            self.config.max_transfer_bytes if max_bytes is None else max_bytes,
-            tag_codes,
-        )
-        if scan.count:
-            lag = self.commitlog.max_offset - scan.last_physical
-            return GetMessageResult(
-                GetMessageStatus.FOUND,
-                scan.next_offset,
-                low,
-                high,
-                tuple(scan.runs),
-                scan.count,
-                lag,
-                scan.skipped,
-            )
-        if scan.filtered:
-            status = GetMessageStatus.NO_MATCHED_MESSAGE
-        elif scan.removed or scan.skipped:  # (RocketMQ's status for a message it could not read)
-            status = GetMessageStatus.MESSAGE_WAS_REMOVING
-        else:
-            status = GetMessageStatus.OFFSET_FOUND_NULL
-        return GetMessageResult(status, scan.next_offset, low, high, skipped=scan.skipped)
-
-    def _read_queue(
-        self,
-        scan: _Scan,
-        queue: ConsumeQueue,
-        queue_key: tuple[str, int],
-        high: int,
-        max_count: int,
-        byte_budget: int,
-        tag_codes: Collection[int] | None,
-    ) -> None:
-        """Read a queue's records into ``scan`` from its ``next_offset``: at most
-        ``max_count`` and (but for the first) ``byte_budget`` bytes, scanning at most
-        MAX_FILTERED_SCAN entries. Entries before ``trusted`` were checked in this
-        process (queue.checked): read as they are (with no filter, ``_read_trusted``:
-        records that follow one another in the log as one view); the others are checked
-        whole (``record_problem``), and the runs that pass are added to ``checked``."""
-        commitlog = self.commitlog
-        read = commitlog.reader()
-        commitlog_min = commitlog.min_offset
-        check_crc = self.config.check_crc_on_read
-        checked = queue.checked
-        offset = next_offset = scan.next_offset
-        trusted = checked.end_of(offset)
-        run_start = run_end = offset
-        runs = scan.runs
-        count = total = 0
-        full = False
-        while next_offset < high and count < max_count and not full:
-            if next_offset - offset >= MAX_FILTERED_SCAN:
-                break
-            if tag_codes is None and next_offset < trusted:
-                limit = min(trusted, high, next_offset + max_count - count) - next_offset
-                took, total, full = self._read_trusted(
-                    scan, queue, read, next_offset, limit, total, byte_budget, first=not count
-                )
-                if took:
-                    next_offset += took
-                    count += took
-                    continue
-            batch = queue.entries(next_offset, max(max_count - count, 32))
-            if not batch:
-                break
-            for physical_offset, size, tags in batch:
-                if physical_offset < commitlog_min:
-                    scan.removed += 1
-                elif tag_codes is not None and tags not in tag_codes:
-                    scan.filtered += 1
-                else:
-                    if count and total + size > byte_budget:
-                        full = True
-                        break
-                    record: memoryview | None
-                    if next_offset < trusted:
-                        record = read(physical_offset, size)
-                    else:
-                        entry = (*queue_key, next_offset)
-                        record = commitlog.read_checked(
-                            physical_offset, size, entry, check_crc=check_crc
-                        )
-                        if record is not None and is_lost_record(record):
-                            # a placeholder for a record a crash cut (recovery.py):
-                            # passed over, as a message removed, never marked checked
-                            scan.removed += 1
-                            next_offset += 1
-                            continue
-                        if record is not None:
-                            if next_offset != run_end:
-                                checked.add(run_start, run_end)
-                                run_start = next_offset
-                            run_end = next_offset + 1
-                    if record is None:  # damaged: passed over (counted, logged), never sent
-                        scan.skipped += 1
-                    else:
-                        runs.append(record)
-                        count += 1
-                        scan.last_physical = physical_offset
-                        total += size
-                next_offset += 1
-                if count >= max_count:
-                    break
-        checked.add(run_start, run_end)
-        scan.next_offset = next_offset
-        scan.count = count
-
-    def _read_trusted(
-        self,
-        scan: _Scan,
-        queue: ConsumeQueue,
-        read: Callable[[int, int], memoryview],
-        next_offset: int,
-        limit: int,
-        total: int,
-        byte_budget: int,
-        *,
-        first: bool,
-    ) -> tuple[int, int, bool]:
-        """``_read_queue``'s loop for up to ``limit`` entries checked before, with no
-        filter, without a step per entry: a file's entries unpacked at once, how many
-        fit the byte budget found by bisection (``total`` bytes taken so far; the
-        ``first`` record of a pull is taken whatever its size), and the records that
-        follow one another in the log appended as one view. How many entries it took
-        (0: none, the caller steps through them), the new total, and whether the byte
-        budget stopped it."""
-        physical, sizes, _tags = queue.entry_columns(next_offset, limit)
-        if not physical or min(physical) < self.commitlog.min_offset:
-            return 0, total, False
-        totals = list(itertools.accumulate(sizes, initial=total))[1:]
-        count = bisect.bisect_right(totals, byte_budget)
-        full = count < len(physical)
-        if first and not count:
-            count = 1
-        if not count:
-            return 0, total, full
-        ends = list(map(operator.add, physical[:count], sizes[:count]))
-        breaks = itertools.compress(range(1, count), map(operator.ne, ends, physical[1:count]))
-        segment_size = self.commitlog.segment_size
-        runs = scan.runs
-        begin = 0
-        for stop in itertools.chain(breaks, (count,)):
-            start, end = physical[begin], ends[stop - 1]
-            if start // segment_size == (end - 1) // segment_size:
-                runs.append(read(start, end - start))
-            else:  # records back to back across a segment's end (never in a sound log)
-                runs.extend(read(physical[i], sizes[i]) for i in range(begin, stop))
-            begin = stop
-        scan.last_physical = physical[count - 1]
-        return count, totals[count - 1], full
-
-    def max_offset_in_queue(self, topic: str, queue_id: int) -> int:
-        queue = self.queues.get(topic, queue_id)
-        return queue.max_offset if queue else 0
-
-    def min_offset_in_queue(self, topic: str, queue_id: int) -> int:
-        queue = self.queues.get(topic, queue_id)
-        return queue.min_offset if queue else 0
-
-    def store_time_at(self, physical_offset: int, size: int) -> int:
-        """STORETIMESTAMP of the record at ``physical_offset``."""
-        record = self.commitlog.read(physical_offset, size)
-        sys_flag = int.from_bytes(record[36:40], "big")
-        at = 48 + (20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8)
-        return int.from_bytes(record[at : at + 8], "big", signed=True)
-
-    def offset_by_time(
-        self, topic: str, queue_id: int, timestamp_ms: int, *, upper: bool = False
-    ) -> int:
-        """SEARCH_OFFSET_BY_TIMESTAMP: the first offset stored at or after ``timestamp_ms``
-        (``upper``: the last stored at or before it)."""
-        queue = self.queues.get(topic, queue_id)
-        if queue is None:
-            return 0
-        return queue.offset_by_time(timestamp_ms, self.store_time_at, upper=upper)
-
-    def message_store_time(self, topic: str, queue_id: int, offset: int) -> int:
-        """Store time of the message at ``offset`` of a queue, -1 if there is none."""
-        queue = self.queues.get(topic, queue_id)
-        entry = queue.entry(offset) if queue else None
-        if entry is None or entry[0] < self.commitlog.min_offset:
-            return -1
-        return self.store_time_at(entry[0], entry[1])
-
-    def earliest_message_time(self, topic: str, queue_id: int) -> int:
-        return self.message_store_time(topic, queue_id, self.min_offset_in_queue(topic, queue_id))
-
-    def look_message_by_offset(
-        self, physical_offset: int, size: int | None = None
-    ) -> StoredMessage:
-        """The message at a CommitLog offset; StoreError if none starts there (or what
-        starts there is no message: ``record_at``)."""
-        if size is None:
-            return decode_message(self.record_at(physical_offset), check_crc=False)
-        try:
-            record = self.commitlog.read(physical_offset, size)
-            message = decode_message(record, check_crc=False)
-        except MessageFormatError as exc:
-            raise StoreError(f"no message at commitlog offset {physical_offset}: {exc}") from None
-        self._check_readable(physical_offset, record, message.topic)
-        return message
-
-    def record_at(self, physical_offset: int) -> memoryview:
-        """The whole record that starts at ``physical_offset``, checked (magic, sizes,
-        CRC); StoreError if no record starts there, or if it is no message for anyone to
-        read: a lost record's placeholder (VIEW_MESSAGE_BY_ID)."""
-        try:
-            size = int.from_bytes(self.commitlog.read(physical_offset, 4), "big", signed=True)
-            record = self.commitlog.read(physical_offset, size)
-            topic = read_record(record).topic
-        except (MessageFormatError, ValueError) as exc:
-            raise StoreError(f"no message at commitlog offset {physical_offset}: {exc}") from None
-        self._check_readable(physical_offset, record, topic)
-        return record
-
-    def _check_readable(self, physical_offset: int, record: memoryview, topic: str) -> None:
-        """StoreError if the sound record of ``topic`` at ``physical_offset`` is not a
-        message to hand out: the placeholder of a record lost in a crash, a topic's
-        deletion record, or a message of a topic deleted after it."""
-        problem = None
-        if is_lost_record(record):
-            problem = "it holds the queue offset of a message lost in a crash"
-        elif topic == TOPIC_DELETION_TOPIC:
-            problem = "it records a topic's deletion"
-        elif self.deletions.dead(topic, physical_offset):
-            problem = f"its topic {topic} was deleted after it"
-        if problem is not None:
-            raise StoreError(f"no message at commitlog offset {physical_offset}: {problem}")
-
-    def query_records(
-        self, topic: str, key: str, max_num: int, begin_ms: int = 0, end_ms: int = 2**62
-    ) -> list[memoryview]:
-        """Records of ``topic`` whose KEYS hold ``key`` or whose UNIQ_KEY is ``key``,
-        stored in [begin_ms, end_ms], newest first (zero-copy views; QUERY_MESSAGE)."""
-        found: list[memoryview] = []
-        for physical_offset in self.index.query(topic, key, max_num * 4, begin_ms, end_ms):
-            if physical_offset < self.commitlog.min_offset or len(found) >= max_num:
-                continue
-            if self.deletions.dead(topic, physical_offset):
-                continue  # (indexed before its topic was deleted)
-            try:
-                record = self.record_at(physical_offset)
-            except StoreError:
-                continue  # an entry left by a truncation
-            message = decode_message(record, check_crc=False)
-            keys = message.properties.get(PROPERTY_KEYS, "").split(" ")
-            if (
-                message.topic == topic
-                and (key in keys or message.properties.get(PROPERTY_UNIQ_KEY) == key)
-                and begin_ms <= message.store_timestamp <= end_ms
-            ):
-                found.append(record)
-        return found
-
-    def query_message(
-        self, topic: str, key: str, max_num: int, begin_ms: int = 0, end_ms: int = 2**62
-    ) -> list[StoredMessage]:
-        """Like ``query_records``, decoded."""
-        return [
-            decode_message(record, check_crc=False)
-            for record in self.query_records(topic, key, max_num, begin_ms, end_ms)
-        ]
-
     async def wait_dispatched(self, offset: int | None = None) -> None:
         """Wait until consume queues and index cover the CommitLog up to ``offset``
         (default: everything stored so far)."""
@@ -1173,6 +583,31 @@ class MessageStore:
     def delay_offsets(self) -> dict[int, int]:
         return dict(self.schedule.offsets) if self.schedule else {}
 
+    def durable_delay_offsets(self) -> dict[int, int]:
+        """The scheduler's offsets as far as the delivered copies are on disk (what a
+        slave's metadata sync copies: schedule.py's ``durable_offsets``); none on a slave."""
+        return self.schedule.durable_offsets() if self.schedule is not None else {}
+
+    # ------------------------------------------------------------------ dispatching
+    @property
+    def dispatch_failure(self) -> str | None:
+        """Why dispatching (building queues and index from the log) is stopped or
+        paused, None while it runs (reput.py)."""
+        return self.reput.failure
+
+    def defer_dispatch(self, seconds: float) -> None:
+        """Hold dispatching back for up to ``seconds`` (a replica catching up: the log
+        first, its queues after; reput.py bounds it)."""
+        self.reput.defer_for(seconds)
+
+    def on_dispatch(self, listener: Callable[[DispatchRequest], None]) -> None:
+        """Call ``listener(request)`` for every record dispatched from now on."""
+        self.reput.listeners.append(listener)
+
+    def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        """The consume queue of ``topic``/``queue_id``, None if it has none."""
+        return self.queues.get(topic, queue_id)
+
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(
             running=self._running,
@@ -1192,39 +627,3 @@ class MessageStore:
             damaged_records_dispatched=self.reput.damaged.count,
             damaged_records_read=self.commitlog.damaged.count,
         )
-
-
-def copy_to_store(
-    message: StoredMessage,
-    topic: str,
-    queue_id: int,
-    properties: Mapping[str, str],
-    *,
-    sys_flag: int | None = None,
-    prepared_transaction_offset: int | None = None,
-) -> MessageToStore:
-    """A stored message to store again under ``topic`` and ``queue_id`` with
-    ``properties`` (a delayed message coming due, a transaction's half message put back
-    or committed): born time and hosts, flag and reconsume times are kept."""
-    return MessageToStore(
-        topic=topic,
-        queue_id=queue_id,
-        body=message.body,
-        flag=message.flag,
-        properties=properties,
-        sys_flag=message.sys_flag if sys_flag is None else sys_flag,
-        born_timestamp=message.born_timestamp,
-        born_host=_split_host(message.born_host),
-        store_host=_split_host(message.store_host),
-        reconsume_times=message.reconsume_times,
-        prepared_transaction_offset=(
-            message.prepared_transaction_offset
-            if prepared_transaction_offset is None
-            else prepared_transaction_offset
-        ),
-    )
-
-
-def _split_host(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)

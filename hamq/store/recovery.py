@@ -84,13 +84,13 @@ from hamq.protocol.message import (
 )
 from hamq.store.checkpoint import Checkpoint
 from hamq.store.commitlog import CommitLog
-from hamq.store.consume_queue import ENTRY_SIZE, ConsumeQueue
+from hamq.store.consume_queue import ENTRY_SIZE, ConsumeQueue, ConsumeQueueTable
 from hamq.store.deletions import TopicDeletions
 from hamq.store.extents import Extent, QueueExtents
 from hamq.store.files import fsync_directory, write_atomically
 from hamq.store.index import IndexService
 from hamq.store.records import MIN_RECORD_BYTES, fields, isolated_damage, scan_problem
-from hamq.store.reput import ConsumeQueueTable, ReputService
+from hamq.store.reput import ReputService
 from hamq.store.segment import Segment, StoreCorruptionError, StoreError
 
 log = logging.getLogger(__name__)

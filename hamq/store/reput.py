@@ -40,11 +40,9 @@ import errno
 import logging
 import math
 import mmap
-import shutil
 import struct
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 import attrs
 import trio
@@ -70,9 +68,8 @@ from hamq.protocol.message import (
     topic_error,
 )
 from hamq.store.commitlog import AppendResult, CommitLog
-from hamq.store.consume_queue import ConsumeQueue
+from hamq.store.consume_queue import ConsumeQueue, ConsumeQueueTable
 from hamq.store.deletions import TopicDeletions
-from hamq.store.files import open_files_limit
 from hamq.store.index import IndexService
 from hamq.store.records import (
     MIN_RECORD_BYTES,
@@ -81,7 +78,7 @@ from hamq.store.records import (
     identity,
     isolated_damage,
 )
-from hamq.store.segment import MappedFiles, Segment, StoreCorruptionError
+from hamq.store.segment import Segment
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +91,6 @@ MAX_RUN = 64
 #: with each failure up to RETRY_MAX_S
 RETRY_MIN_S = 0.1
 RETRY_MAX_S = 2.0
-#: most consume-queue files mapped at a time, whatever the open-files limit (every map
-#: is a kernel map area: vm.max_map_count is 65530 by default)
-MAX_MAPPED_QUEUE_FILES = 8192
 #: the longest one deferral (``defer_for``) holds dispatching: while a replica catches
 #: up, its queues are still brought up to date at least this often
 MAX_DEFERRAL_S = 5.0
@@ -128,67 +122,6 @@ class Unplaced:
     offset: int
     size: int
     queue_id: int
-
-
-def mapped_queue_files_limit() -> int:
-    """How many consume-queue files may be mapped at once: a quarter of the open-files
-    limit (each map holds a descriptor before CPython 3.13; the rest is for
-    connections, CommitLog and index files), at least 16, at most MAX_MAPPED_QUEUE_FILES."""
-    return max(16, min(MAX_MAPPED_QUEUE_FILES, open_files_limit() // 4))
-
-
-class ConsumeQueueTable:
-    """Every consume queue of the store, by (topic, queue id), created on first use.
-
-    Their files share one MappedFiles: at most ``files.limit`` are mapped at a time.
-    The limit is ``max_mapped_files`` if given, else it follows the open-files limit in
-    force when the store loads (``mapped_queue_files_limit``)."""
-
-    def __init__(
-        self, root: Path, entries_per_file: int, *, max_mapped_files: int | None = None
-    ) -> None:
-        self.root = root
-        self.entries_per_file = entries_per_file
-        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
-        self.max_mapped_files = max_mapped_files
-        self.files = MappedFiles(max_mapped_files or mapped_queue_files_limit())
-
-    def load(self) -> None:
-        self.files.limit = self.max_mapped_files or mapped_queue_files_limit()
-        self.files.shrink()
-        self.root.mkdir(parents=True, exist_ok=True)
-        for topic_dir in sorted(self.root.iterdir()):
-            if not topic_dir.is_dir():
-                continue
-            for queue_dir in sorted(topic_dir.iterdir()):
-                if queue_dir.is_dir() and queue_dir.name.isdigit():
-                    queue = self.get_or_create(topic_dir.name, int(queue_dir.name))
-                    queue.load()
-
-    def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
-        return self.queues.get((topic, queue_id))
-
-    def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
-        key = (topic, queue_id)
-        queue = self.queues.get(key)
-        if queue is None:
-            problem = topic_error(topic)
-            if problem is not None or queue_id < 0:
-                raise StoreCorruptionError(
-                    f"no consume queue for {topic!r}/{queue_id}: {problem or 'negative queue id'}"
-                )
-            queue = ConsumeQueue(self.root, topic, queue_id, self.entries_per_file, self.files)
-            self.queues[key] = queue
-        return queue
-
-    def remove_topic_directory(self, topic: str) -> None:
-        """Remove ``consumequeue/<topic>`` and what is left in it (the queues' own
-        directories): the topic was deleted, and its queues destroyed."""
-        shutil.rmtree(self.root / topic, ignore_errors=True)
-
-    def close(self) -> None:
-        for queue in self.queues.values():
-            queue.close()
 
 
 class ReputService:
@@ -251,10 +184,6 @@ class ReputService:
     def defer_for(self, seconds: float) -> None:
         """A replica is catching up: hold dispatching for ``seconds`` more."""
         self._defer_until = max(self._defer_until, trio.current_time() + seconds)
-
-    @property
-    def deferring(self) -> bool:
-        return trio.current_time() < self._defer_until
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()

@@ -24,8 +24,9 @@ from contextlib import AbstractAsyncContextManager
 import trio
 
 from hamq.store.commitlog import CommitLog
+from hamq.store.consume_queue import ConsumeQueueTable
 from hamq.store.index import IndexService
-from hamq.store.reput import ConsumeQueueTable, ReputService
+from hamq.store.reput import ReputService
 
 log = logging.getLogger(__name__)
 

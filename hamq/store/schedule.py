@@ -54,7 +54,8 @@ from hamq.protocol.message import (
     StoredMessage,
 )
 from hamq.store.checkpoint import load_with_backup, save_with_backup
-from hamq.store.reput import ConsumeQueueTable, DispatchRequest
+from hamq.store.consume_queue import ConsumeQueueTable
+from hamq.store.reput import DispatchRequest
 from hamq.store.segment import StoreError
 
 log = logging.getLogger(__name__)

@@ -145,8 +145,7 @@ class AdminProcessor:
         return request.response_to(body=encode_body(self.ctx.offsets.snapshot()))
 
     def all_delay_offsets(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
-        schedule = self.ctx.store.schedule
-        offsets = schedule.durable_offsets() if schedule is not None else {}
+        offsets = self.ctx.store.durable_delay_offsets()
         return request.response_to(body=encode_delay_offsets(offsets))
 
     def all_groups(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
@@ -167,11 +166,9 @@ class AdminProcessor:
                 ResponseCode.QUERY_NOT_FOUND,
                 "can not find message, maybe time range not correct",
             )
-        index = self.ctx.store.index
-        newest = index.files[-1] if index.files else None
+        timestamp, offset = self.ctx.store.index_last_update()
         response_header = QueryMessageResponseHeader(
-            index_last_update_timestamp=newest.end_timestamp if newest else 0,
-            index_last_update_phyoffset=newest.end_offset if newest else 0,
+            index_last_update_timestamp=timestamp, index_last_update_phyoffset=offset
         )
         return request.response_to(header=response_header, body=b"".join(records))
 

@@ -141,7 +141,7 @@ class PullProcessor:
         topic = ctx.topics.get(header.topic)
         if topic is None and not ctx.roles.is_master:
             # replicated messages whose topic config the metadata sync has not copied yet
-            queue = ctx.store.queues.get(header.topic, header.queue_id)
+            queue = ctx.store.consume_queue(header.topic, header.queue_id)
             if queue is not None:
                 topic = TopicConfig(header.topic, header.queue_id + 1, 0, PERM_READ)
         if topic is None:
