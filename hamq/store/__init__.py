@@ -3,18 +3,27 @@
 No network code here; the broker drives it through ``MessageStore``
 (shared/DESIGN.md §4, formats in shared/PROTOCOL.md §6).
 
+- config.py         StoreConfig, BrokerRole, FlushDiskType
 - segment.py        fixed-size mmap'd files and the queue of them
 - commitlog.py      the log of records (appends, raw appends for slaves, truncation)
-- consume_queue.py  20-byte entries per topic/queue
+- records.py        reading records back: sizes, damage, lost-record placeholders
+- consume_queue.py  20-byte entries per topic/queue, and the table of every queue
 - index.py          RocketMQ's hash index files (KEYS, UNIQ_KEY)
 - reput.py          the reput task that builds queues and index from the log
 - checkpoint.py     how far things are on disk; files.py: atomic writes, the lock
+- extents.py        each queue's extent at the last clean stop (queueExtents.json)
 - recovery.py       clean and crash recovery
+- deletions.py      deleted topics: where each was deleted (topicDeletions.json)
 - flush.py          async flush, group commit, checkpointing
-- durability.py     when a put is answered: its fsync and replicas (SYNC_FLUSH, SYNC_MASTER)
+- offset_waiters.py puts waiting for an offset (the fsync's, the replicas' acks)
+- durability.py     the durability ticket: what a put waits for, and its status
+- role.py           the broker's role as the store and the HA service read it
 - schedule.py       delay levels
 - retention.py      deleting old segments
-- message_store.py  the facade processors use
+- encoding.py       a put's checks and its record
+- values.py         what puts and reads take and answer
+- reads.py          the read path (StoreReader)
+- message_store.py  the facade processors use: lifecycle, writes, replication
 """
 
 from hamq.protocol.message import SCHEDULE_TOPIC
