@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from hamq.protocol.message import SYSFLAG_TRANSACTION_COMMIT, decode_messages
+from hamq.protocol.message import SYSFLAG_TRANSACTION_COMMIT
+from hamq.protocol.record import decode_messages
 from hamq.store import GetMessageStatus, MessageStore, MessageToStore, PutMessageStatus
 from hamq.store import recovery as recovery_module
 from hamq.store.config import BrokerRole

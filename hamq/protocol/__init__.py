@@ -7,7 +7,9 @@
 - headers.py       typed request/response headers (attrs)
 - converter.py     headers <-> ext fields (cattrs)
 - errors.py        ProtocolError, RequestError, HeaderError
-- message.py       stored message records, message ids, properties, batches
+- message.py       messages by name: property keys and their encoding, sys flags, topic
+                   and group names, tag codes, hosts, message ids, batch bodies
+- record.py        the CommitLog record codec (encode, read, pull bodies), on message.py
 - bodies.py        JSON request/response bodies
 - ha_wire.py       the HA channel's messages (classic, auto-switch, membership proof)
 - send_timing.py   a send's timing contract: broker waits, client per-try waits

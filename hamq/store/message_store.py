@@ -49,15 +49,17 @@ from hamq.protocol.message import (
     TOPIC_DELETION_TOPIC,
     MessageFormatError,
     PropertiesTooLong,
+    encode_properties,
+    pack_host,
+    topic_error,
+)
+from hamq.protocol.record import (
     RecordTemplate,
     StoredMessage,
     decode_message,
-    encode_properties,
     make_record_template,
     make_record_templates,
-    pack_host,
     read_record,
-    topic_error,
 )
 from hamq.store.checkpoint import Checkpoint, load_checkpoint, save_with_backup
 from hamq.store.commitlog import AppendResult, CommitLog

@@ -66,21 +66,23 @@ from pathlib import Path
 import attrs
 
 from hamq.protocol.message import (
-    BLANK_MAGIC,
-    MAGIC_V1,
-    MAGIC_V2,
     PROPERTY_LOST,
-    RECORD_HEAD,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
     TOPIC_DELETION_TOPIC,
     MessageFormatError,
     encode_properties,
+    topic_error,
+)
+from hamq.protocol.record import (
+    BLANK_MAGIC,
+    MAGIC_V1,
+    MAGIC_V2,
+    RECORD_HEAD,
     is_blank,
     make_record_template,
     read_record,
-    topic_error,
 )
 from hamq.store.checkpoint import Checkpoint
 from hamq.store.commitlog import CommitLog
