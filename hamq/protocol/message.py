@@ -73,8 +73,8 @@ PROPERTY_MSG_REGION = "MSG_REGION"
 PROPERTY_TRACE_SWITCH = "TRACE_ON"
 PROPERTY_CLUSTER = "CLUSTER"
 #: hamq's own: a record that holds a queue offset whose message a crash cut from the
-#: log (hamq/store/recovery.py writes it, with an empty body; pulls pass over it). Its
-#: value says where the lost record was.
+#: log (hamq/store/queue_check.py writes it at recovery, with an empty body; pulls pass
+#: over it). Its value says where the lost record was.
 PROPERTY_LOST = "HAMQ_LOST"
 KEY_SEPARATOR = " "
 

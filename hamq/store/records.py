@@ -16,7 +16,7 @@ defined there too. What the store needs beyond that lives here, in one place:
   (passed over: its bytes stay, the log goes on) or the start of a torn tail (cut).
   Recovery and the reput task use the same rule.
 - ``is_lost_record``: whether a sound record is a lost record's placeholder (its
-  properties start with PROPERTY_LOST, its body is empty: recovery.py writes them), which
+  properties start with PROPERTY_LOST, its body is empty: queue_check.py writes them), which
   pulls pass over as they pass over damage, without counting it as damage.
 - ``DamageLog``: damaged records met are all counted; one is logged at most every
   DAMAGE_LOG_INTERVAL_S (consumers pulling past the same record again and again must
