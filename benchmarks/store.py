@@ -35,7 +35,8 @@ from pathlib import Path
 import trio
 from support import median
 
-from hamq.protocol.message import encode_properties, make_record_template, pack_host
+from hamq.protocol.message import encode_properties, pack_host
+from hamq.protocol.record import make_record_template
 from hamq.store import FlushDiskType, MessageStore, MessageToStore, StoreConfig
 
 MIB = 1024 * 1024

@@ -44,14 +44,12 @@ from hamq.protocol.headers import (
 )
 from hamq.protocol.message import (
     BatchEntry,
-    decode_message,
-    decode_messages,
     decode_properties,
     encode_batch,
     encode_properties,
     parse_offset_msg_id,
-    read_record,
 )
+from hamq.protocol.record import decode_message, decode_messages, read_record
 from hamq.remoting import Connection, Dispatcher, RemotingClient
 from hamq.remoting.errors import RemotingConnectError
 from tests.support.brokers import (

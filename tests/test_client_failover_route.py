@@ -23,7 +23,8 @@ import trio
 from hamq.client import Message, MessageQueue, Producer, SendStatus
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.bodies import BrokerData, QueueData, TopicRouteData, encode_body
-from hamq.protocol.headers import SendMessageResponseHeader, send_response_fields
+from hamq.protocol.headers import SendMessageResponseHeader
+from hamq.protocol.send_fields import send_response_fields
 from hamq.remoting import Connection, Dispatcher, RemotingServer
 from tests.support.timing import wait_for
 

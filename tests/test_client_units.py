@@ -23,7 +23,8 @@ from hamq.client.rebalance import allocate_average
 from hamq.client.route_cache import LatencyFaultTolerance, publish_info, subscribe_queues
 from hamq.protocol import RemotingCommand, RequestCode
 from hamq.protocol.bodies import BrokerData, MessageQueue, QueueData, TopicRouteData
-from hamq.protocol.message import SYSFLAG_COMPRESSED, MessageFormatError, StoredMessage
+from hamq.protocol.message import SYSFLAG_COMPRESSED, MessageFormatError
+from hamq.protocol.record import StoredMessage
 from hamq.remoting import RemotingTimeoutError
 
 pytestmark = pytest.mark.anyio

@@ -33,8 +33,8 @@ from hamq.protocol.message import (
     PROPERTY_CHECK_IMMUNITY_TIME,
     PROPERTY_TRANSACTION_CHECK_TIMES,
     TRANS_HALF_TOPIC,
-    StoredMessage,
 )
+from hamq.protocol.record import StoredMessage
 from hamq.store import MessageStore
 from hamq.store.schedule import SEEN_GRAIN_S, SeenMarks
 from tests.support.brokers import broker_config

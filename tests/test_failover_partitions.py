@@ -26,7 +26,8 @@ import trio
 
 from hamq.client import Message, MessageQueue, Producer, SendStatus
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
-from hamq.protocol.headers import SendMessageRequestHeader, send_v2_fields
+from hamq.protocol.headers import SendMessageRequestHeader
+from hamq.protocol.send_fields import send_v2_fields
 from hamq.remoting import RemotingClient, RemotingError
 from tests.support import netns
 from tests.support.nemesis import (

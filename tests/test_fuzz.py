@@ -61,24 +61,16 @@ from hamq.protocol.ha_wire import (
     SlaveReport,
     Transfer,
 )
-from hamq.protocol.headers import (
-    SendMessageRequestHeader,
-    SendMessageResponseHeader,
-    decode_send_header,
-    decode_send_response,
-    to_v2_fields,
-)
+from hamq.protocol.headers import SendMessageRequestHeader, SendMessageResponseHeader
 from hamq.protocol.message import (
     BatchEntry,
     MessageFormatError,
     decode_batch,
-    decode_messages,
     encode_batch,
     encode_properties,
-    make_record_template,
-    read_record,
-    read_summary,
 )
+from hamq.protocol.record import decode_messages, make_record_template, read_record, read_summary
+from hamq.protocol.send_fields import decode_send_header, decode_send_response, to_v2_fields
 from hamq.protocol.serialization import decode_command, encode_header_bytes
 from tests.support.brokers import running_broker, send_request
 from tests.support.strategies import (

@@ -25,12 +25,6 @@ from hamq.protocol.headers import (
     SendMessageRequestHeader,
     SendMessageResponseHeader,
     UnregisterClientRequestHeader,
-    decode_send_header,
-    decode_send_response,
-    from_v2_fields,
-    send_response_fields,
-    send_v2_fields,
-    to_v2_fields,
 )
 from tests.support.strategies import headers
 
@@ -138,19 +132,6 @@ def test_unknown_ext_fields_are_ignored() -> None:
     assert decode_header(SendMessageRequestHeader, fields) == _send_header()
 
 
-def test_send_v2_short_keys_map_to_send_message_keys() -> None:
-    fields = encode_header(_send_header(properties="p", batch=False, broker_name="broker-a"))
-    short = to_v2_fields(fields)
-    assert short["a"] == "PID"
-    assert short["b"] == "TopicTest"
-    assert short["m"] == "false"
-    assert short["n"] == "broker-a"
-    assert from_v2_fields(short) == fields
-    assert decode_header(SendMessageRequestHeader, from_v2_fields(short)) == _send_header(
-        properties="p", batch=False, broker_name="broker-a"
-    )
-
-
 def test_header_error_travels_as_invalid_parameter_response() -> None:
     request = RemotingCommand.request(RequestCode.PULL_MESSAGE, ext_fields={"topic": "T"})
     with pytest.raises(HeaderError, match="consumerGroup"):
@@ -169,56 +150,3 @@ def test_broker_name_travels_as_bname_like_rocketmq_5() -> None:
     fields = encode_header(_send_header(broker_name="broker-a"))
     assert fields["bname"] == "broker-a"
     assert "brokerName" not in fields
-
-
-def _outcome(decode: Any, fields: dict[str, Any]) -> object:
-    try:
-        return decode(fields)
-    except HeaderError as exc:
-        return ("HeaderError", str(exc))
-
-
-_FIELD_VALUES = st.one_of(
-    st.none(),
-    st.integers(-(2**64), 2**64),
-    st.booleans(),
-    st.sampled_from(["", "0", "1", "-1", "007", "+5", " 5", "1_0", "²", "true", "FALSE", "x"]),
-    st.text(max_size=5),
-)
-
-
-@given(header=headers(SendMessageRequestHeader))
-def test_the_send_hot_path_encodes_and_decodes_as_the_converter_does(
-    header: SendMessageRequestHeader,
-) -> None:
-    fields = encode_header(header)
-    assert send_v2_fields(header) == to_v2_fields(fields)
-    assert decode_send_header(fields, v2=False) == header
-    assert decode_send_header(send_v2_fields(header), v2=True) == header
-
-
-@given(
-    fields=st.dictionaries(
-        st.sampled_from(["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n"]),
-        _FIELD_VALUES,
-    )
-)
-def test_the_send_hot_path_takes_and_refuses_what_the_converter_does(
-    fields: dict[str, Any],
-) -> None:
-    generic = _outcome(lambda f: decode_header(SendMessageRequestHeader, from_v2_fields(f)), fields)
-    assert _outcome(lambda f: decode_send_header(f, v2=True), fields) == generic
-
-
-@given(
-    header=headers(SendMessageResponseHeader),
-    junk=st.dictionaries(st.text(max_size=3), _FIELD_VALUES),
-)
-def test_send_answers_encode_and_decode_as_the_converter_does(
-    header: SendMessageResponseHeader, junk: dict[str, Any]
-) -> None:
-    fields = encode_header(header)
-    assert send_response_fields(header) == fields
-    assert decode_send_response(fields) == header
-    generic = _outcome(lambda f: decode_header(SendMessageResponseHeader, f), junk)
-    assert _outcome(decode_send_response, junk) == generic

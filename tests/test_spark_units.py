@@ -16,7 +16,8 @@ import trustme
 
 from hamq.client import InvalidArgumentError
 from hamq.client.records import SYSFLAG_COMPRESSED, MessageFormatError
-from hamq.protocol.message import MAGIC_V1, encode_properties, make_record_template, pack_host
+from hamq.protocol.message import encode_properties, pack_host
+from hamq.protocol.record import MAGIC_V1, make_record_template
 from hamq.spark import DataLossError
 from hamq.spark.bridge import iterate_in_trio
 from hamq.spark.columns import ARROW_SCHEMA, Columns, _pairs, _regular_pairs, record_starts

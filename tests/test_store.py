@@ -16,7 +16,8 @@ import pytest
 import trio
 import trio.testing
 
-from hamq.protocol.message import StoredMessage, decode_messages, tags_code
+from hamq.protocol.message import tags_code
+from hamq.protocol.record import StoredMessage, decode_messages
 from hamq.store import (
     SCHEDULE_TOPIC,
     BrokerRole,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from hamq.protocol.message import decode_messages
+from hamq.protocol.record import decode_messages
 from hamq.store import FlushDiskType, GetMessageStatus
 from tests.support.store import open_store, small_config
 

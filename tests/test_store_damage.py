@@ -23,7 +23,7 @@ from hamq.broker.subscriptions import SubscriptionGroupManager
 from hamq.broker.topics import TopicConfigManager
 from hamq.client import AdminClient, Message, Producer, PullConsumer, PullStatus, SendStatus
 from hamq.protocol.bodies import SubscriptionGroupConfig, TopicConfig
-from hamq.protocol.message import decode_messages, read_record
+from hamq.protocol.record import decode_messages, read_record
 from hamq.store import BrokerRole, GetMessageStatus, MessageStore, PutMessageStatus
 from hamq.store.checkpoint import MetadataFileError
 from hamq.store.consume_queue import ENTRY_SIZE

@@ -9,12 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hamq.protocol.message import (
-    BLANK_MAGIC,
-    is_blank,
-    make_record_template,
-    read_record,
-)
+from hamq.protocol.record import BLANK_MAGIC, is_blank, make_record_template, read_record
 from hamq.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from hamq.store.commitlog import CommitLog
 from hamq.store.consume_queue import ConsumeQueue

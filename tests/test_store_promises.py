@@ -20,9 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from hamq.protocol.message import SYSFLAG_TRANSACTION_COMMIT, decode_messages
-from hamq.store import GetMessageStatus, MessageStore, MessageToStore, PutMessageStatus
-from hamq.store import recovery as recovery_module
+from hamq.protocol.message import SYSFLAG_TRANSACTION_COMMIT
+from hamq.protocol.record import decode_messages
+from hamq.store import (
+    GetMessageStatus,
+    MessageStore,
+    MessageToStore,
+    PutMessageStatus,
+    queue_check,
+    recovery,
+)
 from hamq.store.config import BrokerRole
 from hamq.store.segment import StoreCorruptionError, StoreError
 from tests.support.store import SEGMENT, message, open_store, put, put_many, small_config
@@ -218,8 +225,8 @@ async def test_a_queue_that_lost_files_far_from_the_logs_end_is_rebuilt(
     """Beyond the window of the log's tail that every start checks, what the last clean
     stop recorded of each queue (config/queueExtents.json) tells: a queue whose files
     end early, or start late while the log has the records, is rebuilt."""
-    monkeypatch.setattr(recovery_module, "TAIL_CHECK_BYTES", 4096)
-    monkeypatch.setattr(recovery_module, "CLEAN_TAIL_SCAN_BYTES", 4096)
+    monkeypatch.setattr(queue_check, "TAIL_CHECK_BYTES", 4096)
+    monkeypatch.setattr(recovery, "CLEAN_TAIL_SCAN_BYTES", 4096)
     config = small_config(tmp_path)
     async with open_store(config) as store:
         await put_bodies(store, "Old", [f"o{i}" for i in range(250)], queues=2)

@@ -21,7 +21,7 @@ from anyio.abc import Process
 
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.headers import DeleteTopicRequestHeader, PullMessageResponseHeader
-from hamq.protocol.message import decode_messages
+from hamq.protocol.record import decode_messages
 from hamq.remoting import RemotingClient
 from hamq.store import GetMessageStatus, MessageStore, MessageToStore, PutMessageStatus
 from hamq.store import segment as segment_module

@@ -35,10 +35,9 @@ from hamq.protocol.message import (
     SYSFLAG_TRANSACTION_MASK,
     TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
-    StoredMessage,
-    decode_message,
     parse_offset_msg_id,
 )
+from hamq.protocol.record import StoredMessage, decode_message
 from hamq.remoting import Connection, Dispatcher, RemotingClient
 from tests.support.brokers import running_broker, send_request
 from tests.support.timing import wait_for

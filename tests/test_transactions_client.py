@@ -54,8 +54,6 @@ from hamq.protocol.headers import (
     EndTransactionRequestHeader,
     SendMessageRequestHeader,
     SendMessageResponseHeader,
-    decode_send_header,
-    send_response_fields,
 )
 from hamq.protocol.message import (
     PROPERTY_PRODUCER_GROUP,
@@ -64,10 +62,11 @@ from hamq.protocol.message import (
     SYSFLAG_TRANSACTION_PREPARED,
     decode_properties,
     encode_properties,
-    make_record_template,
     offset_msg_id,
     pack_host,
 )
+from hamq.protocol.record import make_record_template
+from hamq.protocol.send_fields import decode_send_header, send_response_fields
 from hamq.remoting import Connection, Dispatcher, RemotingConfig
 from tests.support.acl import APP, acl_text, write_acl
 from tests.support.acl import BROKER as ACL_BROKER

@@ -66,12 +66,9 @@ from hamq.protocol.bodies import (
     UnlockBatchRequestBody,
     decode_body,
 )
-from hamq.protocol.headers import (
-    ConsumerSendMsgBackRequestHeader,
-    EndTransactionRequestHeader,
-    decode_send_header,
-)
+from hamq.protocol.headers import ConsumerSendMsgBackRequestHeader, EndTransactionRequestHeader
 from hamq.protocol.message import RETRY_GROUP_TOPIC_PREFIX
+from hamq.protocol.send_fields import decode_send_header
 
 #: RocketMQ's TopicValidator.RMQ_SYS_TRACE_TOPIC: anyone signed may publish traces
 TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"

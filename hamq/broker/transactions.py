@@ -93,11 +93,10 @@ from hamq.protocol.message import (
     TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
-    StoredMessage,
     encode_properties,
-    make_record_template,
     pack_host,
 )
+from hamq.protocol.record import StoredMessage, make_record_template
 from hamq.remoting import RemotingError, parse_address
 from hamq.store import MessageStore, MessageToStore, PutMessageResult, StoreError, copy_to_store
 from hamq.store.consume_queue import ConsumeQueue

@@ -126,9 +126,9 @@ from hamq.protocol.message import (
     DEFAULT_TOPIC,
     RETRY_GROUP_TOPIC_PREFIX,
     MessageFormatError,
-    decode_messages,
     parse_offset_msg_id,
 )
+from hamq.protocol.record import decode_messages
 from hamq.remoting import RemotingClient, RemotingConfig, RemotingError
 
 #: how long one request to a controller or a broker may take (the controller requests)

@@ -41,9 +41,9 @@ from hamq.protocol.message import (
     SYSFLAG_COMPRESSED,
     MessageFormatError,
     TagExpressionError,
-    decode_messages,
     parse_tags,
 )
+from hamq.protocol.record import decode_messages
 from hamq.remoting import RemotingError
 
 log = logging.getLogger(__name__)

@@ -98,12 +98,8 @@ from hamq.protocol.headers import (
     ResetOffsetRequestHeader,
     UnregisterClientRequestHeader,
 )
-from hamq.protocol.message import (
-    DEFAULT_TOPIC,
-    PROPERTY_PRODUCER_GROUP,
-    StoredMessage,
-    decode_message,
-)
+from hamq.protocol.message import DEFAULT_TOPIC, PROPERTY_PRODUCER_GROUP
+from hamq.protocol.record import StoredMessage, decode_message
 from hamq.remoting import (
     Connection,
     Dispatcher,

@@ -27,11 +27,11 @@ from hamq.protocol.message import (
     PROPERTY_WAIT,
     SYSFLAG_COMPRESSED,
     MessageFormatError,
-    StoredMessage,
     group_error,
     retry_topic,
     topic_error,
 )
+from hamq.protocol.record import StoredMessage
 
 MessageExt = StoredMessage
 

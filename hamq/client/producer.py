@@ -114,7 +114,7 @@ from hamq.protocol import (
     ResponseCode,
 )
 from hamq.protocol.bodies import MASTER_ID, MessageQueue
-from hamq.protocol.headers import SendMessageRequestHeader, decode_send_response, send_v2_fields
+from hamq.protocol.headers import SendMessageRequestHeader
 from hamq.protocol.message import (
     DEFAULT_TOPIC,
     PROPERTY_DELAY,
@@ -131,6 +131,7 @@ from hamq.protocol.message import (
     is_retry_topic,
     java_string_hash,
 )
+from hamq.protocol.send_fields import decode_send_response, send_v2_fields
 from hamq.protocol.send_timing import (
     BROKER_SEND_WAIT_S,
     BROKER_SYNC_FLUSH_WAIT_S,

@@ -5,10 +5,14 @@
 - serialization.py the JSON, ROCKETMQ and MSGPACK header codecs
 - frame.py         FrameDecoder / encode_frame
 - headers.py       typed request/response headers (attrs)
+- send_fields.py   the send's headers: SEND_MESSAGE_V2's one-letter keys, hot-path codec
 - converter.py     headers <-> ext fields (cattrs)
 - errors.py        ProtocolError, RequestError, HeaderError
-- message.py       stored message records, message ids, properties, batches
-- bodies.py        JSON request/response bodies
+- message.py       messages by name: property keys and their encoding, sys flags, topic
+                   and group names, tag codes, hosts, message ids, batch bodies
+- record.py        the CommitLog record codec (encode, read, pull bodies), on message.py
+- bodies.py        JSON request/response bodies (attrs classes and their converter)
+- fastjson.py      fastjson's JSON: maps keyed by bare numbers or by objects
 - ha_wire.py       the HA channel's messages (classic, auto-switch, membership proof)
 - send_timing.py   a send's timing contract: broker waits, client per-try waits
 - secret.py        Secret: a secret text (ACL key, HA secret) that never shows itself

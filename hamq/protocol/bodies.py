@@ -16,7 +16,8 @@ GetConsumerStatusBody) are written as fastjson writes them, which is not JSON: t
 is the queue object itself, inline, its fields in alphabetical order —
 ``{"offsetTable":{{"brokerName":"b","queueId":0,"topic":"T"}:5}}`` — so that RocketMQ's
 own admin tools read them. Decoding takes that form and the JSON one with the key as a
-string holding the object (``{"{\"brokerName\":...}":5}``).
+string holding the object (``{"{\"brokerName\":...}":5}``). fastjson.py reads and writes
+that dialect; this module maps it to and from the classes.
 
 ``encode_body(obj)`` gives compact UTF-8 JSON bytes; ``decode_body(cls, data)`` the
 object. Enums are written by name, as Java writes them.
@@ -35,6 +36,7 @@ import cattrs
 from cattrs.errors import ClassValidationError
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
+from hamq.protocol import fastjson
 from hamq.protocol.codes import LanguageCode, ResponseCode
 from hamq.protocol.errors import RequestError
 
@@ -488,13 +490,8 @@ def _structure_float(value: Any, _type: object) -> float:
     raise ValueError(f"{value!r} is not a number")
 
 
-class ObjectKey(str):
-    """A map key that is an object, as fastjson writes it: the object's compact JSON
-    (fields sorted), written inline, unquoted."""
-
-
-def _queue_key(queue: MessageQueue) -> ObjectKey:
-    return ObjectKey(
+def _queue_key(queue: MessageQueue) -> fastjson.ObjectKey:
+    return fastjson.ObjectKey(
         json.dumps(
             {"brokerName": queue.broker_name, "queueId": queue.queue_id, "topic": queue.topic},
             separators=(",", ":"),
@@ -582,108 +579,8 @@ def encode_body(obj: object) -> bytes:
     maps keyed by MessageQueue with inline object keys, as fastjson writes them)."""
     data = _without_nulls(_CONVERTER.unstructure(obj))
     if isinstance(obj, _OBJECT_KEYED):
-        return _dumps(data).encode()
+        return fastjson.dumps(data).encode()
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _dumps(value: Any) -> str:
-    """Compact JSON, except that ObjectKey keys are written as they are (inline)."""
-    if isinstance(value, dict):
-        items = []
-        for key, item in value.items():
-            name = key if isinstance(key, ObjectKey) else json.dumps(str(key), ensure_ascii=False)
-            items.append(f"{name}:{_dumps(item)}")
-        return "{" + ",".join(items) + "}"
-    if isinstance(value, list):
-        return "[" + ",".join(_dumps(item) for item in value) + "]"
-    return json.dumps(value, ensure_ascii=False)
-
-
-# ---------------------------------------------------------------- fastjson's JSON
-# fastjson writes what JSON parsers refuse: Long-keyed maps with bare numbers as keys
-# ({0:"ip:port"}) and MessageQueue-keyed maps with the object as key. This reader
-# takes both (and JSON); scalars and strings are the json module's.
-
-_SCALARS = json.JSONDecoder()
-_WHITESPACE = " \t\n\r"
-
-
-def _lenient_loads(text: str) -> Any:
-    """Parse fastjson's output; ValueError (naming the position) if it is not that."""
-    value, end = _lenient_value(text, _skip(text, 0))
-    end = _skip(text, end)
-    if end != len(text):
-        raise ValueError(f"extra data at char {end}")
-    return value
-
-
-def _skip(text: str, i: int) -> int:
-    while i < len(text) and text[i] in _WHITESPACE:
-        i += 1
-    return i
-
-
-def _lenient_value(text: str, i: int) -> tuple[Any, int]:
-    if i >= len(text):
-        raise ValueError(f"a value expected at char {i}")
-    if text[i] == "{":
-        return _lenient_object(text, i + 1)
-    if text[i] == "[":
-        return _lenient_array(text, i + 1)
-    try:
-        value, end = _SCALARS.raw_decode(text, i)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{exc.msg} at char {exc.pos}") from None
-    return value, end
-
-
-def _lenient_key(text: str, i: int) -> tuple[str, int]:
-    value, end = _lenient_value(text, i)
-    if isinstance(value, str):
-        return value, end
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value), end
-    if isinstance(value, dict | list):
-        compact = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        return ObjectKey(compact), end
-    raise ValueError(f"a key expected at char {i}")
-
-
-def _lenient_object(text: str, i: int) -> tuple[dict[str, Any], int]:
-    result: dict[str, Any] = {}
-    i = _skip(text, i)
-    if text.startswith("}", i):
-        return result, i + 1
-    while True:
-        key, i = _lenient_key(text, _skip(text, i))
-        i = _skip(text, i)
-        if not text.startswith(":", i):
-            raise ValueError(f"':' expected at char {i}")
-        result[key], i = _lenient_value(text, _skip(text, i + 1))
-        i = _skip(text, i)
-        if text.startswith(",", i):
-            i += 1
-        elif text.startswith("}", i):
-            return result, i + 1
-        else:
-            raise ValueError(f"',' or '}}' expected at char {i}")
-
-
-def _lenient_array(text: str, i: int) -> tuple[list[Any], int]:
-    result: list[Any] = []
-    i = _skip(text, i)
-    if text.startswith("]", i):
-        return result, i + 1
-    while True:
-        item, i = _lenient_value(text, _skip(text, i))
-        result.append(item)
-        i = _skip(text, i)
-        if text.startswith(",", i):
-            i += 1
-        elif text.startswith("]", i):
-            return result, i + 1
-        else:
-            raise ValueError(f"',' or ']' expected at char {i}")
 
 
 def _load(cls: type, data: bytes | bytearray | memoryview | str) -> Any:
@@ -698,7 +595,7 @@ def _load(cls: type, data: bytes | bytearray | memoryview | str) -> Any:
         raise BodyError(f"{cls.__name__} body is nested too deeply") from None
     except ValueError:
         try:
-            return _lenient_loads(text)
+            return fastjson.loads(text)
         except RecursionError:
             raise BodyError(f"{cls.__name__} body is nested too deeply") from None
         except ValueError as exc:

@@ -12,7 +12,9 @@ No network code here; the broker drives it through ``MessageStore``
 - reput.py          the reput task that builds queues and index from the log
 - checkpoint.py     how far things are on disk; files.py: atomic writes, the lock
 - extents.py        each queue's extent at the last clean stop (queueExtents.json)
-- recovery.py       clean and crash recovery
+- recovery.py       finding the CommitLog's end at start (clean and crash), the recovery steps
+- queue_check.py    consume queues at start: checked against the log, rebuilt, lost offsets kept
+- redispatch.py     recovery's dispatch passes; torn/ copies of damaged records
 - deletions.py      deleted topics: where each was deleted (topicDeletions.json)
 - flush.py          async flush, group commit, checkpointing
 - offset_waiters.py puts waiting for an offset (the fsync's, the replicas' acks)

@@ -26,16 +26,18 @@ from pathlib import Path
 import attrs
 
 from hamq.protocol.message import (
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED,
+    SYSFLAG_TRANSACTION_ROLLBACK,
+    offset_msg_id,
+)
+from hamq.protocol.record import (
     BLANK_MAGIC,
     END_FILE_MIN_BLANK_LENGTH,
     MAGIC_V1,
     MAGIC_V2,
     SIZE_MAGIC,
-    SYSFLAG_TRANSACTION_MASK,
-    SYSFLAG_TRANSACTION_PREPARED,
-    SYSFLAG_TRANSACTION_ROLLBACK,
     RecordTemplate,
-    offset_msg_id,
 )
 from hamq.store.records import DamageLog, record_problem
 from hamq.store.segment import Segment, SegmentQueue, StoreError

@@ -11,7 +11,7 @@ from pathlib import Path
 import attrs
 from attrs import validators as v
 
-from hamq.protocol.message import END_FILE_MIN_BLANK_LENGTH
+from hamq.protocol.record import END_FILE_MIN_BLANK_LENGTH
 from hamq.protocol.send_timing import BROKER_SYNC_FLUSH_WAIT_S
 
 GIB = 1024 * 1024 * 1024

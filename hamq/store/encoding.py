@@ -25,12 +25,14 @@ from hamq.protocol.message import (
     TOPIC_DELETION_TOPIC,
     MessageFormatError,
     PropertiesTooLong,
-    RecordTemplate,
     encode_properties,
-    make_record_template,
-    make_record_templates,
     pack_host,
     topic_error,
+)
+from hamq.protocol.record import (
+    RecordTemplate,
+    make_record_template,
+    make_record_templates,
 )
 from hamq.store.config import StoreConfig
 from hamq.store.deletions import TopicDeletions

@@ -9,7 +9,7 @@ File ``<store>/config/queueExtents.json``, written at every clean stop::
 (``QueueExtents.problems``) they say which queues lost files that the log's tail cannot show: a
 queue whose files end before its recorded max offset, or whose first entries are gone
 while the records they point at are still in the log, is rebuilt from the log
-(hamq/store/recovery.py); and a rebuilt queue that the log cannot bring back to its
+(hamq/store/queue_check.py, at recovery); and a rebuilt queue that the log cannot bring back to its
 recorded max offset continues from there (``standing``: the floors recovery keeps the
 queue offsets above): offsets it handed out are not handed out again.
 

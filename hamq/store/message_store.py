@@ -30,10 +30,12 @@ import trio
 
 from hamq.protocol.message import (
     TOPIC_DELETION_TOPIC,
+    topic_error,
+)
+from hamq.protocol.record import (
     RecordTemplate,
     StoredMessage,
     make_record_template,
-    topic_error,
 )
 from hamq.store.checkpoint import Checkpoint, load_checkpoint, save_with_backup
 from hamq.store.commitlog import AppendResult, CommitLog

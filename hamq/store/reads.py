@@ -21,6 +21,8 @@ from hamq.protocol.message import (
     SYSFLAG_BORNHOST_V6,
     TOPIC_DELETION_TOPIC,
     MessageFormatError,
+)
+from hamq.protocol.record import (
     StoredMessage,
     decode_message,
     read_record,
@@ -197,7 +199,7 @@ class StoreReader:
                             physical_offset, size, entry, check_crc=check_crc
                         )
                         if record is not None and is_lost_record(record):
-                            # a placeholder for a record a crash cut (recovery.py):
+                            # a placeholder for a record a crash cut (queue_check.py):
                             # passed over, as a message removed, never marked checked
                             scan.removed += 1
                             next_offset += 1

@@ -1,6 +1,6 @@
 """Stored records as the store reads them, sound or damaged (layout: shared/PROTOCOL.md §6.2).
 
-``hamq.protocol.message`` decodes records: ``read_record`` as consumers do (every
+``hamq.protocol.record`` decodes records: ``read_record`` as consumers do (every
 length, UTF-8, the body CRC), ``read_summary`` as the reput task does (the same less
 the CRC); the structs of the record's fields (``RECORD_HEAD``, ``BODY_LENGTH``...) are
 defined there too. What the store needs beyond that lives here, in one place:
@@ -16,7 +16,7 @@ defined there too. What the store needs beyond that lives here, in one place:
   (passed over: its bytes stay, the log goes on) or the start of a torn tail (cut).
   Recovery and the reput task use the same rule.
 - ``is_lost_record``: whether a sound record is a lost record's placeholder (its
-  properties start with PROPERTY_LOST, its body is empty: recovery.py writes them), which
+  properties start with PROPERTY_LOST, its body is empty: queue_check.py writes them), which
   pulls pass over as they pass over damage, without counting it as damage.
 - ``DamageLog``: damaged records met are all counted; one is logged at most every
   DAMAGE_LOG_INTERVAL_S (consumers pulling past the same record again and again must
@@ -34,22 +34,24 @@ import time
 from collections.abc import Callable
 
 from hamq.protocol.message import (
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_LOST,
+    SYSFLAG_BORNHOST_V6,
+    SYSFLAG_STOREHOST_V6,
+    MessageFormatError,
+    topic_error,
+)
+from hamq.protocol.record import (
     BODY_LENGTH,
     BORN_HOST_AT,
     MAGIC_V1,
     MAGIC_V2,
-    NAME_VALUE_SEPARATOR,
-    PROPERTY_LOST,
     RECORD_HEAD,
     SIZE_MAGIC,
-    SYSFLAG_BORNHOST_V6,
-    SYSFLAG_STOREHOST_V6,
     TEXT_LENGTH,
-    MessageFormatError,
     body_crc,
     is_blank,
     read_record,
-    topic_error,
 )
 from hamq.store.segment import Segment
 

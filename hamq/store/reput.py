@@ -48,25 +48,22 @@ import attrs
 import trio
 
 from hamq.protocol.message import (
-    BLANK_MAGIC,
     PROPERTY_DELAY,
     PROPERTY_KEYS,
     PROPERTY_LOST,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     SCHEDULE_TOPIC,
-    SIZE_MAGIC,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
     TOPIC_DELETION_TOPIC,
     MessageFormatError,
-    decode_message,
     decode_properties,
-    read_summary,
     tags_code,
     topic_error,
 )
+from hamq.protocol.record import BLANK_MAGIC, SIZE_MAGIC, decode_message, read_summary
 from hamq.store.commitlog import AppendResult, CommitLog
 from hamq.store.consume_queue import ConsumeQueue, ConsumeQueueTable
 from hamq.store.deletions import TopicDeletions

@@ -51,8 +51,8 @@ from hamq.protocol.message import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     SCHEDULE_TOPIC,
-    StoredMessage,
 )
+from hamq.protocol.record import StoredMessage
 from hamq.store.checkpoint import load_with_backup, save_with_backup
 from hamq.store.consume_queue import ConsumeQueueTable
 from hamq.store.reput import DispatchRequest

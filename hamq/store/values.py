@@ -15,7 +15,12 @@ from collections.abc import Mapping
 
 import attrs
 
-from hamq.protocol.message import PROPERTY_WAIT, StoredMessage
+from hamq.protocol.message import (
+    PROPERTY_WAIT,
+)
+from hamq.protocol.record import (
+    StoredMessage,
+)
 from hamq.store.commitlog import AppendResult
 from hamq.store.durability import PutMessageStatus
 from hamq.store.segment import StoreError

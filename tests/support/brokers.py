@@ -29,9 +29,9 @@ from hamq.protocol.headers import (
     CreateTopicRequestHeader,
     PullMessageRequestHeader,
     SendMessageRequestHeader,
-    to_v2_fields,
 )
 from hamq.protocol.message import encode_properties
+from hamq.protocol.send_fields import to_v2_fields
 from hamq.remoting import RemotingClient
 from nameserver import NameServer, NameServerConfig
 from tests.support.timing import wait_for

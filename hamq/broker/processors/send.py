@@ -56,8 +56,6 @@ from hamq.protocol.headers import (
     ConsumerSendMsgBackRequestHeader,
     SendMessageRequestHeader,
     SendMessageResponseHeader,
-    decode_send_header,
-    send_response_fields,
 )
 from hamq.protocol.message import (
     DEFAULT_TOPIC,
@@ -80,6 +78,7 @@ from hamq.protocol.message import (
     retry_topic,
     topic_error,
 )
+from hamq.protocol.send_fields import decode_send_header, send_response_fields
 from hamq.remoting import Connection, Dispatcher, parse_address
 from hamq.store import (
     MessageToStore,

@@ -1,0 +1,121 @@
+"""The send's ext fields (hamq/protocol/send_fields.py): SEND_MESSAGE_V2's one-letter
+keys, and the hot-path codec giving and refusing exactly what the converter does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hamq.protocol import HeaderError, decode_header, encode_header
+from hamq.protocol.headers import SendMessageRequestHeader, SendMessageResponseHeader
+from hamq.protocol.send_fields import (
+    SEND_V2_KEYS,
+    decode_send_header,
+    decode_send_response,
+    from_v2_fields,
+    send_response_fields,
+    send_v2_fields,
+    to_v2_fields,
+)
+from tests.support.strategies import headers
+
+
+def _send_header(**changes: Any) -> SendMessageRequestHeader:
+    base: dict[str, Any] = {
+        "producer_group": "PID",
+        "topic": "TopicTest",
+        "default_topic": "TBW102",
+        "default_topic_queue_nums": 4,
+        "queue_id": 0,
+        "sys_flag": 0,
+        "born_timestamp": 1795267292855,
+        "flag": 0,
+    }
+    base.update(changes)
+    return SendMessageRequestHeader(**base)
+
+
+def test_send_v2_short_keys_map_to_send_message_keys() -> None:
+    fields = encode_header(_send_header(properties="p", batch=False, broker_name="broker-a"))
+    short = to_v2_fields(fields)
+    assert short["a"] == "PID"
+    assert short["b"] == "TopicTest"
+    assert short["m"] == "false"
+    assert short["n"] == "broker-a"
+    assert from_v2_fields(short) == fields
+    assert decode_header(SendMessageRequestHeader, from_v2_fields(short)) == _send_header(
+        properties="p", batch=False, broker_name="broker-a"
+    )
+
+
+def _outcome(decode: Any, fields: dict[str, Any]) -> object:
+    try:
+        return decode(fields)
+    except HeaderError as exc:
+        return ("HeaderError", str(exc))
+
+
+_FIELD_VALUES = st.one_of(
+    st.none(),
+    st.integers(-(2**64), 2**64),
+    st.booleans(),
+    st.sampled_from(["", "0", "1", "-1", "007", "+5", " 5", "1_0", "²", "true", "FALSE", "x"]),
+    st.text(max_size=5),
+)
+
+
+@given(header=headers(SendMessageRequestHeader))
+def test_the_send_hot_path_encodes_and_decodes_as_the_converter_does(
+    header: SendMessageRequestHeader,
+) -> None:
+    fields = encode_header(header)
+    assert send_v2_fields(header) == to_v2_fields(fields)
+    assert decode_send_header(fields, v2=False) == header
+    assert decode_send_header(send_v2_fields(header), v2=True) == header
+
+
+@given(
+    fields=st.dictionaries(
+        st.sampled_from(["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n"]),
+        _FIELD_VALUES,
+    )
+)
+def test_the_send_hot_path_takes_and_refuses_what_the_converter_does(
+    fields: dict[str, Any],
+) -> None:
+    generic = _outcome(lambda f: decode_header(SendMessageRequestHeader, from_v2_fields(f)), fields)
+    assert _outcome(lambda f: decode_send_header(f, v2=True), fields) == generic
+
+
+@given(
+    header=headers(SendMessageResponseHeader),
+    junk=st.dictionaries(st.text(max_size=3), _FIELD_VALUES),
+)
+def test_send_answers_encode_and_decode_as_the_converter_does(
+    header: SendMessageResponseHeader, junk: dict[str, Any]
+) -> None:
+    fields = encode_header(header)
+    assert send_response_fields(header) == fields
+    assert decode_send_response(fields) == header
+    generic = _outcome(lambda f: decode_header(SendMessageResponseHeader, f), junk)
+    assert _outcome(decode_send_response, junk) == generic
+
+
+def test_every_send_field_has_one_short_key() -> None:
+    """Each of SendMessageRequestHeader's wire keys has one V2 key, and no other key has."""
+    full = set(
+        encode_header(
+            _send_header(
+                properties="p",
+                reconsume_times=1,
+                unit_mode=True,
+                batch=True,
+                max_reconsume_times=3,
+                broker_name="b",
+            )
+        )
+    )
+    assert set(SEND_V2_KEYS.values()) == full
+    assert len(SEND_V2_KEYS) == len(full)
