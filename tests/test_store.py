@@ -1,9 +1,12 @@
-"""MessageStore: puts and gets, restart and recovery, flush, delay levels, retention."""
+"""MessageStore: puts and gets, restart and recovery, flush, delay levels, retention;
+truncation (racing a slow fsync, its zeroed tail put on disk), a slave whose log starts
+mid-way, and topic names and configurations refused before anything reaches disk."""
 
 from __future__ import annotations
 
 import errno
 import itertools
+import json
 import logging
 import os
 import random
@@ -26,8 +29,11 @@ from hamq.store import (
     MessageStore,
     MessageToStore,
     PutMessageStatus,
+    StoreConfig,
 )
 from hamq.store import segment as segment_module
+from hamq.store.checkpoint import load_checkpoint
+from hamq.store.commitlog import CommitLog
 from hamq.store.message_store import StoreLockedError
 from hamq.store.segment import Segment, StoreError
 from tests.support.store import SEGMENT, message, open_store, put, put_many, small_config
@@ -573,3 +579,115 @@ async def test_offset_by_time_and_store_times(
         assert store.earliest_message_time("T", 0) == stamps[0]
         assert store.message_store_time("T", 0, 7) == stamps[7]
         assert store.message_store_time("T", 0, 70) == -1
+
+
+async def test_a_truncation_during_a_slow_fsync_does_not_overstate_what_is_flushed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = small_config(tmp_path)
+    release = threading.Event()
+    syncing = trio.Event()
+    original = Segment.sync_data
+    token = trio.lowlevel.current_trio_token()
+
+    def slow(self: Segment) -> None:
+        token.run_sync_soon(syncing.set)
+        release.wait(10)
+        original(self)
+
+    async with open_store(config) as store:
+        assert store.flush is not None
+        await put_many(store, 20, queues=2, padding=1000)
+        half = store.commitlog_max_offset
+        await put_many(store, 20, queues=2, padding=1000)
+        monkeypatch.setattr(Segment, "sync_data", slow)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.flush.flush_commitlog)
+            await syncing.wait()
+            nursery.start_soon(store.truncate, half)  # waits for the flush to finish
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+        monkeypatch.setattr(Segment, "sync_data", original)
+        assert store.commitlog_max_offset == half
+        assert store.flush.flushed_offset <= half
+        for segment in store.commitlog.segments.segments:
+            assert segment.flushed <= segment.wrote
+    checkpoint = load_checkpoint(tmp_path / "checkpoint")
+    assert checkpoint is not None and checkpoint.commitlog_flushed_offset == half
+    async with open_store(config) as store:  # restarts cleanly at the cut
+        assert store.commitlog_max_offset == half
+
+
+async def test_truncation_puts_the_zeroed_tail_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    original = Segment.sync_data
+
+    def counting(self: Segment) -> None:
+        synced.append(f"{self.path.parent.name}/{self.path.name}")
+        original(self)
+
+    async with open_store(small_config(tmp_path)) as store:
+        await put_many(store, 30, queues=2, padding=1000)
+        assert store.flush is not None
+        await store.flush.flush_queues_and_checkpoint()
+        cut = store.get_message("g", "T", 0, 5, 1).messages[0]
+        offset = int.from_bytes(cut[28:36], "big")  # PHYSICALOFFSET of entry 5
+        monkeypatch.setattr(Segment, "sync_data", counting)
+        await store.truncate(offset)
+    assert f"commitlog/{0:020d}" in synced  # the segment holding the cut
+    assert f"0/{0:020d}" in synced  # and the consume queue it cut
+
+
+async def test_a_slave_whose_log_starts_mid_way_builds_its_queues(tmp_path: Path) -> None:
+    async with open_store(small_config(tmp_path / "master")) as master:
+        await put_many(master, 700, queues=2, padding=1000)
+        last = master.commitlog.segments.last
+        assert last is not None and last.start > 0
+        async with open_store(small_config(tmp_path / "slave", role=BrokerRole.SLAVE)) as slave:
+            offset = last.start  # a master starts a new slave at its last segment
+            while offset < master.commitlog_max_offset:
+                chunk = bytes(master.get_data(offset, 32 * 1024))
+                slave.append_raw(offset, chunk)
+                offset += len(chunk)
+            with trio.fail_after(10):
+                await slave.wait_dispatched()
+            high = master.max_offset_in_queue("T", 1)
+            assert slave.max_offset_in_queue("T", 1) == high
+            found = slave.get_message("g", "T", 1, high - 1, 1)
+            assert found.status is GetMessageStatus.FOUND
+
+
+async def test_delay_offsets_past_their_queue_move_back_to_its_end(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    config = small_config(tmp_path, message_delay_level="1s")
+    (tmp_path / "config").mkdir(parents=True)
+    (tmp_path / "config" / "delayOffset.json").write_text(json.dumps({"offsetTable": {"1": 9}}))
+    async with open_store(config, clock=virtual_clock()) as store:
+        await put(store, message(queue_id=0, body=b"late", DELAY="1"))
+        await trio.sleep(5)
+        assert store.max_offset_in_queue(SCHEDULE_TOPIC, 0) == 1
+        assert store.max_offset_in_queue("T", 0) == 1  # delivered after all
+        assert store.delay_offsets() == {1: 1}
+
+
+async def test_bad_topic_names_are_refused_before_they_reach_disk(tmp_path: Path) -> None:
+    async with open_store(small_config(tmp_path / "store")) as store:
+        for topic in ("", "bad\x00topic", "../../escaped", "a/b", "t" * 128, "spaces here"):
+            result = await put(store, message(topic=topic))
+            assert result.status is PutMessageStatus.MESSAGE_ILLEGAL, topic
+        ok = await put(store, message(topic="%RETRY%group|x-y_z"))
+        assert ok.status is PutMessageStatus.PUT_OK
+        assert store.running
+    assert sorted(os.listdir(tmp_path)) == ["store"]  # nothing written outside the store
+
+
+def test_an_invalid_config_is_refused_by_field() -> None:
+    with pytest.raises(ValueError, match="delay level 'soon'"):
+        StoreConfig(store_dir="x", message_delay_level="1s soon")
+    with pytest.raises(ValueError, match="cannot hold a message"):
+        StoreConfig(store_dir="x", commitlog_segment_bytes=SEGMENT, max_message_bytes=SEGMENT)
+    with pytest.raises(StoreError):
+        CommitLog(Path(os.devnull), 64 * 1024, lambda: 0).append_raw(10, b"x")

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from hamq.broker.metrics import BrokerCollector
 from hamq.broker.offsets import ConsumerOffsetManager
@@ -25,7 +26,7 @@ from hamq.client import AdminClient, Message, Producer, PullConsumer, PullStatus
 from hamq.protocol.bodies import SubscriptionGroupConfig, TopicConfig
 from hamq.protocol.record import decode_messages, read_record
 from hamq.store import BrokerRole, GetMessageStatus, MessageStore, PutMessageStatus
-from hamq.store.checkpoint import MetadataFileError
+from hamq.store.checkpoint import MetadataFileError, load_checkpoint, save_checkpoint
 from hamq.store.consume_queue import ENTRY_SIZE
 from hamq.store.segment import StoreError
 from tests.support.brokers import namesrv, running_broker
@@ -369,6 +370,41 @@ async def test_put_status_is_unchanged_for_damage_elsewhere(tmp_path: Path) -> N
         found, skipped = read_all(store)
         assert found == [f"m{i}" for i in range(10) if i != 3] + ["after"]
         assert skipped == 1
+
+
+async def test_consume_queue_holes_left_by_a_crash_are_rebuilt(tmp_path: Path) -> None:
+    config = small_config(tmp_path)
+    async with open_store(config) as store:
+        await put_many(store, 300, queues=2, padding=1000)
+    queue_file = tmp_path / "consumequeue" / "T" / "0" / f"{100 * ENTRY_SIZE:020d}"
+    data = bytearray(queue_file.read_bytes())
+    data[10 * ENTRY_SIZE : 20 * ENTRY_SIZE] = bytes(10 * ENTRY_SIZE)  # pages lost out of order
+    queue_file.write_bytes(bytes(data))
+    checkpoint = load_checkpoint(tmp_path / "checkpoint")
+    assert checkpoint is not None
+    save_checkpoint(tmp_path / "checkpoint", checkpoint.__class__(0, 0, 0, 0, 0))
+    (tmp_path / "abort").write_bytes(b"")
+    async with open_store(config) as store:
+        assert store.max_offset_in_queue("T", 0) == 150
+        for offset in (109, 110, 119, 149):
+            assert store.get_message("g", "T", 0, offset, 1).status is GetMessageStatus.FOUND
+
+
+async def test_torn_copies_from_two_crashes_are_both_kept(tmp_path: Path) -> None:
+    config = small_config(tmp_path)
+    async with open_store(config) as store:
+        await put_many(store, 5, queues=2, padding=1000)
+        end = store.commitlog_max_offset
+    segment = tmp_path / "commitlog" / f"{0:020d}"
+    for garbage in (b"first torn tail", b"second torn tail"):
+        data = bytearray(segment.read_bytes())
+        data[end : end + len(garbage)] = garbage
+        segment.write_bytes(bytes(data))
+        (tmp_path / "abort").write_bytes(b"")
+        async with open_store(config) as store:
+            assert store.commitlog_max_offset == end
+    copies = sorted(p.read_bytes() for p in (tmp_path / "torn").iterdir())
+    assert copies == [b"first torn tail", b"second torn tail"]
 
 
 # ---------------------------------------------------------------- 5. damage met after start

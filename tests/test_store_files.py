@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import mmap
+import random
 import struct
 from pathlib import Path
 
@@ -12,9 +14,15 @@ import pytest
 from hamq.protocol.record import BLANK_MAGIC, is_blank, make_record_template, read_record
 from hamq.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from hamq.store.commitlog import CommitLog
-from hamq.store.consume_queue import ConsumeQueue
+from hamq.store.consume_queue import MAX_CHECKED_RANGES, CheckedRanges, ConsumeQueue
 from hamq.store.index import IndexService
-from hamq.store.segment import ADVICE_CHUNK, StoreCorruptionError, StoreError
+from hamq.store.segment import (
+    ADVICE_CHUNK,
+    Segment,
+    StoreCorruptionError,
+    StoreError,
+    fsync_directory,
+)
 
 SEGMENT = 64 * 1024
 
@@ -260,3 +268,87 @@ def test_a_mapping_reads_ahead_only_where_it_was_written(tmp_path: Path) -> None
     page = end - end % mmap.PAGESIZE
     assert map_advice(path) == [(0, page, False), (page, size - page, True)]
     reloaded.close()
+
+
+def test_a_failed_roll_over_can_be_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    commitlog = CommitLog(tmp_path, 64 * 1024, lambda: 0)
+    commitlog.load()
+    commitlog.segments.create(0)
+    calls = []
+
+    def failing_fsync(directory: Path) -> None:
+        calls.append(directory)
+        if len(calls) == 1:
+            raise OSError(5, "EIO (simulated)")
+        fsync_directory(directory)
+
+    monkeypatch.setattr("hamq.store.segment.fsync_directory", failing_fsync)
+    with pytest.raises(OSError, match="EIO"):
+        commitlog.segments.create(64 * 1024)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{0:020d}"]  # nothing left behind
+    commitlog.segments.create(64 * 1024)  # the retry works
+    assert len(commitlog.segments.segments) == 2
+
+
+def test_dropping_segments_newest_first_never_leaves_a_gap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commitlog = CommitLog(tmp_path, 64 * 1024, lambda: 0)
+    commitlog.load()
+    for start in range(0, 5 * 64 * 1024, 64 * 1024):
+        commitlog.segments.create(start)
+    destroyed = []
+    original = Segment.destroy
+
+    def crash_on_second(self: Segment) -> None:
+        if destroyed:
+            raise KeyboardInterrupt("the process dies here")
+        destroyed.append(self.start)
+        original(self)
+
+    monkeypatch.setattr(Segment, "destroy", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        commitlog.segments.remove_after(64 * 1024)
+    monkeypatch.setattr(Segment, "destroy", original)
+    commitlog.close()
+    again = CommitLog(tmp_path, 64 * 1024, lambda: 0)
+    again.load()  # no gap: loads
+    assert [s.start for s in again.segments.segments] == [i * 64 * 1024 for i in range(4)]
+
+
+def test_index_names_keep_growing_when_the_clock_goes_back(tmp_path: Path) -> None:
+    index = IndexService(tmp_path, hash_slots=7, max_entries=3)
+    index.load()
+    now = 1_700_000_000_000
+    for i in range(6):  # two entries per file: several files
+        index.add("T", [f"k{i}"], physical_offset=i, store_timestamp=now - i * 600_000)
+    names = [f.path.name for f in index.files]
+    assert names == sorted(names) and len(set(names)) == len(names)
+
+
+def test_checked_ranges_never_vouch_for_an_offset_not_added_or_clipped_since() -> None:
+    """A queue's ``checked`` lets pulls skip checking records: it may forget offsets
+    (at most MAX_CHECKED_RANGES ranges are kept), but every offset it vouches for was
+    added and not clipped since. Random adds and clips (fixed seed) against a set."""
+    rng = random.Random(14)
+    for _ in range(200):
+        ranges, added = CheckedRanges(), set()
+        for _ in range(30):
+            if rng.random() < 0.15:
+                stop = rng.randrange(0, 120)
+                ranges.clip(stop)
+                added = {o for o in added if o < stop}
+            else:
+                start = rng.randrange(0, 100)
+                stop = start + rng.choice([1, 1, 2, 5, 20])
+                ranges.add(start, stop)
+                added.update(range(start, stop))
+            vouched = {o for o in range(130) if ranges.end_of(o) > o}
+            assert vouched <= added, (ranges, sorted(added))
+            assert all(ranges.end_of(o) == o or o in added for o in range(130))
+            spans = ranges.spans()
+            assert len(spans) <= MAX_CHECKED_RANGES and spans == sorted(spans)
+            assert all(b1 < a2 for (_, b1), (a2, _) in itertools.pairwise(spans))
+        ranges.add(0, 10)
+        ranges.add(10, 11)  # (the dispatcher's case: one more at the end)
+        assert ranges.end_of(3) >= 11

@@ -4,6 +4,10 @@ The producer here is raw remoting, as a RocketMQ client sends it: a half message
 SEND_MESSAGE_V2 with TRAN_MSG=true, END_TRANSACTION goes oneway, and check-backs
 (CHECK_TRANSACTION_STATE) arrive on the connection the producer heartbeats on. The
 check timers are short (the broker's own options) and waits bounded.
+
+A test that says nothing was asked (or stored) waits for the check loop's proof that it
+had its chance (``more_passes``), never for a while: a sleep is there only when the
+time must pass for a half message to be due.
 """
 
 from __future__ import annotations
@@ -167,6 +171,20 @@ def end_request(
     return RemotingCommand.request(RequestCode.END_TRANSACTION, header)
 
 
+async def more_passes(node: BrokerNode) -> None:
+    """Wait until the check loop completed two more passes than it had (the first may
+    have begun before): every half message as it stands now has been looked at, and
+    what a check-back stores (its put-back copy) dispatched. Then the half queue's
+    length says whether anything was checked back meanwhile."""
+    seen = node.transactions.check_passes
+    await wait_for(lambda: node.transactions.check_passes >= seen + 2, TIMEOUT_S)
+    await node.store.wait_dispatched()
+
+
+#: longer than FAST_CHECKS' transaction_timeout_s: a half message read now is due then
+PAST_TIMEOUT_S = 0.6
+
+
 async def settled(node: BrokerNode, count: int) -> None:
     """Wait until the broker settled ``count`` transactions and dispatched the result."""
     await wait_for(
@@ -206,9 +224,10 @@ async def test_a_rolled_back_half_message_never_reaches_its_topic(tmp_path: Path
         await p.end_oneway(half, ROLLBACK)
         await settled(node, 1)
         assert (await p.end(half, COMMIT)).code == ResponseCode.SUCCESS  # (first one wins)
-        await trio.sleep(1.0)  # past the check time: settled, so never asked
-        await node.store.wait_dispatched()
+        await trio.sleep(PAST_TIMEOUT_S)  # (it would be due now, were it open)
+        await more_passes(node)  # settled, so never asked
         assert messages_in(node, "T") == []
+        assert len(messages_in(node, TRANS_HALF_TOPIC)) == 1  # no copy put back to ask
         assert p.checks == []
 
 
@@ -260,7 +279,9 @@ async def test_an_unknown_transaction_is_checked_back_and_committed_once(
         assert message.topic == "T" and message.body == b"later"  # its real place
         assert header.msg_id == half.uniq and header.transaction_id == half.uniq
         assert message.properties[PROPERTY_TRANSACTION_CHECK_TIMES] == "1"
-        await trio.sleep(1.0)  # more passes: nothing left to ask
+        await trio.sleep(PAST_TIMEOUT_S)  # (the copy put back would be due now, were it open)
+        await more_passes(node)  # nothing left to ask
+        assert len(messages_in(node, TRANS_HALF_TOPIC)) == 2  # the original and one copy
         assert len(p.checks) == 1
         assert [m.body for m in messages_in(node, "T")] == [b"later"]
         assert node.ctx.offsets.query(PROGRESS_GROUP, TRANS_HALF_TOPIC, 0) == 2
@@ -281,10 +302,12 @@ async def test_a_transaction_nobody_settles_is_discarded_after_max_checks(
         ]
         [discarded] = messages_in(node, TRANS_CHECK_MAX_TIME_TOPIC)
         assert discarded.body == b"orphan" and discarded.properties[PROPERTY_REAL_TOPIC] == "T"
-        await trio.sleep(0.5)
+        await more_passes(node)  # (a half message checked the most times is discarded at once)
         assert (
             messages_in(node, "T") == [] and len(messages_in(node, TRANS_CHECK_MAX_TIME_TOPIC)) == 1
         )
+        assert len(messages_in(node, TRANS_HALF_TOPIC)) == 4  # the original and 3 copies
+        assert len(p.checks) == 3
 
 
 async def test_a_backlog_of_half_messages_is_checked_batch_after_batch(
@@ -297,7 +320,7 @@ async def test_a_backlog_of_half_messages_is_checked_batch_after_batch(
     async with running_broker(tmp_path, **manual) as node, producer(node) as p:
         halves = [await p.half("T", f"late {i}".encode()) for i in range(5)]
         await node.store.wait_dispatched()
-        await trio.sleep(0.6)  # past transaction_timeout_s
+        await trio.sleep(PAST_TIMEOUT_S)  # (every one due)
         passes = [await node.transactions.check_once() for _ in range(3)]
         assert passes == [True, True, False]
         await wait_for(lambda: len(p.checks) == 5, TIMEOUT_S)
@@ -335,7 +358,10 @@ async def test_a_restart_mid_transaction_checks_back_and_commits_once(tmp_path: 
     _forget_progress(tmp_path)
     async with running_broker(tmp_path, **FAST_CHECKS) as node, producer(node, answer=COMMIT) as p:
         await settled(node, 1)
-        await trio.sleep(1.0)
+        await trio.sleep(PAST_TIMEOUT_S)  # (the copy put back would be due now, were it open)
+        await more_passes(node)
+        # open, done, and open's one copy put back: nothing more was checked back
+        assert len(messages_in(node, TRANS_HALF_TOPIC)) == 3
         assert [m.msg_id for _, m in p.checks] == [open_half.uniq]
         assert sorted(m.body for m in messages_in(node, "T")) == [b"done", b"open"]
 
@@ -357,6 +383,8 @@ async def test_a_copy_of_a_transaction_committed_before_a_restart_is_not_committ
         assert (await p.end(copy, COMMIT)).code == ResponseCode.SUCCESS
         assert node.transactions.duplicates == 1
     async with running_broker(tmp_path, **FAST_CHECKS) as node, producer(node) as p:
-        await trio.sleep(1.5)
+        await trio.sleep(PAST_TIMEOUT_S)  # (due now, were they open)
+        await more_passes(node)
+        assert len(messages_in(node, TRANS_HALF_TOPIC)) == 2  # the original and its copy
         assert p.checks == []
         assert [m.body for m in messages_in(node, "T")] == [b"once"]

@@ -8,8 +8,10 @@ routes, heartbeats and sends like a broker, records what the producer put on the
 connection each came on) and sends CHECK_TRANSACTION_STATE over the producer's own
 connection, as a broker does. The last tests run against a real broker (in a Trio
 thread, its check-back timers short): what consumers see after commit, rollback and a
-check-back. Every coroutine test runs on Trio, asyncio and uvloop (``anyio_backend``,
-tests/conftest.py).
+check-back. That nothing more came is seen after what proves it had its chance: a
+request after it on the same connection, a check queued after it, the broker's check
+passes (``_more_passes``), never a sleep. Every coroutine test runs on Trio, asyncio
+and uvloop (``anyio_backend``, tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import attrs
 import pytest
 from anyio.abc import SocketAttribute
 
+from hamq.broker import BrokerNode
 from hamq.client import (
     InvalidArgumentError,
     LocalTransactionState,
@@ -60,6 +63,7 @@ from hamq.protocol.message import (
     PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_KEY,
     SYSFLAG_TRANSACTION_PREPARED,
+    TRANS_HALF_TOPIC,
     decode_properties,
     encode_properties,
     offset_msg_id,
@@ -70,7 +74,7 @@ from hamq.protocol.send_fields import decode_send_header, send_response_fields
 from hamq.remoting import Connection, Dispatcher, RemotingConfig
 from tests.support.acl import APP, acl_text, write_acl
 from tests.support.acl import BROKER as ACL_BROKER
-from tests.support.backends import broker_thread
+from tests.support.backends import BrokerThread, broker_thread
 from tests.support.timing import wait_for
 
 pytestmark = pytest.mark.anyio
@@ -346,9 +350,11 @@ async def test_a_half_message_not_stored_raises_and_ends_nothing(broker: FakeBro
     async with TransactionProducer(GROUP, broker.addr, listener) as producer:
         with pytest.raises(SendError):
             await producer.send_in_transaction(Message(TOPIC, b"order 1"))
-        # not a wait for something: time for an END that should not come
-        await anyio.sleep(0.2)
-    assert len(broker.sends) == 1 and listener.executed == []
+        # an END would have gone before the error came back, on the one connection to
+        # the broker: a send after it arrives after the END
+        broker.send_code = ResponseCode.SUCCESS
+        await producer.send(Message(TOPIC, b"after"))
+    assert len(broker.sends) == 2 and listener.executed == []
     assert broker.ends == []
 
 
@@ -485,10 +491,11 @@ async def test_checks_past_the_hold_max_are_refused_and_logged(
         assert "U4" in refusals[0] and "U5" in refusals[1]
         release.set()
         await wait_for(lambda: len(broker.ends) == 3, 5, what="three answers")
-        # not a wait for something: time for an answer to a refused check to come
-        await anyio.sleep(0.2)
-    assert checked == ["U1", "U2", "U3"]
-    assert [e.header.msg_id for e in broker.ends] == ["U1", "U2", "U3"]
+        # one more check, answered after whatever was queued before it (one worker)
+        await broker.check(half_record("U6"), uniq="U6")
+        await wait_for(lambda: len(broker.ends) == 4, 5, what="the last check's answer")
+    assert checked == ["U1", "U2", "U3", "U6"]
+    assert [e.header.msg_id for e in broker.ends] == ["U1", "U2", "U3", "U6"]
 
 
 async def test_a_check_that_does_not_decode_is_dropped_with_a_warning(
@@ -518,11 +525,13 @@ async def test_a_check_for_a_group_not_here_is_dropped(
             await broker.check(half_record("OTHER-1", group="OTHER"), uniq="OTHER-1")
             await broker.check(half_record("MINE-1"), uniq="MINE-1")
             await wait_for(lambda: broker.ends, 5, what="the answer to our own group's check")
-            await anyio.sleep(0.2)  # not a wait for something: time for a wrong answer
-    assert any(
-        "OTHER" in r.getMessage() and "no such transaction producer" in r.getMessage()
-        for r in caplog.records
-    )
+            # the other group's check came first on the connection: dropped as it was
+            # read (the log line), or queued before ours and, with one worker, answered
+            # before it
+            assert any(
+                "OTHER" in r.getMessage() and "no such transaction producer" in r.getMessage()
+                for r in caplog.records
+            )
     assert [m.msg_id for m, _ in listener.checked] == ["MINE-1"]
     assert [e.header.msg_id for e in broker.ends] == ["MINE-1"]
 
@@ -566,6 +575,33 @@ FAST_CHECKS: dict[str, Any] = {
 }
 
 
+async def _more_passes(broker: BrokerThread) -> int:
+    """Wait until the broker's check loop completed two more passes than it had (the
+    first may have begun before), and what they stored is dispatched: every half
+    message as it stands now has been looked at. How many half messages the broker
+    holds then (a check-back puts a copy back before it asks)."""
+
+    def passes(node: BrokerNode) -> int:
+        return node.transactions.check_passes
+
+    seen = await broker.call(passes)
+
+    async def passed() -> bool:
+        return await broker.call(passes) >= seen + 2
+
+    await wait_for(passed, 10, what="two more check passes")
+    await broker.thread.run(_dispatched, broker.thread.value)
+    return await broker.call(lambda node: node.store.max_offset_in_queue(TRANS_HALF_TOPIC, 0))
+
+
+async def _dispatched(node: BrokerNode) -> None:
+    await node.store.wait_dispatched()
+
+
+#: longer than FAST_CHECKS' transaction_timeout_s: a half message read now is due then
+PAST_TIMEOUT_S = 0.6
+
+
 async def _visible(consumer: PullConsumer, topic: str) -> list[MessageExt]:
     """Every message consumers can read in ``topic`` (each queue from its start); none
     while the nameserver has no route for it yet (a topic the broker auto-created just
@@ -605,11 +641,13 @@ async def test_against_a_broker_committed_is_consumed_once_and_rolled_back_never
             assert rolled.local_transaction_state is ROLLBACK
             assert committed.local_transaction_state is COMMIT
             await wait_for(lambda: _visible(consumer, TOPIC), 10, what="the committed message")
-            # not a wait for something: past the check time out (0.5 s), when a half
-            # message left unsettled would be asked about or a second copy could come
-            await anyio.sleep(1.0)
+            # past the check time out (0.5 s), then the passes that would ask about a
+            # half message left unsettled
+            await anyio.sleep(PAST_TIMEOUT_S)
+            halves = await _more_passes(broker)
             seen = await _visible(consumer, TOPIC)
     assert [(m.body, m.msg_id) for m in seen] == [(b"commit me", committed.msg_id)]
+    assert halves == 2  # no copy put back to ask about
     assert checked == []  # both were settled by their END
 
 
@@ -629,7 +667,21 @@ async def test_against_a_broker_unknown_is_committed_by_the_check_back(
             assert result.local_transaction_state is UNKNOW
             assert await _visible(consumer, TOPIC) == []  # a half message: invisible
             await wait_for(lambda: _visible(consumer, TOPIC), 10, what="the message checked")
-            await anyio.sleep(1.0)  # not a wait for something: time for a second copy
+            # past the time out of the copy the check put back, then the passes that
+            # would ask about it again, were it left unsettled
+            await anyio.sleep(PAST_TIMEOUT_S)
+            halves = await _more_passes(broker)
+
+            # every copy put back (all but the half message) asked about and its
+            # COMMIT taken: committed once, or found committed already
+            async def answered() -> bool:
+                done = await broker.call(
+                    lambda node: node.transactions.committed + node.transactions.duplicates
+                )
+                return done >= halves - 1
+
+            await wait_for(answered, 10, what="the answers to every check")
+            await broker.thread.run(_dispatched, broker.thread.value)
             seen = await _visible(consumer, TOPIC)
     assert [(m.body, m.msg_id) for m in seen] == [(b"decided later", result.msg_id)]
     assert listener.checked, "the broker never asked"

@@ -3,7 +3,8 @@
 Every family is named ``hamq_broker_*`` (README: "Metrics" lists them with their
 meaning). Counters come from hamq/broker/stats.py; the rest is read when scraped:
 consumer lag from the committed offsets and the consume queues, replication from the
-HA service, the store's offsets, and what hostile peers met (``_defenses``: the
+HA service, the store's offsets, the transaction check's completed passes (tests wait
+on them: hamq/broker/transactions.py, "Observed"), and what hostile peers met (``_defenses``: the
 listeners' refused connections and failed TLS handshakes, the HA port's refused
 peers, the ACL's refusals by reason) from those services' statistics. The store's
 disk use is a walk of its files: it is measured every DISK_WALK_S in a worker thread
@@ -86,6 +87,7 @@ class BrokerCollector:
         yield from self._identity()
         yield from self._traffic()
         yield from self._consumers()
+        yield from self._transactions()
         yield from self._replication()
         yield from self._store()
         yield from self._defenses()
@@ -194,6 +196,13 @@ class BrokerCollector:
         )
         yield GaugeMetricFamily(
             "hamq_broker_topics", "Topics this broker has", len(ctx.topics.table)
+        )
+
+    def _transactions(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "hamq_broker_transaction_check_passes",
+            "Passes of the transaction check-back loop completed (on a master)",
+            self.node.transactions.check_passes,
         )
 
     def _replication(self) -> Iterator[Metric]:

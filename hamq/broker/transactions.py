@@ -60,6 +60,13 @@ depends on the wall clock: a clock set back while running delays no message read
 before, and one first read after waits one timeout from that read. A clock ahead of
 the one that stamped the messages (a new master's, or one set forward) makes checks
 come early, by at most the skew.
+
+**Observed.** ``TransactionService.check_passes`` counts the passes the check loop
+completed (``check_once`` run to its end: not one that raised, nor one a test made by
+hand); the broker's metrics serve it as ``hamq_broker_transaction_check_passes_total``.
+A pass completed after an instant looked at every half message as it stood then: a
+test that says "nothing was asked" waits for two more passes than it saw, the first
+of which may have begun before.
 """
 
 from __future__ import annotations
@@ -222,6 +229,8 @@ class TransactionService:
         self._open_since = OpenSince()
         self.committed = self.rolled_back = self.checks_sent = self.discarded = 0
         self.duplicates = 0
+        #: passes the check loop completed (module docstring: "Observed")
+        self.check_passes = 0
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -252,10 +261,16 @@ class TransactionService:
             while True:
                 await trio.sleep(self.config.transaction_check_interval_s)
                 try:
-                    while await self.check_once():  # (a backlog: batch after batch)
+                    while await self._check_pass():  # (a backlog: batch after batch)
                         pass
                 except (StoreError, OSError) as exc:
                     log.error("transaction check failed: %s; trying again next time", exc)
+
+    async def _check_pass(self) -> bool:
+        """``check_once``, counted in ``check_passes`` when it completes."""
+        more = await self.check_once()
+        self.check_passes += 1
+        return more
 
     # ------------------------------------------------------------------ end
     def end(self, header: EndTransactionRequestHeader, peer: str) -> None:

@@ -55,6 +55,8 @@ class Server:
     prefix: list[str] = attrs.field(factory=list)
     #: the environment of the next start (None: this process's)
     env: dict[str, str] | None = None
+    #: where a broker serves its metrics (``autoswitch_cluster(metrics=True)``)
+    metrics_port: int | None = None
 
     @property
     def running(self) -> bool:
@@ -267,11 +269,19 @@ def controller_mode_broker(
 
 @asynccontextmanager
 async def autoswitch_cluster(
-    root: Path, *, brokers: int = 3, broker_config: dict[str, Any] | None = None
+    root: Path,
+    *,
+    brokers: int = 3,
+    broker_config: dict[str, Any] | None = None,
+    metrics: bool = False,
 ) -> AsyncIterator[AutoswitchCluster]:
+    """3 controllers (nameservers) and ``brokers`` controller-mode brokers of broker-a,
+    each broker with ``broker_config`` and, with ``metrics``, a metrics port of its own
+    (``Server.metrics_port``)."""
     await anyio.Path(root).mkdir(parents=True, exist_ok=True)
-    ports = free_ports(6 + 2 * brokers)
-    ns_ports, raft_ports, broker_ports = ports[:3], ports[3:6], ports[6:]
+    ports = free_ports(6 + (3 if metrics else 2) * brokers)
+    ns_ports, raft_ports = ports[:3], ports[3:6]
+    broker_ports, metrics_ports = ports[6 : 6 + 2 * brokers], ports[6 + 2 * brokers :]
     peers = ";".join(f"127.0.0.1:{p}" for p in raft_ports)
     secret = root / "raft.secret"
     await anyio.Path(secret).write_text("autoswitch-test-secret\n")
@@ -298,10 +308,15 @@ async def autoswitch_cluster(
             ha_port=broker_ports[2 * i + 1],
             controllers=addrs,
             store=stores[i],
-            settings=broker_config,
+            settings={
+                **(broker_config or {}),
+                **({"metrics_port": metrics_ports[i]} if metrics else {}),
+            },
         )
         for i in range(brokers)
     ]
+    for server, port in zip(servers, metrics_ports, strict=False):
+        server.metrics_port = port
     cluster = AutoswitchCluster(root, nameservers, servers, stores)
     try:
         async with anyio.create_task_group() as group:
