@@ -2,10 +2,10 @@
 
 Several nameservers run side by side and never talk to each other; every broker
 registers with each one. Importable alone, and embedded by ``hamq broker`` when no
-nameserver address is given (shared/DESIGN.md §1, §6).
+nameserver address is given (docs/ARCHITECTURE.md#nameservers-and-registration).
 
 - route_table.py  pure state: topics, brokers, clusters, live brokers
-- processors.py   REGISTER_BROKER, GET_ROUTEINFO_BY_TOPIC, ... (PROTOCOL.md §4)
+- processors.py   REGISTER_BROKER, GET_ROUTEINFO_BY_TOPIC, ... (docs/PROTOCOL.md)
 - service.py      NameServer: the server, housekeeping, configuration
 """
 

@@ -1,4 +1,5 @@
-"""The nameserver's request processors: RocketMQ's codes and shapes (PROTOCOL.md §4).
+"""The nameserver's request processors: RocketMQ's codes and shapes
+(docs/PROTOCOL.md#nameserver-requests).
 
 QUERY_DATA_VERSION tells a broker whether to register again: this nameserver does not
 know it (it restarted) or has another version of its topic table.

@@ -1,6 +1,6 @@
 """The nameserver's route table: pure state, no I/O, time passed in.
 
-What it knows (RocketMQ's RouteInfoManager, shared/PROTOCOL.md §4):
+What it knows (RocketMQ's RouteInfoManager, docs/PROTOCOL.md#bodies):
 - topic -> broker name -> QueueData (queue counts and permission), from the
   registrations of each broker group's master;
 - broker name -> BrokerData (cluster, addresses by broker id; id 0 is the master);

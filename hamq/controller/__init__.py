@@ -1,4 +1,5 @@
-"""The controller of automatic failover (RocketMQ 5's controller mode; DESIGN.md §5).
+"""The controller of automatic failover (RocketMQ 5's controller mode;
+docs/ARCHITECTURE.md#failover).
 
 - state.py       the pure state machine: members, masters, epochs, SyncStateSets
 - raft.py        that state replicated with pysyncobj across 1 or 3 controllers

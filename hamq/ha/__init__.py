@@ -1,4 +1,5 @@
-"""Master/slave replication of the CommitLog (shared/DESIGN.md §5, PROTOCOL.md §7).
+"""Master/slave replication of the CommitLog (docs/ARCHITECTURE.md#replication,
+docs/PROTOCOL.md#ha-wire).
 
 - config.py          HAConfig
 - master.py          HAService: the master's side (accept slaves, push bytes, acks)

@@ -1,13 +1,13 @@
 """JSON bodies of remoting commands: routes, registrations, heartbeats, offsets, locks.
 
-The shapes are RocketMQ's (shared/PROTOCOL.md §4-5): camelCase keys, as Java's
+The shapes are RocketMQ's (docs/PROTOCOL.md#bodies): camelCase keys, as Java's
 fastjson writes them and as the C++ and Java clients read them. One private cattrs
 converter does the mapping. Decoding is lenient where clients differ:
 - unknown keys are ignored (Java 5.x adds fields the C++ client never sends);
 - enums arrive as names (Java: ``"CONSUME_PASSIVELY"``) or ordinals (C++: ``1``);
 - map keys that are numbers in Java (``brokerAddrs``: broker id -> address) arrive
   quoted (``{"0": ...}``) or, from old nameservers, unquoted; hamq always writes them
-  quoted (PROTOCOL.md §4.1);
+  quoted (docs/PROTOCOL.md#bodies);
 - ``topicSysFlag`` is also accepted under its 4.4-era misspelling ``topicSynFlag``.
 A body that is not JSON, or misses a required field, raises ``BodyError`` naming it.
 
@@ -44,7 +44,7 @@ T = TypeVar("T")
 
 MASTER_ID = 0
 
-# topic permissions (PROTOCOL.md §4.1)
+# topic permissions (docs/PROTOCOL.md#bodies: QueueData)
 PERM_PRIORITY = 8
 PERM_READ = 4
 PERM_WRITE = 2
@@ -227,7 +227,7 @@ class ProducerData:
 
 @attrs.define
 class HeartbeatData:
-    """HEART_BEAT's body (PROTOCOL.md §5.5)."""
+    """HEART_BEAT's body (docs/PROTOCOL.md#bodies)."""
 
     client_id: str = attrs.field(metadata=_wire("clientID"))
     producer_data_set: list[ProducerData] = attrs.field(factory=list)

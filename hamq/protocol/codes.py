@@ -1,6 +1,6 @@
 """Numbers on the wire: request and response codes, languages, serialize types, flag bits.
 
-Every number here is RocketMQ's own (shared/PROTOCOL.md §2-3), so that existing
+Every number here is RocketMQ's own (docs/PROTOCOL.md#codes), so that existing
 RocketMQ clients and brokers understand hamq unchanged. The only hamq addition is
 ``SerializeType.MSGPACK`` (2), used by hamq's own clients.
 

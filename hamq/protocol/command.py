@@ -1,7 +1,7 @@
 """RemotingCommand: the one message shape of every remoting request and response.
 
 A command is code + language + version + opaque + flag + remark + ext fields + body
-(shared/PROTOCOL.md §2). Invariants:
+(docs/PROTOCOL.md#headers). Invariants:
 - ``ext_fields`` maps str -> str. Values arrive as strings or numbers (the C++ client
   mixes both); header codecs normalise them to strings on decode and always write
   strings, so typed headers are built from strings only.

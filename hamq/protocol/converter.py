@@ -5,7 +5,7 @@ class (headers.py) whose snake_case field names map to RocketMQ's camelCase keys
 (``producer_group`` <-> ``producerGroup``); a field whose wire key is not the plain
 camelCase form says so in its metadata: ``attrs.field(metadata={"wire": "clientID"})``.
 
-Decoding rules (RocketMQ's, shared/PROTOCOL.md §2.1 and §9):
+Decoding rules (RocketMQ's, docs/PROTOCOL.md#typed-headers and docs/PROTOCOL.md#rocketmq-clients):
 - ints parse from decimal strings or numbers (``int(str(v))``) within Java's long
   range, booleans from ``true``/``false`` (any case) and ``1``/``0``;
 - a field without a default is required; every missing or malformed field is

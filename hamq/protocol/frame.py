@@ -1,4 +1,4 @@
-"""The remoting frame: sans-IO incremental decoder and encoder (shared/PROTOCOL.md §1).
+"""The remoting frame: sans-IO incremental decoder and encoder (docs/PROTOCOL.md#remoting-frames).
 
 Layout, big-endian::
 

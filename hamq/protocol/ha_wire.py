@@ -1,4 +1,4 @@
-r"""The master/slave HA channel's wire formats, sans-IO (shared/PROTOCOL.md §7).
+r"""The master/slave HA channel's wire formats, sans-IO (docs/PROTOCOL.md#ha-wire).
 
 Two protocols share the same TCP port (listen port + 1), chosen by configuration:
 

@@ -6,7 +6,7 @@ required on decode (RocketMQ's ``@CFNotNull``); ``X | None = None`` is optional 
 left out on encode when None. Units: timestamps in ms since the epoch, ``*_millis`` in
 ms, offsets are commit-log byte offsets (``commit_log_offset``, ``offset`` of
 VIEW_MESSAGE_BY_ID) or consume-queue indexes (``queue_offset``, ``commit_offset``).
-Facts: shared/PROTOCOL.md §4-5 and RocketMQ's ``*RequestHeader`` classes.
+Facts: docs/PROTOCOL.md#ext-fields-per-request and RocketMQ's ``*RequestHeader`` classes.
 
 Use with ``RemotingCommand.request(code, header)``, ``cmd.header(Class)`` and
 ``request.response_to(code, header=...)``. The send's headers also travel under
@@ -221,7 +221,7 @@ class SendMessageRequestHeader:
 
 @attrs.frozen
 class SendMessageResponseHeader:
-    """Reply to a send: the offset msg id (PROTOCOL.md §6.4), queue and queue offset."""
+    """Reply to a send: the offset msg id (docs/PROTOCOL.md#message-ids), queue and queue offset."""
 
     msg_id: str
     queue_id: int
@@ -261,7 +261,7 @@ class CheckTransactionStateRequestHeader:
 # ====================================================================== consumer
 
 
-#: PULL_MESSAGE sysFlag bits (shared/PROTOCOL.md §5.3)
+#: PULL_MESSAGE sysFlag bits (docs/PROTOCOL.md#pulling)
 PULL_FLAG_COMMIT_OFFSET = 0x1
 PULL_FLAG_SUSPEND = 0x2
 PULL_FLAG_SUBSCRIPTION = 0x4

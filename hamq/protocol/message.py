@@ -5,14 +5,14 @@ This is what producers, consumers, the broker and the store agree on about a mes
 apart from how the CommitLog stores it (that is hamq/protocol/record.py, which builds on
 this module; this module never imports it).
 
-Invariants: a property key or value never holds 0x01 or 0x02, and a properties string
-is ``key 0x01 value 0x02`` per pair, at most MAX_PROPERTIES_LENGTH (32767) bytes; a topic
+Invariants: a property key or value never holds 0x01 or 0x02, and a properties string is
+``key 0x01 value 0x02`` per pair, at most MAX_PROPERTIES_LENGTH (32767) bytes; a topic
 or group name is letters, digits, ``%``, ``|``, ``_`` and ``-``; a tag code is Java's
-``String.hashCode()`` of the TAGS value, as Java clients compute it. A batch body (§6.6)
-is entries back to back, each ``TOTALSIZE MAGIC(0) BODYCRC(0) FLAG BODYLEN`` (int32
-each), the body, an int16 properties length and the properties. Everything here is pure:
-bytes in, values out. ``MessageFormatError`` names what is wrong with a message, a
-record (record.py raises it too) or a batch.
+``String.hashCode()`` of the TAGS value, as Java clients compute it. A batch body
+(docs/PROTOCOL.md#batch-body) is entries back to back, each ``TOTALSIZE MAGIC(0)
+BODYCRC(0) FLAG BODYLEN`` (int32 each), the body, an int16 properties length and the
+properties. Everything here is pure: bytes in, values out. ``MessageFormatError`` names
+what is wrong with a message, a record (record.py raises it too) or a batch.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ SYSFLAG_STOREHOST_V6 = 0x20
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
 
-# well-known property keys (PROTOCOL.md §6.1)
+# well-known property keys (docs/PROTOCOL.md#properties)
 PROPERTY_KEYS = "KEYS"
 PROPERTY_TAGS = "TAGS"
 PROPERTY_WAIT = "WAIT"
@@ -279,8 +279,9 @@ def unpack_host(raw: bytes) -> str:
 
 
 def offset_msg_id(store_host: bytes, physical_offset: int) -> str:
-    """The offset message id (§6.4): STOREHOST bytes + int64 commit-log offset, upper hex
-    (a damaged record's negative offset as Java's putLong writes it, two's complement)."""
+    """The offset message id (docs/PROTOCOL.md#message-ids): STOREHOST bytes + int64
+    commit-log offset, upper hex (a damaged record's negative offset as Java's putLong
+    writes it, two's complement)."""
     return (store_host + (physical_offset & _U64).to_bytes(8, "big")).hex().upper()
 
 
@@ -298,7 +299,8 @@ def parse_offset_msg_id(msg_id: str) -> tuple[str, int]:
 
 
 class MessageIdGenerator:
-    """UNIQ_KEY ids laid out as Java's MessageClientIDSetter lays them out (§6.5).
+    """UNIQ_KEY ids laid out as Java's MessageClientIDSetter lays them out
+    (docs/PROTOCOL.md#message-ids).
 
     16 bytes as 32 upper-case hex digits: IPv4 (4) + pid (2) + a per-generator random
     int (4, Java's class-loader hash) + ms since the start of the month (4) + counter (2).
@@ -333,7 +335,8 @@ class MessageIdGenerator:
         self._next_month_ms = int(following.timestamp() * 1000)
 
 
-# ---------------------------------------------------------------- batches (§6.6)
+# ---------------------------------------------------------------- batches
+# (docs/PROTOCOL.md#batch-body)
 
 
 @attrs.define(slots=True)

@@ -1,6 +1,6 @@
 """The CommitLog record: RocketMQ's stored message, encoded and decoded.
 
-The record (shared/PROTOCOL.md §6.2) is what the CommitLog holds, what a PULL response
+The record (docs/PROTOCOL.md#commitlog-record) is what the CommitLog holds, what a PULL response
 body concatenates and what HA replicates. Big-endian::
 
      0 TOTALSIZE int32         4 MAGICCODE int32        8 BODYCRC int32
@@ -75,8 +75,8 @@ def body_crc(body: bytes | memoryview) -> int:
 
 # The record's fields as structs, one definition each: the store reads with these too.
 
-#: the fixed start of every CommitLog record (PROTOCOL.md §6.2), 40 bytes: TOTALSIZE
-#: MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG
+#: the fixed start of every CommitLog record (docs/PROTOCOL.md#commitlog-record), 40
+#: bytes: TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG
 RECORD_HEAD = struct.Struct(">iiiiiqqi")
 #: the first 8 bytes of a record, or of a segment's blank marker: TOTALSIZE (a blank
 #: marker: the bytes left in its segment) and MAGICCODE
@@ -527,7 +527,8 @@ class StoredMessage:
 
     @property
     def msg_id(self) -> str:
-        """The id users see: UNIQ_KEY, or the offset id when there is none (§6.5)."""
+        """The id users see: UNIQ_KEY, or the offset id when there is none
+        (docs/PROTOCOL.md#message-ids)."""
         return self.properties.get(PROPERTY_UNIQ_KEY) or self.offset_msg_id
 
     @property

@@ -23,7 +23,7 @@ from hamq.protocol.headers import SendMessageRequestHeader, SendMessageResponseH
 T = TypeVar("T")
 
 
-#: SEND_MESSAGE_V2's one-letter keys -> SEND_MESSAGE's keys (PROTOCOL.md §5.2).
+#: SEND_MESSAGE_V2's one-letter keys -> SEND_MESSAGE's keys (docs/PROTOCOL.md#sending).
 SEND_V2_KEYS: Mapping[str, str] = {
     "a": "producerGroup",
     "b": "topic",

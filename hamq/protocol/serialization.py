@@ -1,12 +1,13 @@
 """The three header encodings, selected by the frame's serialize-type byte.
 
-- 0 JSON (shared/PROTOCOL.md §2.1), written as Java's fastjson writes it: keys sorted,
+- 0 JSON (docs/PROTOCOL.md#json-header), written as Java's fastjson writes it: keys sorted,
   no spaces, raw UTF-8, control characters escaped, a null remark left out, ext
   field values as strings, plus ``serializeTypeCurrentRPC``. On decode an ext value
   may be a string, a number or a boolean; all become strings.
-- 1 ROCKETMQ binary (§2.2): code int16, language byte, version int16, opaque int32,
-  flag int32, remark (int32 length, 0 = null), ext fields (int32 block length, then
-  int16 key length + key, int32 value length + value). Big-endian.
+- 1 ROCKETMQ binary (docs/PROTOCOL.md#rocketmq-binary-header): code int16, language
+  byte, version int16, opaque int32, flag int32, remark (int32 length, 0 = null), ext
+  fields (int32 block length, then int16 key length + key, int32 value length +
+  value). Big-endian.
 - 2 MSGPACK (hamq's own clients): a map with the JSON header's field names.
 
 Every decode failure raises ``ProtocolError`` naming what was wrong; nothing else

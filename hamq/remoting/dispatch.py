@@ -8,7 +8,7 @@ Two kinds of processor, chosen at registration:
 - ``register_async(code, fn)``: ``await fn(request, conn)`` runs in its own task under
   the connection, counted against the in-flight limit.
 
-Answers (RocketMQ's rules, shared/PROTOCOL.md §2.3): an unknown code gets
+Answers (RocketMQ's rules, docs/PROTOCOL.md#dispatch-rules): an unknown code gets
 REQUEST_CODE_NOT_SUPPORTED; a processor raising ``RequestError`` gets that code with
 the message as remark; any other exception gets SYSTEM_ERROR with the reason as remark,
 is logged with its traceback, and the connection stays up.

@@ -1,6 +1,6 @@
 """Pull answers decoded straight into the columns of the source's rows (pure).
 
-A pull answer is stored records back to back (shared/PROTOCOL.md §5). Decoding each into
+A pull answer is stored records back to back (docs/PROTOCOL.md#pulling). Decoding each into
 a message object and then into a row costs more than everything else a Spark read
 does, so ``Columns`` decodes column-wise, with no Python loop over records:
 ``add_records`` finds an answer's records where their MAGICCODE is (``record_starts``)

@@ -1,7 +1,7 @@
 """The message store: CommitLog, consume queues, index, flush, recovery, delay levels.
 
 No network code here; the broker drives it through ``MessageStore``
-(shared/DESIGN.md §4, formats in shared/PROTOCOL.md §6).
+(docs/ARCHITECTURE.md#storage, formats in docs/PROTOCOL.md#store-formats).
 
 - config.py         StoreConfig, BrokerRole, FlushDiskType
 - segment.py        fixed-size mmap'd files and the queue of them

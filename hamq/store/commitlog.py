@@ -5,7 +5,7 @@ Offsets here are byte offsets in the log ("physical offsets"). Invariants:
   await, so Trio runs them one at a time and no lock is needed;
 - a record never spans two segments: when a record plus the 8-byte blank marker does
   not fit, the segment's tail gets ``int32 remaining, int32 BLANK_MAGIC`` and the record
-  starts the next segment (shared/PROTOCOL.md §6.2);
+  starts the next segment (docs/PROTOCOL.md#commitlog-record);
 - queue offsets are assigned here, one per stored message of a (topic, queue id) —
   not for prepared or rolled-back transaction messages, as in RocketMQ — from
   ``queue_offsets``, which recovery rebuilds from the consume queues;

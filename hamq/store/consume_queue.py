@@ -1,7 +1,7 @@
 """ConsumeQueue: per (topic, queue id), where each of its messages sits in the CommitLog.
 
-Entry k (logical offset k) is 20 bytes at byte k*20 of the queue (shared/PROTOCOL.md
-§6.3): commit-log offset int64, record size int32, tags code int64 (for
+Entry k (logical offset k) is 20 bytes at byte k*20 of the queue (docs/PROTOCOL.md#consume-queue):
+commit-log offset int64, record size int32, tags code int64 (for
 SCHEDULE_TOPIC_XXXX: the delivery time in ms). Files hold ``entries_per_file`` entries
 and are named by the 20-digit byte offset of their first entry, under
 ``consumequeue/<topic>/<queue id>/``. Invariants:

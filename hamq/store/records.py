@@ -1,4 +1,5 @@
-"""Stored records as the store reads them, sound or damaged (layout: shared/PROTOCOL.md §6.2).
+"""Stored records as the store reads them, sound or damaged (layout:
+docs/PROTOCOL.md#commitlog-record).
 
 ``hamq.protocol.record`` decodes records: ``read_record`` as consumers do (every
 length, UTF-8, the body CRC), ``read_summary`` as the reput task does (the same less

@@ -1,5 +1,6 @@
 """Clients and offsets: HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP,
-LOCK_BATCH_MQ / UNLOCK_BATCH_MQ, and the offset requests (shared/PROTOCOL.md §5.4-5.8);
+LOCK_BATCH_MQ / UNLOCK_BATCH_MQ, and the offset requests (docs/PROTOCOL.md#offsets,
+docs/PROTOCOL.md#clients-and-consumer-groups);
 and the same for operators: GET_CONSUMER_CONNECTION_LIST (203), GET_CONSUME_STATS (208),
 INVOKE_BROKER_TO_RESET_OFFSET (222), INVOKE_BROKER_TO_GET_CONSUMER_STATUS (223).
 

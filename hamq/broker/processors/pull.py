@@ -1,4 +1,4 @@
-"""PULL_MESSAGE (11): messages of one queue from an offset (shared/PROTOCOL.md §5.3).
+"""PULL_MESSAGE (11): messages of one queue from an offset (docs/PROTOCOL.md#pulling).
 
 - Filtering by tags: the subscription comes from the request when its sys flag says so
   (0x4), else from the group's last heartbeat; ``*`` takes everything, ``a || b``

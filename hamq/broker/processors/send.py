@@ -1,5 +1,6 @@
 """Sending: SEND_MESSAGE (10), SEND_MESSAGE_V2 (310), SEND_BATCH_MESSAGE (320), and
-CONSUMER_SEND_MSG_BACK (36). Shapes and codes: shared/PROTOCOL.md §5.1-5.2, §5.9, §6.6.
+CONSUMER_SEND_MSG_BACK (36). Shapes and codes: docs/PROTOCOL.md#sending,
+docs/PROTOCOL.md#batch-body.
 
 Appends run inline, in the order requests arrive on a connection (ordered messages
 stay ordered). Before it puts, a send asks the store for its durability ticket
