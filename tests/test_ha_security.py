@@ -530,16 +530,18 @@ async def test_an_ack_counts_only_what_the_kernel_took_from_that_connection(
             [conn] = ha.connections
             with trio.fail_after(10):
                 while True:  # the master's send is stuck mid-way
-                    before = conn.sent_end
+                    before = conn.session.sent_end
                     await trio.sleep(0.3)
-                    if conn.sent_end == before and 0 < before < (conn.next_offset or 0):
+                    if conn.session.sent_end == before and 0 < before < (
+                        conn.session.next_offset or 0
+                    ):
                         break
-            meant = conn.next_offset
+            meant = conn.session.next_offset
             assert meant is not None
             await fake.report_classic(meant)
             await wait_for(lambda: conn.ack_offset == meant)
-            assert conn.acked_upto == conn.sent_end < meant
-            assert ha.transfer.replicated_offset() == conn.sent_end
+            assert conn.acked_upto == conn.session.sent_end < meant
+            assert ha.transfer.replicated_offset() == conn.session.sent_end
 
 
 # ---------------------------------------------------------------- real slaves, the rule
