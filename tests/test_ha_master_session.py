@@ -91,7 +91,7 @@ def started(
         # (its HANDSHAKE says sync_from_last_file: the master's setting does not count)
         sync = bool(options.get("sync_from_last_file", True))
         session.receive(handshake(sync_from_last_file=sync), 0.0)
-        session.admit()
+        session.admit(0.0)
         wire(session, master_log)
     session.receive(encode_report(protocol, at), 0.0)
     assert session.streaming
@@ -147,7 +147,7 @@ def test_autoswitch_the_handshake_is_answered_only_once_admitted_and_nothing_aft
     assert session.handshake == SlaveHandshake(False, False, 7)
     # not admitted yet: its report is not read, nothing is sent
     assert session.ack_offset == -1 and session.next_send(100.0) is None
-    session.admit()
+    session.admit(0.0)
     assert session.machine.state.name == "TRANSFER" and session.broker_id == 7
     assert wire(session, master_log) == [
         MasterHandshake(9000, 3, (EpochEntry(1, 0), EpochEntry(3, 4000)))
@@ -172,7 +172,7 @@ def test_autoswitch_a_second_handshake_drops_the_slave() -> None:
 def test_classic_has_no_handshake_and_garbage_is_a_protocol_error() -> None:
     session, _ = new_session(CLASSIC)
     assert session.machine.state is HAState.TRANSFER and session.phase is Phase.START
-    session.admit()  # (nothing to answer)
+    session.admit(0.0)  # (nothing to answer)
     assert session.pending == []
     autoswitch, _ = new_session(AUTOSWITCH)
     with pytest.raises(HAProtocolError):
@@ -374,7 +374,12 @@ def test_nothing_is_sent_before_the_first_report() -> None:
 
 @BOTH
 def test_a_slave_silent_for_the_housekeeping_interval_is_dropped(protocol: HAProtocol) -> None:
-    session = started(protocol, 0)
+    session, _ = new_session(protocol)
+    session.receive(handshake() if protocol is AUTOSWITCH else b"", 1.0)
+    session.admit(2.0)  # the set-up had its own timer: this one starts at admission
+    assert session.silent_at == 22.0
+    session.receive(b"", 2.5)  # (nothing received: the timer does not move)
+    assert session.silent_at == 22.0
     session.receive(encode_report(protocol, 0), 3.0)
     assert session.silent_at == 23.0
     session.tick(22.9)

@@ -287,7 +287,7 @@ class SlaveConnection:
             raise SlaveRefused(refusal)
         if not service.active:
             raise SlaveRefused("this broker is not master (any more)")
-        session.admit()  # (auto-switch: the handshake's answer, sent now)
+        session.admit(trio.current_time())  # (auto-switch: the handshake's answer)
         await self._send_pending()
         log.info(
             "HA slave %s admitted%s",

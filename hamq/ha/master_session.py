@@ -278,13 +278,15 @@ class SlaveSession:
             report = event  # only the newest report matters
         return None if report is None else self._report(report, now)
 
-    def admit(self) -> None:
+    def admit(self, now: float) -> None:
         """The peer is a member: auto-switch, its HANDSHAKE is answered (``pending``:
-        the master's max offset and epoch table) and the slave is in TRANSFER.
+        the master's max offset and epoch table) and the slave is in TRANSFER. The
+        silence timer starts now (the set-up had its own).
 
         Raises:
             SlaveGone: auto-switch, and its HANDSHAKE has not arrived.
         """
+        self.last_heard = now
         if self.phase is not Phase.HANDSHAKE:
             return
         handshake = self.handshake
