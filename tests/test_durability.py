@@ -79,7 +79,7 @@ async def ack_everything(node: BrokerNode, fake: FakeSlave) -> None:
     service = node.ha_service
     assert service is not None
     end = node.store.commitlog_max_offset
-    await wait_for(lambda: any(c.sent_end >= end for c in service.connections))
+    await wait_for(lambda: any(c.session.sent_end >= end for c in service.connections))
     await fake.report_classic(end)
 
 

@@ -138,7 +138,7 @@ async def test_a_put_goes_to_the_slave_from_the_put_itself_and_what_waits_goes_i
         # a put's bytes are with the kernel when the put returns: no wait for the writer
         assert store.put_message_nowait(message("Pushed", body=b"now")).stored
         end = store.commitlog_max_offset
-        assert connection.next_offset == end and connection.sent_end == end
+        assert connection.session.next_offset == end and connection.session.sent_end == end
         await caught_up(master, slave)
         # a socket that takes little at a time: what it does not take waits for the
         # writer, and the puts meanwhile follow it, never overtake it
@@ -146,7 +146,7 @@ async def test_a_put_goes_to_the_slave_from_the_put_itself_and_what_waits_goes_i
         left_over = 0
         for i in range(40):
             assert store.put_message_nowait(message("Pushed", body=bytes([i]) * 60_000)).stored
-            left_over += bool(connection._leftover)
+            left_over += connection.session.sending
         assert left_over  # (the partial path was taken)
         await caught_up(master, slave)
         assert log_bytes(slave.store) == log_bytes(master.store)

@@ -15,6 +15,7 @@ slave registered from there, or claim an id nobody registered.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from hamq.acl import Secret
 from hamq.broker import BrokerNode, build_config
@@ -134,11 +136,17 @@ async def test_a_slave_reporting_2_62_does_not_make_a_sync_master_say_send_ok(
         report = report_of(protocol, fake)
         await report(master.store.commitlog_max_offset)  # a valid start ...
         nursery.start_soon(fake.keep_reporting, report, LIE)  # ... then the lie, again and again
-        await trio.sleep(0.3)
+        # the master had the lie: it refused the stranger, or dropped the member that lied
+        # (a report past what was ever sent to it), and closed the connection
+        with trio.fail_after(10):
+            await fake.closed.wait()
+        ha = master.ha_service
+        assert ha is not None
+        assert ha.refused_peers == (0 if knows else 1)
+        assert ha.statistics().acked_offset < master.store.commitlog_max_offset  # never counted
         result = await producer.send(Message("Faked", b"no replica has this"))
         assert result.status in NOT_REPLICATED, result
-        assert master.ha_service is not None
-        assert master.ha_service.transfer.replicated_offset() < master.store.commitlog_max_offset
+        assert ha.transfer.replicated_offset() < master.store.commitlog_max_offset
         nursery.cancel_scope.cancel()
 
 
@@ -255,7 +263,9 @@ async def test_strangers_ask_a_registry_that_does_not_answer_once_a_second(
     cache = MemberCache(Registry("the nameservers", lambda: 0, False, fetch))
     if answered_before:
         await cache.members(lambda _: True)
-        await trio.sleep(MAX_AGE_S)  # the answer is old: a stranger asks again
+        # (virtual time passes: the answer gets old, so a stranger asks again; the one
+        # question counted below is the proof that it did)
+        await trio.sleep(MAX_AGE_S)
     asked_from = questions
     started = trio.current_time()
     outcomes: list[str] = []
@@ -325,7 +335,7 @@ async def test_a_slave_takes_nothing_from_a_master_that_cannot_prove_the_secret(
 ) -> None:
     """The check goes both ways: a fake master (someone who took over the master's
     address at the nameserver, say) is answered but never believed."""
-    served = trio.Event()
+    hung_up = trio.Event()
 
     async def fake_master(stream: trio.SocketStream) -> None:
         await stream.send_all(FakeSlave.AUTH_MAGIC + os.urandom(32))  # a challenge
@@ -338,8 +348,11 @@ async def test_a_slave_takes_nothing_from_a_master_that_cannot_prove_the_secret(
         await stream.send_all(FakeSlave.AUTH_MAGIC + b"\x01" + bytes(32))  # "accepted"
         body = b"\x00" * 100
         await stream.send_all((0).to_bytes(8, "big") + len(body).to_bytes(4, "big") + body)
-        served.set()
-        await trio.sleep(1)
+        # until the slave hangs up: it had the transfer, and every chance to take it
+        with contextlib.suppress(trio.BrokenResourceError):
+            while await stream.receive_some():
+                pass
+        hung_up.set()
 
     async with trio.open_nursery() as nursery:
         [listener] = await nursery.start(partial(trio.serve_tcp, host="127.0.0.1"), fake_master, 0)
@@ -354,6 +367,8 @@ async def test_a_slave_takes_nothing_from_a_master_that_cannot_prove_the_secret(
             assert slave.ha_client is not None
             client = slave.ha_client
             await wait_for(lambda: "proof of the HA secret is wrong" in (client.last_error or ""))
+            with trio.fail_after(10):
+                await hung_up.wait()
             assert slave.store.commitlog_max_offset == 0
         nursery.cancel_scope.cancel()
 
@@ -464,11 +479,14 @@ async def lagging_member_and_a_lying_stranger(
         )
         acked = ha.transfer.replicated_offset()
         assert 0 <= acked < end
+        refused_before = ha.refused_peers
         await stranger(liar)
         await nursery.start(liar.drain)
         await report(liar)(master.store.commitlog_max_offset)
         nursery.start_soon(liar.keep_reporting, report(liar), LIE)
-        await trio.sleep(0.3)
+        # the lie had its chance: the master refused the stranger and closed on it
+        await wait_for(lambda: ha.refused_peers == refused_before + 1 and liar.closed.is_set())
+        assert ha.transfer.replicated_offset() == acked
         result = await producer.send(Message("Lag", b"only the master has this"))
         assert result.status is SendStatus.FLUSH_SLAVE_TIMEOUT, result
         assert ha.transfer.replicated_offset() == acked < master.store.commitlog_max_offset
@@ -528,18 +546,19 @@ async def test_an_ack_counts_only_what_the_kernel_took_from_that_connection(
             await fake.report_classic(0)  # and reads nothing from here on
             await wait_for(lambda: len(ha.connections) == 1)
             [conn] = ha.connections
+            session = conn.session
+            # the master's send is stuck mid-way: every task of this process waits, the
+            # writer for the kernel to take more of what it meant to send, which the
+            # kernel cannot while the slave reads nothing
             with trio.fail_after(10):
-                while True:  # the master's send is stuck mid-way
-                    before = conn.sent_end
-                    await trio.sleep(0.3)
-                    if conn.sent_end == before and 0 < before < (conn.next_offset or 0):
-                        break
-            meant = conn.next_offset
-            assert meant is not None
+                await trio.testing.wait_all_tasks_blocked(0.1)
+            stuck = session.sent_end
+            meant = session.next_offset
+            assert meant is not None and 0 < stuck < meant and session.sending
             await fake.report_classic(meant)
             await wait_for(lambda: conn.ack_offset == meant)
-            assert conn.acked_upto == conn.sent_end < meant
-            assert ha.transfer.replicated_offset() == conn.sent_end
+            assert conn.acked_upto == session.sent_end == stuck < meant
+            assert ha.transfer.replicated_offset() == stuck
 
 
 # ---------------------------------------------------------------- real slaves, the rule

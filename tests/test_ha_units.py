@@ -96,7 +96,13 @@ def test_the_slave_state_machine_allows_only_its_table() -> None:
     with pytest.raises(IllegalTransition, match="TRANSFER -> HANDSHAKE"):
         machine.set(HAState.HANDSHAKE)
     machine.set(HAState.READY)
-    machine.set(HAState.SUSPEND)
+    # SUSPEND keeps RocketMQ's wire ordinal, but no move leads to it
+    for state in HAState:
+        if state is not HAState.SUSPEND:
+            with pytest.raises(IllegalTransition, match="-> SUSPEND is not allowed"):
+                StateMachine("test", state).set(HAState.SUSPEND)
+    with pytest.raises(IllegalTransition, match="cannot start in SUSPEND"):
+        StateMachine("test", HAState.SUSPEND)
+    machine.set(HAState.SHUTDOWN)  # always allowed
     with pytest.raises(IllegalTransition):
         machine.set(HAState.TRANSFER)
-    machine.set(HAState.SHUTDOWN)  # always allowed

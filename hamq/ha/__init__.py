@@ -3,8 +3,9 @@ docs/PROTOCOL.md#ha-wire).
 
 - config.py          HAConfig
 - master.py          HAService: the master's side (accept slaves, push bytes, acks)
+- master_session.py  one slave connection's state and decisions, sans-IO (master.py's I/O obeys)
 - slave.py           HAClient: the slave's side (connect, append, report)
-- states.py          the slave's states and their transitions
+- states.py          a connection's HAState and the moves allowed between them
 - epoch.py           the epoch file and where two logs agree
 - group_transfer.py  who a put waits for (SYNC_MASTER, SyncStateSet) and their acks
 - sync_state_set.py  who belongs in a controller-mode master's SyncStateSet (pure)

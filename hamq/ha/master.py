@@ -12,31 +12,36 @@ RateLimitedLog: a flood of strangers writes a few lines per 10 s, not one each. 
 admitted slaves are in ``connections``: everything that decides a send (``transfer``:
 who is in sync, what counts as acked, SLAVE_NOT_AVAILABLE) sees members only.
 
-Per admitted slave, two tasks under the connection's nursery (and for a classic slave,
-whose protocol does not say its broker id, a third that names it once from the
-registry: membership.py's ``classic_slave_id``):
-- the reader takes the slave's messages: in the auto-switch protocol the HANDSHAKE
-  (answered with the master's max offset and epoch table), then reports of the
-  slave's max offset. The first report sets where sending starts (0: the start
-  of the master's last segment, or its first retained byte when
-  ``sync_from_last_file`` is off; a slave past the master's log end is refused with
-  an error that says its log diverged). Every report is an ack: it wakes SYNC_MASTER
-  sends waiting for it (group_transfer.py) — but it counts (``acked_upto``) only up to
-  what the kernel took from this connection's sends (``sent_end``; auto-switch: from
-  the start its handshake agreed on), never what was merely queued for it, and a
-  report past what was ever sent to it drops the slave. A slave silent for
-  ``housekeeping_interval_s`` (20 s) is dropped. Each connection also keeps when the
+What is said on a connection, and what counts of it, is decided by its sans-IO
+session (master_session.py's ``SlaveSession``: the handshake's answer, where sending
+starts, which acks count, what to send next, when to drop the slave); a
+``SlaveConnection`` does the I/O around it and obeys. Per admitted slave, two tasks
+under the connection's nursery (and for a classic slave, whose protocol does not say
+its broker id, a third that names it once from the registry: membership.py's
+``classic_slave_id``):
+- the reader feeds the session what the slave sends (in the auto-switch protocol the
+  HANDSHAKE, read during the set-up, and answered once admitted; then reports of the
+  slave's max offset). The first report sets where sending starts (0: the start of the
+  master's last segment, or its first retained byte when ``sync_from_last_file`` is
+  off; a slave past the master's log end, or inside a record, is refused with an error
+  that says its log diverged). Every report is an ack: what the session says counts
+  wakes SYNC_MASTER sends waiting for it (group_transfer.py) — only up to what the
+  kernel took from this connection's sends (``sent_end``; auto-switch: from the start
+  its handshake agreed on), never what was merely queued for it; a report past what
+  was ever sent to it drops the slave. A slave silent for ``housekeeping_interval_s``
+  (20 s) is dropped (the session's ``silent_at``). The session also keeps when the
   bytes it was sent left (``ack_clock``, sync_state_set.py): how long ago the oldest
   byte the slave has not acked was sent — how far behind it is in seconds, which the
   SyncStateSet's keeper (controller mode) and ``ha-status`` (``lag_s``) read.
-- the writer sends CommitLog bytes from where the slave is, at most
-  ``transfer_batch_bytes`` (32 KiB) and one segment per transfer, never across an
-  epoch boundary, straight from the mapped segment (a memoryview, no copy); a
-  heartbeat transfer (no body) when idle for ``heartbeat_interval_s`` (5 s). A put's
-  bytes go first from the put itself (``notify_appended`` → ``push``: one
-  non-blocking gathered write of the same transfers); the writer is woken for what
-  that could not send, and sends any part the kernel did not take before anything
-  newer.
+- the writer sends what the session plans: CommitLog bytes from where the slave is, at
+  most ``transfer_batch_bytes`` (32 KiB) and one segment per transfer, never across
+  an epoch boundary, straight from the mapped segment (a memoryview, no copy: the
+  session describes log ranges, ``_views`` maps them), gathered (sendmsg), each take
+  of the kernel fed back (``took``); a heartbeat transfer (no body) when the kernel
+  took nothing for ``heartbeat_interval_s`` (5 s). A put's bytes go first from the put
+  itself (``notify_appended`` → ``push``: one non-blocking gathered write of the same
+  transfers); the writer is woken for what that could not send, and the part the
+  kernel did not take stays the session's ``pending``, sent before anything newer.
 
 ``transfer`` (group_transfer.py) is what the store's puts wait on: who must ack, and
 the acks' waiters; ``floor`` is what retention may not delete past (the furthest-behind
@@ -51,7 +56,6 @@ role says so (hamq/broker/roles.py's ``serves_slaves``, read, never copied), and
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 
@@ -61,6 +65,14 @@ import trio
 from hamq.ha.config import HAConfig
 from hamq.ha.epoch import EpochFile
 from hamq.ha.group_transfer import GroupTransfer, ReplicaPolicy, slave_ok
+from hamq.ha.master_session import (
+    LogRange,
+    Part,
+    Phase,
+    SessionSettings,
+    SlaveGone,
+    SlaveSession,
+)
 from hamq.ha.membership import (
     MemberCache,
     Peer,
@@ -72,19 +84,8 @@ from hamq.ha.membership import (
     judge,
 )
 from hamq.ha.states import StateMachine
-from hamq.ha.sync_state_set import AckClock, SlaveFacts
-from hamq.protocol.ha_wire import (
-    EpochEntry,
-    HAProtocol,
-    HAProtocolError,
-    HAState,
-    MasterHandshake,
-    SlaveHandshake,
-    SlaveMessageDecoder,
-    SlaveReport,
-    encode_master_handshake,
-    encode_transfer_header,
-)
+from hamq.ha.sync_state_set import SlaveFacts
+from hamq.protocol.ha_wire import EpochEntry, HAProtocolError, HAState
 from hamq.ratelimit import RateLimitedLog
 from hamq.remoting import RemotingConfig
 from hamq.remoting.address import IPAddress, ip_of
@@ -96,12 +97,6 @@ from hamq.store.role import ConfiguredRole, RoleReader
 log = logging.getLogger(__name__)
 
 RECEIVE_BYTES = 4096
-#: transfers gathered into one send while a slave is behind (32 x 32 KiB = 1 MiB)
-FRAMES_PER_SEND = 32
-
-
-class SlaveGone(Exception):
-    """The slave closed, went silent, sent something invalid or cannot be served."""
 
 
 class SlaveClosed(SlaveGone):
@@ -140,7 +135,42 @@ class MasterHAStatistics:
     tls_handshake_failures: int = 0
 
 
+class _ServiceLog:
+    """The master's log as a session reads it (master_session.MasterLog): the store's
+    and the epoch file's facts, and the service's confirm offset."""
+
+    __slots__ = ("_service",)
+
+    def __init__(self, service: HAService) -> None:
+        self._service = service
+
+    @property
+    def min_offset(self) -> int:
+        return self._service.store.commitlog_min_offset
+
+    @property
+    def max_offset(self) -> int:
+        return self._service.store.commitlog_max_offset
+
+    @property
+    def segment_bytes(self) -> int:
+        return self._service.store.config.commitlog_segment_bytes
+
+    @property
+    def confirm_offset(self) -> int:
+        return self._service.confirm_offset
+
+    @property
+    def epochs(self) -> Sequence[EpochEntry]:
+        return self._service.epochs.entries
+
+    def is_record_boundary(self, offset: int) -> bool:
+        return self._service.store.is_record_boundary(offset)
+
+
 class SlaveConnection:
+    """One slave's connection: the I/O around its SlaveSession (master_session.py)."""
+
     def __init__(
         self,
         service: HAService,
@@ -152,35 +182,47 @@ class SlaveConnection:
         self.stream = stream
         self.peer = peer
         self.peer_host = peer_host
-        self.protocol = service.config.protocol
-        classic = self.protocol is HAProtocol.CLASSIC
-        self.machine = StateMachine(
-            f"HA connection {peer}", HAState.TRANSFER if classic else HAState.HANDSHAKE
+        config = service.config
+        self.session = SlaveSession(
+            config.protocol,
+            _ServiceLog(service),
+            SessionSettings(
+                transfer_batch_bytes=config.transfer_batch_bytes,
+                heartbeat_interval_s=config.heartbeat_interval_s,
+                housekeeping_interval_s=config.housekeeping_interval_s,
+                sync_from_last_file=config.sync_from_last_file,
+            ),
+            name=peer,
+            now=trio.current_time(),
         )
-        self._decoder = SlaveMessageDecoder(self.protocol)
-        self.broker_id = -1
-        self.sync_from_last_file = service.config.sync_from_last_file
-        #: the slave's last report (bounded by ``next_offset``)
-        self.ack_offset = -1
-        #: where the writer sends from (None until the first report)
-        self.next_offset: int | None = None
-        #: the log end the kernel has taken from this connection's sends (-1: nothing;
-        #: auto-switch: from the start the handshake agreed on)
-        self.sent_end = -1
+        #: set once the session streams (its first report): the writer starts
         self._started = trio.Event()
-        self._send_lock = trio.Lock()
-        #: log data ``push`` could not send at once: the writer sends it first
-        self._leftover: list[tuple[memoryview, int]] = []
-        #: when log data last went to the kernel for this slave (heartbeats: when idle)
-        self.last_sent = trio.current_time()
-        self.bytes_sent = 0
-        #: when the bytes sent left, and what of them is unacked (how far behind it is)
-        self.ack_clock = AckClock()
-        #: when the slave last reported (-inf: not yet)
-        self.last_report = -math.inf
-        #: what counts of the slave's acks: its report, at most ``sent_end`` (-1: nothing)
-        self.acked_upto = -1
         self.scope = trio.CancelScope()
+
+    # (what HAService reads of a connection: the session's)
+    @property
+    def machine(self) -> StateMachine:
+        return self.session.machine
+
+    @property
+    def broker_id(self) -> int:
+        return self.session.broker_id
+
+    @broker_id.setter
+    def broker_id(self, broker_id: int) -> None:
+        self.session.broker_id = broker_id
+
+    @property
+    def ack_offset(self) -> int:
+        return self.session.ack_offset
+
+    @property
+    def acked_upto(self) -> int:
+        return self.session.acked_upto
+
+    @property
+    def last_report(self) -> float:
+        return self.session.last_report
 
     async def serve(self) -> None:
         service = self.service
@@ -219,22 +261,23 @@ class SlaveConnection:
         (if this master has one) and, auto-switch, sends its HANDSHAKE; then the
         membership rule (membership.py); then the handshake is answered."""
         service = self.service
+        session = self.session
         limit = service.config.connect_timeout_s
         secret = service.config.secret
-        handshake = None
         try:
             with trio.fail_after(limit):
                 if secret:
                     await challenge_slave(self.stream, secret.encode("utf-8"), service.broker_name)
-                if self.protocol is HAProtocol.AUTOSWITCH:
-                    handshake = await self._receive_handshake()
+                if session.phase is Phase.HANDSHAKE:
+                    await self._receive_handshake()
         except trio.TooSlowError:
             raise SlaveRefused(f"it did not complete the HA set-up within {limit:g}s") from None
-        except (ProofFailed, HAProtocolError) as exc:
+        except (ProofFailed, HAProtocolError, SlaveGone) as exc:
             raise SlaveRefused(str(exc)) from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             # (a stranger's reset is a refusal like any other: counted, rate-limited)
             raise SlaveRefused(f"its connection failed during the HA set-up: {exc}") from None
+        handshake = session.handshake
         peer = Peer(
             self.peer,
             self.peer_host,
@@ -246,8 +289,8 @@ class SlaveConnection:
             raise SlaveRefused(refusal)
         if not service.active:
             raise SlaveRefused("this broker is not master (any more)")
-        if handshake is not None:
-            await self._answer_handshake(handshake)
+        session.admit(trio.current_time())  # (auto-switch: the handshake's answer)
+        await self._send_pending()
         log.info(
             "HA slave %s admitted%s",
             self.peer,
@@ -263,150 +306,77 @@ class SlaveConnection:
             self.broker_id = found
             log.info("HA slave %s is broker %d of the group (by its host)", self.peer, found)
 
-    async def _receive_handshake(self) -> SlaveHandshake:
-        """The auto-switch HANDSHAKE, the first thing a slave sends (after the secret)."""
-        while True:
-            event = self._decoder.next_event()
-            if isinstance(event, SlaveHandshake):
-                return event
-            if event is not None:
-                raise SlaveRefused("it reported its offset before its HANDSHAKE")
+    async def _receive_handshake(self) -> None:
+        """Read until the session has the auto-switch HANDSHAKE (the first thing a slave
+        sends, after the secret); nothing after it is read yet."""
+        session = self.session
+        while session.handshake is None:
             data = await self.stream.receive_some(RECEIVE_BYTES)
             if not data:
                 raise SlaveRefused("it closed the connection before its HANDSHAKE")
-            self._decoder.feed(data)
-
-    async def _answer_handshake(self, handshake: SlaveHandshake) -> None:
-        self.broker_id = handshake.broker_id
-        self.sync_from_last_file = handshake.sync_from_last_file
-        service = self.service
-        reply = MasterHandshake(
-            service.store.commitlog_max_offset,
-            service.epochs.last_epoch,
-            tuple(service.epochs.entries),
-        )
-        await self._send(encode_master_handshake(reply))
-        self.machine.set(HAState.TRANSFER, "handshake answered")
+            session.receive(data, trio.current_time())
 
     # ------------------------------------------------------------------ reading
     async def _reader(self) -> None:
-        decoder = self._decoder
-        idle_s = self.service.config.housekeeping_interval_s
+        session = self.session
+        data: bytes | bytearray = b""  # (first, what came with the HANDSHAKE)
         while True:
-            report = None
-            while (event := decoder.next_event()) is not None:
-                if isinstance(event, SlaveHandshake):
-                    raise SlaveGone(f"a HANDSHAKE in state {self.machine.state.name}")
-                report = event  # only the newest report matters
-            if report is not None:
-                self._report(report)
-            with trio.move_on_after(idle_s) as silent:
+            self._count(session.receive(data, trio.current_time()))
+            if session.streaming:
+                self._started.set()
+            with trio.move_on_at(session.silent_at) as silent:
                 data = await self.stream.receive_some(RECEIVE_BYTES)
             if silent.cancelled_caught:
-                raise SlaveGone(f"silent for {idle_s:g}s")
-            if not data:
+                session.tick(trio.current_time())
+                data = b""
+            elif not data:
                 raise SlaveClosed("closed the connection")
-            decoder.feed(data)
 
-    def _report(self, report: SlaveReport) -> None:
-        offset = report.max_offset
-        if self.next_offset is None:
-            self._check_start(offset)
-            start = self._start_for_empty_slave() if offset == 0 else offset
-            self.next_offset = start
-            if self.protocol is HAProtocol.AUTOSWITCH:
-                # the handshake truncated the slave to where its log agrees with this
-                # master's epochs: it holds this log up to its start. (Classic: its
-                # first report says where its log ends, not that it holds what this
-                # master wrote there; only what this connection sends counts.)
-                self.sent_end = start
-            self._started.set()
-            log.info("HA slave %s: sending from commitlog offset %d", self.peer, start)
-        elif offset > self.next_offset:
-            raise SlaveGone(
-                f"it reported offset {offset}, past what was ever sent to it "
-                f"({self.next_offset}): not a slave's report"
-            )
-        self.ack_offset = offset
-        self.last_report = trio.current_time()
-        self._count_ack()
-
-    def _count_ack(self) -> None:
-        """The slave's report counts up to what the kernel took from this connection
-        (a report can arrive before the send that carried its bytes returns: it is
-        counted when the send does)."""
-        acked = min(self.ack_offset, self.sent_end)
-        if acked > self.acked_upto:
-            self.acked_upto = acked
-            self.ack_clock.acked(acked)
+    def _count(self, acked: int | None) -> None:
+        """Obey the session's "an ack to count": it wakes the sends waiting for it."""
+        if acked is not None:
             self.service.transfer.slave_acked(acked)
 
-    def _check_start(self, offset: int) -> None:
-        """Refuse a slave whose log cannot continue this master's."""
-        store = self.service.store
-        master_max = store.commitlog_max_offset
-        if offset > master_max:
-            raise SlaveGone(
-                f"its log ends at {offset}, past this master's log end {master_max}: it "
-                "has bytes this master does not have (an older master's tail); the "
-                "auto-switch protocol truncates such a slave, classic replication "
-                "cannot — clear the slave's store or use ha_protocol = 'autoswitch'"
-            )
-        if offset and offset >= store.commitlog_min_offset and not store.is_record_boundary(offset):
-            raise SlaveGone(
-                f"its log ends at {offset}, inside a record of this master's log: the two "
-                "logs diverged; clear the slave's store or use ha_protocol = 'autoswitch'"
-            )
-
-    def _start_for_empty_slave(self) -> int:
-        store = self.service.store
-        if self.sync_from_last_file:
-            segment = store.config.commitlog_segment_bytes
-            last_file_start = store.commitlog_max_offset - store.commitlog_max_offset % segment
-            return max(last_file_start, store.commitlog_min_offset)
-        return store.commitlog_min_offset
-
     # ------------------------------------------------------------------ writing
-    async def _send(self, *parts: bytes | memoryview) -> None:
-        """Send control messages (handshake, heartbeat): no log bytes."""
-        await self._send_parts([(part, -1) for part in parts])
+    def _views(self, parts: Sequence[Part]) -> list[bytes | memoryview]:
+        """The session's parts as buffers to send: log ranges straight from the mapped
+        segments (no copy). SlaveGone if the log cannot be read there."""
+        store = self.service.store
+        views: list[bytes | memoryview] = []
+        for part in parts:
+            if isinstance(part, LogRange):
+                try:
+                    data = store.get_data(part.start, part.size)
+                except StoreError as exc:
+                    raise SlaveGone(
+                        f"cannot read commitlog offset {part.start} for it: {exc}"
+                    ) from None
+                if len(data) != part.size:
+                    raise SlaveGone(
+                        f"no commitlog data at offset {part.start + len(data)} (deleted?)"
+                    )
+                views.append(data)
+            else:
+                views.append(part)
+        return views
 
-    async def _send_parts(self, parts: Sequence[tuple[bytes | memoryview, int]]) -> None:
-        """Send the parts in order, gathered (sendmsg), without copying them. A part
-        with an end offset (>= 0) is log data ending there: as the kernel takes its
-        bytes, ``sent_end`` follows (an ack counts only up to there). (Over a stream
-        without sendmsg, such as TLS: ``send_all`` each part, then ``_sent_to``.)"""
+    async def _send_pending(self) -> None:
+        """Send the session's ``pending`` until the kernel has taken it all, gathered
+        (sendmsg), without copying; each take is fed to the session. (Over a stream
+        without sendmsg, such as TLS: ``send_all`` each part.)"""
+        session = self.session
         # a slave that reads nothing for housekeeping_interval_s is as good as gone
         with trio.fail_after(self.service.config.housekeeping_interval_s):
-            async with self._send_lock:
-                pending = [(memoryview(part), end) for part, end in parts]
-                stream = self.stream
-                if not isinstance(stream, trio.SocketStream):  # TLS
-                    for view, end in pending:
-                        await stream.send_all(view)
-                        if end >= 0:
-                            self.bytes_sent += len(view)
-                            self._sent_to(end)
-                    return
-                while pending:
-                    sent = await stream.socket.sendmsg([view for view, _ in pending])
-                    self._took(pending, sent)
-
-    def _took(self, pending: list[tuple[memoryview, int]], sent: int) -> None:
-        """The kernel took the first ``sent`` bytes of ``pending``: they leave it (in
-        place), and ``sent_end`` follows the log data among them."""
-        while pending and sent >= len(pending[0][0]):
-            view, end = pending.pop(0)
-            sent -= len(view)
-            if end >= 0:
-                self.bytes_sent += len(view)
-                self._sent_to(end)
-        if sent:
-            view, end = pending[0]
-            pending[0] = (view[sent:], end)
-            if end >= 0:
-                self.bytes_sent += sent
-                self._sent_to(end - len(view) + sent)
+            stream = self.stream
+            if not isinstance(stream, trio.SocketStream):  # TLS
+                while session.pending:
+                    [view] = self._views(session.pending[:1])
+                    await stream.send_all(view)
+                    self._count(session.took(len(view), trio.current_time()))
+                return
+            while session.pending:
+                sent = await stream.socket.sendmsg(self._views(session.pending))
+                self._count(session.took(sent, trio.current_time()))
 
     def push(self) -> bool:
         """Send what the slave lacks now, from the caller (the store's append listener),
@@ -414,130 +384,58 @@ class SlaveConnection:
         after the writer task's turn comes (under load, several scheduling rounds of
         other tasks' work later; that wait was most of a SYNC_MASTER send's latency).
         True if nothing is left for the writer; False when the writer must do it: it is
-        sending already, the stream is not plain TCP (TLS), the kernel took only part
-        (the rest waits in ``_leftover``, sent first), or anything failed (the writer
-        meets the failure again and drops the slave, as it would have)."""
-        offset = self.next_offset
-        if offset is None or self._leftover or self._send_lock.locked():
+        sending already (the session's ``pending`` is not empty), the stream is not plain
+        TCP (TLS), the kernel took only part (the rest stays pending, sent first), or
+        anything failed (the writer meets the failure again and drops the slave, as it
+        would have)."""
+        session = self.session
+        if not session.streaming or session.sending:
             return False
         stream = self.stream
         if not isinstance(stream, trio.SocketStream):
             return False
-        max_offset = self.service.store.commitlog_max_offset
-        if offset >= max_offset:
+        now = trio.current_time()
+        parts = session.next_send(now, heartbeat=False)
+        if parts is None:
             return True
         try:
-            parts = self._transfer_parts(offset, max_offset)
-            pending = [(memoryview(part), end) for part, end in parts]
             try:
-                sent = os.writev(stream.socket.fileno(), [view for view, _ in pending])
+                sent = os.writev(stream.socket.fileno(), self._views(parts))
             except BlockingIOError:
                 sent = 0
         except (SlaveGone, OSError):
-            self.next_offset = offset  # (nothing went: the writer tries, and fails, itself)
-            return False
-        self._took(pending, sent)
-        self.last_sent = trio.current_time()
-        self._leftover = pending
-        return not pending
-
-    def _sent_to(self, offset: int) -> None:
-        if offset > self.sent_end:
-            self.sent_end = offset
-            self.ack_clock.sent(offset, trio.current_time())
-            self._count_ack()
+            return False  # (nothing went: it stays pending for the writer)
+        self._count(session.took(sent, now))
+        return not session.sending
 
     async def _writer(self) -> None:
         await self._started.wait()
-        service = self.service
-        config = service.config
-        self.last_sent = trio.current_time()
+        session = self.session
         while True:
-            if self._leftover:  # what push could not send, before anything newer
-                leftover, self._leftover = self._leftover, []
-                await self._send_parts(leftover)
-                self.last_sent = trio.current_time()
+            if session.next_send(trio.current_time()) is not None:
+                await self._send_pending()
                 continue
-            assert self.next_offset is not None
-            offset = self.next_offset
-            max_offset = service.store.commitlog_max_offset
-            if offset < max_offset:
-                await self._send_parts(self._transfer_parts(offset, max_offset))
-                self.last_sent = trio.current_time()
-                continue
-            quiet_until = self.last_sent + config.heartbeat_interval_s
-            with trio.move_on_at(quiet_until):
-                await service.wait_appended()
-            if (
-                trio.current_time() >= self.last_sent + config.heartbeat_interval_s
-                and not self._leftover
-                and self.next_offset >= service.store.commitlog_max_offset
-            ):
-                offset = self.next_offset
-                heartbeat = self._header(offset, 0, service.epochs.last, service.confirm_offset)
-                await self._send(heartbeat)
-                self.last_sent = trio.current_time()
-
-    def _transfer_parts(self, offset: int, max_offset: int) -> list[tuple[bytes | memoryview, int]]:
-        """What the slave lacks from ``offset``, as parts to send: transfers of at most
-        ``transfer_batch_bytes``, each within one segment and one epoch, up to
-        ``FRAMES_PER_SEND`` of them (a slave catching up costs a syscall per megabyte,
-        not per transfer). The data goes out from the mapped segments as it is.
-        ``next_offset`` moves past them (SlaveGone if the log cannot be read there)."""
-        service = self.service
-        epochs = service.epochs
-        batch = service.config.transfer_batch_bytes
-        confirm = service.confirm_offset
-        parts: list[tuple[bytes | memoryview, int]] = []
-        while offset < max_offset and len(parts) < 2 * FRAMES_PER_SEND:
-            limit = min(batch, max_offset - offset)
-            epoch = epochs.entry_at(offset)
-            if epoch is not None:  # never across an epoch boundary
-                limit = min(limit, epochs.end_of(epoch, max_offset) - offset)
-            elif epochs.entries:  # data from before the first epoch stops at it
-                limit = min(limit, epochs.entries[0].start_offset - offset)
-            try:
-                data = service.store.get_data(offset, limit)
-            except StoreError as exc:
-                raise SlaveGone(f"cannot read commitlog offset {offset} for it: {exc}") from None
-            if not data:
-                raise SlaveGone(f"no commitlog data at offset {offset} (deleted?)")
-            parts.append((self._header(offset, len(data), epoch, confirm), -1))
-            offset += len(data)
-            parts.append((data, offset))
-        # moved before the send: a report up to here is a slave's (the bytes are on
-        # their way); it counts as an ack as the kernel takes them (_took)
-        self.next_offset = offset
-        return parts
-
-    def _header(
-        self, offset: int, size: int, epoch: EpochEntry | None, confirm_offset: int
-    ) -> bytes:
-        return encode_transfer_header(
-            self.protocol,
-            offset,
-            size,
-            epoch=epoch.epoch if epoch else 0,
-            epoch_start_offset=epoch.start_offset if epoch else 0,
-            confirm_offset=confirm_offset,
-        )
+            with trio.move_on_at(session.heartbeat_at):
+                await self.service.wait_appended()
 
     def facts(self, now: float) -> SlaveFacts:
         """What the SyncStateSet's keeper needs of this slave (sync_state_set.py)."""
-        return SlaveFacts(self.acked_upto, self.ack_clock.behind_s(now), self.last_report)
+        return self.session.facts(now)
 
     def statistics(self) -> SlaveStatistics:
+        session = self.session
         max_offset = self.service.store.commitlog_max_offset
-        lag = max(0, max_offset - self.ack_offset) if self.ack_offset >= 0 else max_offset
+        ack = session.ack_offset
+        lag = max(0, max_offset - ack) if ack >= 0 else max_offset
         return SlaveStatistics(
             address=self.peer,
-            broker_id=self.broker_id,
-            state=self.machine.state.name,
-            ack_offset=self.ack_offset,
+            broker_id=session.broker_id,
+            state=session.machine.state.name,
+            ack_offset=ack,
             lag_bytes=lag,
-            lag_s=round(self.ack_clock.behind_s(trio.current_time()), 3),
+            lag_s=round(session.ack_clock.behind_s(trio.current_time()), 3),
             in_sync=self.service.slave_in_sync(self),
-            bytes_sent=self.bytes_sent,
+            bytes_sent=session.bytes_sent,
         )
 
 

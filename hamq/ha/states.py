@@ -1,13 +1,17 @@
-"""The HA slave client's states and the moves allowed between them (pure).
+"""An HA connection's states and the moves allowed between them (pure).
+
+The slave's client (slave.py):
 
     READY ──connect (classic)──▶ TRANSFER ──drop──▶ READY
     READY ──connect (auto-switch)──▶ HANDSHAKE ──epochs agreed──▶ TRANSFER
-    HANDSHAKE ──drop──▶ READY        READY ◀──▶ SUSPEND        any ──▶ SHUTDOWN
+    HANDSHAKE ──drop──▶ READY                                  any ──▶ SHUTDOWN
 
-READY: not connected, connecting; SUSPEND: replication paused (RocketMQ's; reserved for
-role changes); SHUTDOWN: stopped for good. A master's connection goes HANDSHAKE ->
-TRANSFER (auto-switch) or starts in TRANSFER (classic). The ordinals are RocketMQ's
-HAConnectionState, which the auto-switch headers carry.
+READY: not connected, connecting; SHUTDOWN: stopped for good. A master's connection
+(master_session.py) goes HANDSHAKE ──answered──▶ TRANSFER (auto-switch) or starts in
+TRANSFER (classic), and ends with the connection. The ordinals are RocketMQ's
+HAConnectionState, which the auto-switch headers carry; its SUSPEND (3) keeps its
+ordinal in hamq.protocol.ha_wire's HAState, but hamq never enters it: no move leads
+to it, and no machine starts in it.
 """
 
 from __future__ import annotations
@@ -19,10 +23,9 @@ from hamq.protocol.ha_wire import HAState
 log = logging.getLogger(__name__)
 
 ALLOWED: dict[HAState, frozenset[HAState]] = {
-    HAState.READY: frozenset({HAState.HANDSHAKE, HAState.TRANSFER, HAState.SUSPEND}),
+    HAState.READY: frozenset({HAState.HANDSHAKE, HAState.TRANSFER}),
     HAState.HANDSHAKE: frozenset({HAState.TRANSFER, HAState.READY}),
     HAState.TRANSFER: frozenset({HAState.READY}),
-    HAState.SUSPEND: frozenset({HAState.READY}),
     HAState.SHUTDOWN: frozenset(),
 }
 
@@ -33,6 +36,8 @@ class IllegalTransition(RuntimeError):
 
 class StateMachine:
     def __init__(self, name: str, state: HAState = HAState.READY) -> None:
+        if state not in ALLOWED:
+            raise IllegalTransition(f"{name}: cannot start in {state.name}")
         self.name = name
         self.state = state
 

@@ -74,7 +74,7 @@ class HAState(enum.IntEnum):
     READY = 0
     HANDSHAKE = 1
     TRANSFER = 2
-    SUSPEND = 3
+    SUSPEND = 3  # (RocketMQ's ordinal, kept; hamq never enters it: hamq/ha/states.py)
     SHUTDOWN = 4
 
 
