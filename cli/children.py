@@ -7,7 +7,8 @@ here, stderr the child's log, with PARENT_DEATH_SIGNAL (SIGTERM) set for the dea
 the thread that forked it, always the main thread, so that children stop even when
 ``up`` is killed with SIGKILL. A Child is ready at its one ``hamq ... ready:`` line
 (at most READY_TIMEOUT_S; the line names its address, and a broker's its
-nameservers); its stderr, and anything it prints but that line, goes to its log.
+nameservers); its stderr goes to its log, and so does its stdout, ready line included,
+copied by ``until_ready`` and ``until_exit``.
 ``open_log`` keeps a non-empty log of the last run as ``<...>.log.1`` (one
 generation); a restart appends to the same log.
 
