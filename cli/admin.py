@@ -13,7 +13,8 @@ its keys stable and listed in the README ("Operating a cluster: hamq admin"): fi
 names in camelCase, values typed (hamq/client/admin.py's ``to_json``; a broker's
 settings by their types, hamq/broker/live_config.py's ``typed_settings``). The
 requests and their decoding live in hamq/client/admin.py; this module parses the
-command line and chooses what to print. A broker or controller that refuses, or
+command line, asks, and prints ``--json``; the tables and lines for people are
+cli/admin_output.py's. A broker or controller that refuses, or
 that no one answers, ends a command with one ``error:`` line (exit code 1); input
 that cannot be right (a bad address, a timestamp that is none, a setting the broker
 refuses) with exit code 2.
@@ -21,15 +22,28 @@ refuses) with exit code 2.
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from cli.admin_output import (
+    BODY_SHOWN_CHARS,
+    show_broker_config,
+    show_broker_statuses,
+    show_clusters,
+    show_connection,
+    show_election,
+    show_epochs,
+    show_ha_statuses,
+    show_messages,
+    show_progress,
+    show_reset,
+    show_summaries,
+    show_sync_state,
+    show_updated,
+)
 from cli.common import (
     DEFAULT_NAMESRV,
     HELP_MARKUP,
@@ -41,11 +55,10 @@ from cli.common import (
     fail,
     run,
 )
-from cli.topic import JsonOption, print_json, when
+from cli.topic import JsonOption, print_json
 from hamq.broker.live_config import typed_settings
 from hamq.client import AdminClient
 from hamq.client.admin import (
-    FoundMessage,
     GroupSummary,
     broker_epochs,
     camel_case_keys,
@@ -61,10 +74,6 @@ app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=HELP_MARKUP,
 )
-console = Console()
-
-#: a message body longer than this is cut short unless --body-full
-BODY_SHOWN_CHARS = 512
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -79,15 +88,6 @@ def _addresses(value: str, option: str) -> list[str]:
         except ValueError as exc:
             raise fail(f"{option}: {exc}", 2) from None
     return addrs
-
-
-def _shown(value: object) -> str:
-    return "-" if value is None else str(value)
-
-
-def _name(value: Any) -> str:
-    """An enum member's name (``CLUSTERING``), ``-`` for none."""
-    return "-" if value is None else str(value.name)
 
 
 BrokerOption = Annotated[
@@ -120,12 +120,7 @@ def cluster(as_json: JsonOption = False, namesrv: NamesrvOption = DEFAULT_NAMESR
                 }
             )
             return
-        table = Table(title="clusters")
-        for column in ("cluster", "broker", "id", "address"):
-            table.add_column(column)
-        for name, broker, broker_id, addr in rows:
-            table.add_row(name, broker, str(broker_id), addr)
-        console.print(table)
+        show_clusters(rows)
 
     run(main)
 
@@ -150,14 +145,7 @@ def broker_status(
         if as_json:
             print_json({"brokers": [status.to_json() for status in statuses]})
             return
-        for status in statuses:
-            table = Table(title=f"broker {status.address}")
-            table.add_column("name")
-            table.add_column("value")
-            for key, value in status.values.items():
-                shown = value if isinstance(value, str) else json.dumps(value)
-                table.add_row(key, "-" if value is None else shown)
-            console.print(table)
+        show_broker_statuses(statuses)
 
     run(main)
 
@@ -176,12 +164,7 @@ def broker_config(
         if as_json:
             print_json(view.to_json(typed_settings(view.values)))
             return
-        table = Table(title=f"configuration of {addr}")
-        for column in ("key", "value", "live"):
-            table.add_column(column)
-        for key, value in sorted(view.values.items()):
-            table.add_row(key, value, "live" if key in view.live_keys else "")
-        console.print(table)
+        show_broker_config(addr, view)
 
     run(main)
 
@@ -217,8 +200,7 @@ def update_broker_config(
         if as_json:
             print_json({"address": addr, "updated": typed_settings(updated)})
         else:
-            shown = ", ".join(f"{k} = {v}" for k, v in sorted(updated.items()))
-            typer.echo(f"broker {addr}: {shown} (until it stops)")
+            show_updated(addr, updated)
 
     run(main)
 
@@ -240,59 +222,13 @@ def ha_status(
         if as_json:
             print_json({"brokers": [camel_case_keys(status) for status in statuses]})
             return
-        table = Table(title="replication")
-        for column in ("broker", "id", "address", "role", "epoch", "replication"):
-            table.add_column(column)
-        for status in statuses:
-            epochs = status.get("epochs") or []
-            table.add_row(
-                str(status.get("broker")),
-                str(status.get("brokerId")),
-                str(status.get("address")),
-                str(status.get("role")),
-                str(epochs[-1][0]) if epochs else "-",
-                _describe_ha(status),
-            )
-        console.print(table)
+        show_ha_statuses(statuses)
 
     run(main)
 
 
-def _describe_ha(status: dict[str, object]) -> str:
-    master = status.get("master")
-    if isinstance(master, dict):
-        slaves = master.get("slaves") or []
-        if not slaves:
-            return f"no slave connected (log end {master.get('max_offset')})"
-        return "\n".join(
-            f"slave {s['address']}: ack {s['ack_offset']}, {s['lag_bytes']} B / "
-            f"{s['lag_s']} s behind, {'in sync' if s['in_sync'] else 'NOT in sync'}"
-            for s in slaves
-        )
-    slave = status.get("slave")
-    if isinstance(slave, dict):
-        error = f", last error: {slave['last_error']}" if slave.get("last_error") else ""
-        return (
-            f"{slave['state']} from {slave['master_address']}, log end {slave['max_offset']}{error}"
-        )
-    return "-"
-
-
 # ---------------------------------------------------------------- consumer groups
 GroupOption = Annotated[str, typer.Option("--group", "-g", help="The consumer group.")]
-
-
-def _summaries_table(summaries: list[GroupSummary], *, lag: bool) -> Table:
-    table = Table(title="consumer groups")
-    columns = ["group", "members", "type", "model"]
-    columns += ["consume TPS", "total lag"] if lag else ["topics"]
-    for column in columns:
-        table.add_column(column)
-    for s in summaries:
-        row = [s.group, str(s.members), _name(s.consume_type), _name(s.message_model)]
-        row += [f"{s.consume_tps:g}", str(s.total_lag)] if lag else [" ".join(s.topics) or "-"]
-        table.add_row(*row)
-    return table
 
 
 async def _summaries(admin: AdminClient) -> list[GroupSummary]:
@@ -311,10 +247,8 @@ def groups(as_json: JsonOption = False, namesrv: NamesrvOption = DEFAULT_NAMESRV
             summaries = await _summaries(admin)
         if as_json:
             print_json({"groups": [s.to_json() for s in summaries]})
-        elif not summaries:
-            typer.echo("no consumer group is known")
         else:
-            console.print(_summaries_table(summaries, lag=False))
+            show_summaries(summaries, lag=False)
 
     run(main)
 
@@ -346,39 +280,13 @@ def consumer_progress(
         if group is None:
             if as_json:
                 print_json({"groups": [s.to_json() for s in summaries]})
-            elif not summaries:
-                typer.echo("no consumer group is known")
             else:
-                console.print(_summaries_table(summaries, lag=True))
+                show_summaries(summaries, lag=True)
             return
         if as_json:
             print_json(progress.to_json())
             return
-        if not progress.queues:
-            where = f" in {topic}" if topic else ""
-            typer.echo(f"group {group} has no committed offsets{where}")
-            return
-        table = Table(title=f"progress of {group}")
-        table.add_column("topic")
-        table.add_column("queue", no_wrap=True)
-        for column in ("broker offset", "consumer offset", "lag"):
-            table.add_column(column, justify="right")
-        table.add_column("last consumed (stored)", no_wrap=True)
-        for q in progress.queues:
-            table.add_row(
-                q.queue.topic,
-                f"{q.queue.broker_name}:{q.queue.queue_id}",
-                str(q.broker_offset),
-                str(q.consumer_offset),
-                str(q.lag),
-                when(q.last_timestamp_ms),
-            )
-        console.print(table)
-        typer.echo(
-            f"group {group}: total lag {progress.total_lag}, "
-            f"consume TPS {progress.consume_tps:g}, "
-            f"last consumed message stored {when(progress.last_timestamp_ms)}"
-        )
+        show_progress(group, topic, progress)
 
     run(main)
 
@@ -398,26 +306,7 @@ def consumer_connection(
         if as_json:
             print_json(connection.to_json())
             return
-        typer.echo(
-            f"group {group}: {len(connection.members)} member(s), "
-            f"{_name(connection.consume_type)}, {_name(connection.message_model)}, "
-            f"{_name(connection.consume_from_where)}"
-        )
-        members = Table(title="members")
-        members.add_column("client id", no_wrap=True)
-        members.add_column("address", no_wrap=True)
-        for column in ("language", "version", "brokers"):
-            members.add_column(column)
-        for m in connection.members:
-            brokers = str(len(m.brokers))
-            members.add_row(m.client_id, m.client_addr, m.language, str(m.version), brokers)
-        console.print(members)
-        subscriptions = Table(title="subscriptions")
-        for column in ("topic", "expression"):
-            subscriptions.add_column(column)
-        for name, sub in sorted(connection.subscriptions.items()):
-            subscriptions.add_row(name, sub.sub_string)
-        console.print(subscriptions)
+        show_connection(group, connection)
 
     run(main)
 
@@ -476,50 +365,12 @@ def reset_offset(
         if as_json:
             print_json(result.to_json())
             return
-        table = Table(title=f"offsets of {group} in {topic}")
-        for column in ("queue", "offset"):
-            table.add_column(column)
-        for queue, offset in sorted(result.offsets.items(), key=lambda i: str(i[0])):
-            table.add_row(str(queue), str(offset))
-        console.print(table)
-        told = (
-            f"{result.notified} consumer connection(s) told to go on from them"
-            if result.notified
-            else "no consumer online: the group starts from them when it next runs"
-        )
-        at = {-1: "the end of each queue", 0: "the beginning"}.get(stamp) or when(stamp)
-        typer.echo(f"group {group}: offsets in {topic} reset to {at}; {told}")
+        show_reset(group, topic, stamp, result)
 
     run(main)
 
 
 # ---------------------------------------------------------------- messages
-def _print_message(found: FoundMessage, index: int, total: int, body_full: bool) -> None:
-    m = found.message
-    text = m.body.decode("utf-8", errors="replace")
-    shown = text if body_full else text[:BODY_SHOWN_CHARS]
-    cut = "" if len(shown) == len(text) else f", first {len(shown)} characters (--body-full)"
-    lines = [
-        ("topic", m.topic),
-        ("queue", f"{found.broker}:{m.queue_id} offset {m.queue_offset}"),
-        ("msg id", m.msg_id),
-        ("offset msg id", f"{m.offset_msg_id} (commit log offset {m.physical_offset})"),
-        ("tags", _shown(m.tags)),
-        ("keys", " ".join(m.keys) or "-"),
-        ("store host", m.store_host),
-        ("store time", when(m.store_timestamp)),
-        ("born host", m.born_host),
-        ("born time", when(m.born_timestamp)),
-        ("reconsume times", str(m.reconsume_times)),
-        ("properties", ", ".join(f"{k}={v}" for k, v in sorted(m.properties.items())) or "-"),
-        ("body", f"{len(m.body)} bytes{cut}"),
-    ]
-    typer.echo(f"message {index} of {total}")
-    for name, value in lines:
-        typer.echo(f"  {name:<16}{value}")
-    typer.echo(shown)
-
-
 @app.command("query-message")
 def query_message(
     topic: Annotated[str | None, typer.Option("--topic", "-t", help="The topic.")] = None,
@@ -562,43 +413,12 @@ def query_message(
             limit = None if body_full else BODY_SHOWN_CHARS
             print_json({"messages": [f.to_json(limit) for f in found]})
             return
-        for i, item in enumerate(found, 1):
-            _print_message(item, i, len(found), body_full)
+        show_messages(found, body_full=body_full)
 
     run(main)
 
 
 # ---------------------------------------------------------------- automatic failover
-def _print_group(name: str, group: dict[str, Any]) -> None:
-    """A summary line (never wrapped: scripts read it) and a table of the replicas."""
-    master = group.get("masterBrokerId")
-    master_text = (
-        f"master {master} ({group.get('masterAddress')})" if master is not None else "no master"
-    )
-    in_sync = group.get("inSyncReplicas") or []
-    typer.echo(
-        f"{name}: {master_text}, master epoch {group.get('masterEpoch')}; "
-        f"SyncStateSet {sorted(r.get('brokerId') for r in in_sync)} "
-        f"epoch {group.get('syncStateSetEpoch')}"
-    )
-    table = Table()
-    for column in ("id", "address", "role", "in sync", "alive", "epoch", "max offset"):
-        table.add_column(column)
-    rows = [(r, True) for r in in_sync] + [(r, False) for r in group.get("notInSyncReplicas") or []]
-    for replica, member in sorted(rows, key=lambda row: row[0].get("brokerId", 0)):
-        broker_id = replica.get("brokerId")
-        table.add_row(
-            _shown(broker_id),
-            _shown(replica.get("brokerAddress")),
-            "master" if broker_id == master else "slave",
-            "yes" if member else "NO",
-            "yes" if replica.get("alive") else "NO",
-            _shown(replica.get("epoch")),
-            _shown(replica.get("maxOffset")),
-        )
-    console.print(table)
-
-
 @app.command("sync-state-set")
 def sync_state_set(
     controller: ControllerOption,
@@ -623,11 +443,8 @@ def sync_state_set(
         table = answer["replicasInfoTable"]
         if as_json:
             print_json(answer)
-        elif not table:
-            typer.echo(f"no broker group is known to controller {addr}")
-        for name, group in sorted(table.items()):
-            if not as_json:
-                _print_group(name, group)
+        else:
+            show_sync_state(addr, table)
         missing = [name for name in names if name not in table]
         if missing:
             known = await known_broker_groups(addr, **access().call_options())
@@ -664,18 +481,7 @@ def elect_master_command(
         if as_json:
             print_json(election.to_json())
             return
-        who = (
-            f"broker {election.master_broker_id} ({election.master_address}) is master"
-            if election.master_broker_id is not None
-            else "no master"
-        )
-        if not election.elected:
-            who += " already; nothing changed"
-        typer.echo(
-            f"{broker}: {who}, master epoch {election.master_epoch}; SyncStateSet "
-            f"{list(election.sync_state_set)} epoch {election.sync_state_set_epoch} "
-            f"(controller {election.controller})"
-        )
+        show_election(broker, election)
 
     run(main)
 
@@ -693,17 +499,6 @@ def broker_epoch(broker: BrokerOption, as_json: JsonOption = False) -> None:
         if as_json:
             print_json({"address": addr, **epochs.to_json()})
             return
-        about = [f"id {epochs.broker_id}" if epochs.broker_id is not None else "", epochs.role]
-        typer.echo(
-            f"epochs of {epochs.broker_name} at {addr}" + "".join(f", {a}" for a in about if a)
-        )
-        table = Table()
-        for column in ("epoch", "start offset", "end offset"):
-            table.add_column(column)
-        for epoch, start, end in epochs.entries:
-            table.add_row(str(epoch), str(start), str(end))
-        console.print(table)
-        shown = "unknown" if epochs.max_offset is None else str(epochs.max_offset)
-        typer.echo(f"max offset {shown}")
+        show_epochs(addr, epochs)
 
     run(main)

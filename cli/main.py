@@ -26,7 +26,7 @@ import typer
 import typer.completion
 import typer.main
 
-from cli import admin, bench, clients, cluster, servers, topic
+from cli import admin, bench, cluster, consume, produce, servers, topic
 from cli.common import (
     ACCESS,
     HELP_MARKUP,
@@ -50,8 +50,8 @@ app = typer.Typer(
 app.command()(servers.broker)
 app.command()(servers.nameserver)
 app.command()(servers.controller)
-app.command()(clients.produce)
-app.command()(clients.consume)
+app.command()(produce.produce)
+app.command()(consume.consume)
 app.add_typer(topic.app, name="topic")
 app.add_typer(admin.app, name="admin")
 app.add_typer(bench.app, name="bench")

@@ -20,8 +20,8 @@ import pytest
 import trio
 from typer.testing import CliRunner
 
-from cli.cluster import Kind, load_profile
 from cli.main import app
+from cli.profiles import Kind, load_profile
 from hamq.client import Message, Producer, SendStatus
 from hamq.client.admin import epochs_from_ha_status as _from_ha_status
 from tests.support.autoswitch import hamq_admin, sync_state, sync_state_when

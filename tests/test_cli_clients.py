@@ -801,7 +801,7 @@ async def test_completion_answers_the_shell(words: str, expected: str) -> None:
 def test_a_produce_try_outlasts_every_answer_a_broker_makes_it_wait_for() -> None:
     """A try given up while the broker still works (a SYNC_FLUSH broker's 5 s fsync
     wait) would send a second copy: the CLI's per-try cap is above the brokers' waits."""
-    from cli.clients import ATTEMPT_TIMEOUT_S
+    from cli.produce import ATTEMPT_TIMEOUT_S
     from hamq.ha import HAConfig
     from hamq.store import StoreConfig
 

@@ -171,7 +171,7 @@ def test_two_brokers_on_one_port_are_refused(tmp_path: Path) -> None:
 
 
 def test_the_shipped_profiles_load() -> None:
-    from cli.cluster import Kind, load_profile
+    from cli.profiles import Kind, load_profile
 
     kinds = {
         name: [c.kind for c in load_profile(name).children]
@@ -195,7 +195,7 @@ DEMO_QUEUES_PER_STORE = 32
 def test_a_demo_profile_reserves_well_under_a_gigabyte(name: str) -> None:
     """Every store file is reserved whole (posix_fallocate): the first CommitLog segment,
     the first index file and one file per consume queue that gets a message."""
-    from cli.cluster import load_profile
+    from cli.profiles import load_profile
     from hamq.broker import build_config
     from hamq.store.consume_queue import ENTRY_SIZE
     from hamq.store.index import HEADER_SIZE
@@ -218,7 +218,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 def test_the_readme_runs_the_shipped_profiles() -> None:
     """Each ``hamq cluster up --profile X`` of the README names a profile of conf/, and
     the synopsis lists them all."""
-    from cli.cluster import profile_names
+    from cli.profiles import profile_names
 
     known = set(profile_names())
     text = README.read_text()

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from cli.cluster import RESTART_GIVE_UP, open_log, restart_delay, spawn
+from cli.children import open_log, spawn
+from cli.supervisor import RESTART_GIVE_UP, restart_delay
 from hamq.client import Message, Producer, SendStatus
 from tests.support.cluster import (
     READY_S,

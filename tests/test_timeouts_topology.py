@@ -23,8 +23,8 @@ from typing import Any
 import anyio
 import pytest
 
-from cli.cluster import CLUSTER_FILE, load_profile, profile_names
 from cli.common import DEFAULT_NAMESRV
+from cli.profiles import CLUSTER_FILE, load_profile, profile_names
 from hamq.broker import build_config
 from hamq.client import AdminClient, Message, Producer, SendStatus
 from hamq.ha import HAConfig

@@ -1,53 +1,41 @@
-"""``hamq produce`` and ``hamq consume``: a producer and a push consumer at the terminal.
+"""``hamq produce``: a producer at the terminal.
 
-produce's bodies: BODY ('{i}' numbered), ``--body-file F`` (bytes as they are, one body
-for every message; ``-``: stdin), or BODY ``-``: stdin, one message a line (``--whole``:
-one body). Whatever is read is read whole (stdin to its end, or to COUNT lines) and
-every message checked before the first is sent: bad input (a body over MAX_BODY_BYTES,
-an empty one, a file that cannot be read) ends the command with exit code 2, having
-sent nothing.
+Its bodies (BODY, ``--body-file``, stdin) are read and checked by cli/bodies.py; every
+message is checked before the first is sent: bad input ends the command with exit code
+2, having sent nothing.
 
-produce: ``--concurrency`` tasks (1) send requests of ``--batch`` messages (1: one
-message a request; more: SEND_BATCH_MESSAGE, a batch stored in one queue), numbered
-0 to COUNT - 1 and taken in turn, each task one request at a time. Each request may
-take ``--send-timeout`` (30 s), retries and a master failover included, a single try
-at most ``--attempt-timeout`` (ATTEMPT_TIMEOUT_S: a master that hangs is given up for the
-next try, on a fresh route). The command ends with one summary line on stdout (how many were sent,
-how many acknowledged SEND_OK: counted per answered request, so exact whatever the
-concurrency) whether it finished, gave up on a request (then no new request starts,
-those under way end, and one ``error:`` line follows, exit code 1) or was
-interrupted (exit code 130); exit code 1 too when a message was stored short of
-SEND_OK. A batch too large for the broker (``max_message_size``) is refused before
-anything is sent. ``--transaction commit|rollback|unknown`` sends each message in a
-transaction whose local state is that (a TransactionProducer); with ``unknown`` the
-command then stays until the broker has checked every message back (answering
-``--check-answer``) or ``--check-wait`` has passed.
-
-consume: prints each message as it is handled, and commits only what it printed:
-with ``--count N`` exactly N, the next run of the group starts right after them. A
-topic no nameserver knows is said once on stderr; the consumer waits for it. A
-closed stdout ends it (cli/common.py). It ends with a summary line on stderr.
-
-Both draw their count and rate live on stderr when it is a terminal (LiveCount).
+``--concurrency`` tasks (1) send requests of ``--batch`` messages (1: one message a
+request; more: SEND_BATCH_MESSAGE, a batch stored in one queue), numbered 0 to COUNT -
+1 and taken in turn, each task one request at a time. Each request may take
+``--send-timeout`` (30 s), retries and a master failover included, a single try at most
+``--attempt-timeout`` (ATTEMPT_TIMEOUT_S: a master that hangs is given up for the next
+try, on a fresh route). The command ends with one summary line on stdout (how many were
+sent, how many acknowledged SEND_OK: counted per answered request, so exact whatever
+the concurrency) whether it finished, gave up on a request (then no new request starts,
+those under way end, and one ``error:`` line follows, exit code 1) or was interrupted
+(exit code 130); exit code 1 too when a message was stored short of SEND_OK. A batch too
+large for the broker (``max_message_size``) is refused before anything is sent.
+``--transaction commit|rollback|unknown`` sends each message in a transaction whose
+local state is that (a TransactionProducer); with ``unknown`` the command then stays
+until the broker has checked every message back (answering ``--check-answer``) or
+``--check-wait`` has passed. It draws its count and rate live on stderr when that is a
+terminal (LiveCount).
 """
 
 from __future__ import annotations
 
 import enum
-import logging
-import os
-import stat
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO
+from typing import Annotated, Any
 
 import attrs
 import trio
 import typer
 
+from cli.bodies import MAX_BODY_BYTES, Bodies, read_bodies
 from cli.common import (
     DEFAULT_NAMESRV,
     CommandError,
@@ -58,27 +46,21 @@ from cli.common import (
 )
 from cli.progress import LiveCount
 from hamq.client import (
-    AdminClient,
     BrokerError,
-    ConsumeFrom,
     InvalidArgumentError,
     LocalTransactionState,
     Message,
     MessageExt,
     NoMasterError,
-    NoRouteError,
     Producer,
-    PushConsumer,
     SendError,
     SendResult,
     SendStatus,
     TransactionProducer,
     TransactionSendResult,
 )
-from hamq.client.message import DEFAULT_MAX_MESSAGE_SIZE, check_message, check_topic
+from hamq.client.message import check_message, check_topic
 from hamq.protocol import send_timing
-
-log = logging.getLogger(__name__)
 
 #: above this many messages, produce prints a summary instead of every result
 ECHO_EACH_UP_TO = 20
@@ -137,43 +119,13 @@ class _Tally:
         )
 
 
-#: produce's message body when BODY is not given
-DEFAULT_BODY = "hello from hamq #{i}"
-#: produce's BODY that reads the bodies from stdin: one message a line (--whole: one)
-STDIN = "-"
-#: the largest body produce sends: the producer's max_message_size, which is RocketMQ's
-#: maxMessageSize and a broker's store.max_message_bytes by default
-MAX_BODY_BYTES = DEFAULT_MAX_MESSAGE_SIZE
-
-
-@attrs.frozen
-class _Bodies:
-    """produce's message bodies: ``template``, text whose '{i}' becomes the message's
-    number (BODY), or ``read``, bytes sent as they are (never numbered): one body for
-    every message (--body-file, stdin --whole) or one per message (stdin's lines)."""
-
-    template: str | None = None
-    read: tuple[bytes, ...] = ()
-
-    def __call__(self, i: int) -> str | bytes:
-        if self.template is not None:
-            return self.template.replace("{i}", str(i))
-        return self.read[i] if len(self.read) > 1 else self.read[0]
-
-    @property
-    def per_message(self) -> bool:
-        """Whether each message has a body of its own (else the first and the last
-        messages are the largest: '{i}' only grows)."""
-        return len(self.read) > 1
-
-
 @attrs.frozen
 class _Messages:
     """What produce sends: COUNT messages numbered 0 to COUNT - 1 ('{i}' in BODY and
     the keys becomes the number), in requests of BATCH consecutive messages."""
 
     topic: str
-    bodies: _Bodies
+    bodies: Bodies
     tags: str | None
     keys: str | None
     delay_level: int
@@ -487,107 +439,6 @@ WholeOption = Annotated[
 ]
 
 
-def _too_large(where: str, size: str) -> typer.Exit:
-    return fail(
-        f"{where} is {size} bytes, over the largest message body, {MAX_BODY_BYTES} bytes "
-        "(RocketMQ's maxMessageSize, a broker's store.max_message_bytes by default); "
-        "nothing was sent",
-        2,
-    )
-
-
-def _regular_size(stream: BinaryIO) -> int | None:
-    """The size of the regular file behind ``stream`` (a pipe or a terminal has none)."""
-    try:
-        status = os.fstat(stream.fileno())
-    except (OSError, ValueError):
-        return None
-    return status.st_size if stat.S_ISREG(status.st_mode) else None
-
-
-def _read_whole(stream: BinaryIO, where: str) -> bytes:
-    """All of ``stream`` as one body: bad input (empty, too large) ends the command
-    (exit code 2), read no further than one byte past the largest body."""
-    size = _regular_size(stream)
-    if size is not None and size > MAX_BODY_BYTES:
-        raise _too_large(where, str(size))
-    data = stream.read(MAX_BODY_BYTES + 1)
-    if len(data) > MAX_BODY_BYTES:
-        raise _too_large(where, f"more than {MAX_BODY_BYTES}")
-    if not data:
-        raise fail(f"{where} is empty: a message needs a body", 2)
-    return data
-
-
-def _read_lines(stream: BinaryIO, count: int | None) -> list[bytes]:
-    """stdin's lines, one body each (without its line end, \\n or \\r\\n), up to
-    ``count`` of them (else to the end); empty lines are skipped, and said so on stderr.
-    Too long a line, or fewer than ``count``, ends the command (exit code 2)."""
-    bodies: list[bytes] = []
-    skipped = number = 0
-    while count is None or len(bodies) < count:
-        # (one byte past the largest body and its \r\n: a line longer is told apart)
-        line = stream.readline(MAX_BODY_BYTES + 3)
-        if not line:
-            break
-        number += 1
-        ended = line.endswith(b"\n")
-        body = line[:-1] if ended else line
-        body = body[:-1] if body.endswith(b"\r") else body
-        if len(body) > MAX_BODY_BYTES:
-            raise _too_large(
-                f"line {number} of stdin",
-                str(len(body)) if ended else f"more than {MAX_BODY_BYTES}",
-            )
-        if body:
-            bodies.append(body)
-        else:
-            skipped += 1
-    if skipped:
-        typer.echo(f"skipped {skipped} empty line(s) of stdin: a message needs a body", err=True)
-    if not bodies:
-        raise fail("stdin has no line to send (BODY '-': one message a line)", 2)
-    if count is not None and len(bodies) < count:
-        raise fail(f"--count {count}: stdin has only {len(bodies)} line(s) to send", 2)
-    return bodies
-
-
-def _bodies(
-    body: str | None, body_file: Path | None, whole: bool, count: int | None
-) -> tuple[_Bodies, int]:
-    """produce's bodies and how many messages it sends (COUNT, else 1, else one per line
-    of stdin). Bad input ends the command here (exit code 2), before anything is sent."""
-    if body is not None and body_file is not None:
-        raise fail("give BODY or --body-file, not both", 2)
-    if whole and body != STDIN:
-        raise fail("--whole goes with BODY '-' (stdin); --body-file is one body already", 2)
-    if body == STDIN or body_file == Path(STDIN):
-        return _stdin_bodies(lines=body == STDIN and not whole, count=count)
-    if body_file is not None:
-        try:
-            with body_file.open("rb") as file:
-                data = _read_whole(file, f"--body-file {body_file}")
-        except OSError as exc:
-            reason = str(exc.strerror or exc)
-            raise fail(f"--body-file {body_file}: {reason[:1].lower()}{reason[1:]}", 2) from None
-        return _Bodies(read=(data,)), count or 1
-    return _Bodies(template=body if body is not None else DEFAULT_BODY), count or 1
-
-
-def _stdin_bodies(*, lines: bool, count: int | None) -> tuple[_Bodies, int]:
-    """``_bodies`` from stdin: one a line, or all of it one body."""
-    if sys.stdin is None:  # (the command started with its stdin closed)
-        raise fail("stdin is closed: there are no bodies to read", 2)
-    stdin = sys.stdin.buffer
-    if stdin.isatty():
-        how = "one message a line" if lines else "all of it one body"
-        typer.echo(f"reading stdin, {how} (Ctrl-D ends)", err=True)
-    if lines:
-        read = _read_lines(stdin, count)
-        return _Bodies(read=tuple(read)), len(read)
-    return _Bodies(read=(_read_whole(stdin, "stdin"),)), count or 1
-
-
 def produce(
     topic: Annotated[str, typer.Option("--topic", "-t", help="Topic to send to.")],
     body: Annotated[
@@ -631,7 +482,7 @@ def produce(
 
     The body is BODY, the content of --body-file, or stdin's ('-'). Every message is
     checked before the first is sent."""
-    bodies, count = _bodies(body, body_file, whole, count)
+    bodies, count = read_bodies(body, body_file, whole, count)
     messages = _Messages(topic, bodies, tags, keys, delay_level, count, batch)
     listener = None
     if transaction is not None:
@@ -659,147 +510,6 @@ def produce(
         )
 
 
-def consume(
-    topic: Annotated[str, typer.Option("--topic", "-t", help="Topic to consume.")],
-    group: Annotated[str, typer.Option("--group", "-g", help="Consumer group.")],
-    expression: Annotated[
-        str, typer.Option("--tags", help="Tag expression: '*', 'a', 'a || b'.")
-    ] = "*",
-    start: Annotated[
-        str,
-        typer.Option(
-            "--from",
-            help="Where a new group starts: first (everything kept), last (new messages only).",
-        ),
-    ] = "first",
-    count: Annotated[
-        int | None, typer.Option("--count", "-c", min=1, help="Stop after this many messages.")
-    ] = None,
-    idle_exit_s: Annotated[
-        float | None,
-        typer.Option("--idle-exit", min=0.1, help="Stop after this many seconds with nothing."),
-    ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only a summary.")] = False,
-    namesrv: NamesrvOption = DEFAULT_NAMESRV,
-) -> None:
-    """Consume TOPIC as a member of GROUP, printing each message (Ctrl-C stops;
-    offsets of the printed messages are committed)."""
-    consumer = _subscribed_consumer(topic, group, expression, start, namesrv)
-    consuming = _Consuming(
-        consumer,
-        topic=topic,
-        expression=expression,
-        group=group,
-        namesrv=namesrv,
-        quiet=quiet,
-        count=count,
-        idle_exit_s=idle_exit_s,
-        meter=LiveCount(f"consume {topic}", total=count),
-    )
-    run(consuming.main, watch_stdout=True)
-    typer.echo(
-        f"consumed {consuming.printed} message(s) from {topic} as {group} in "
-        f"{consuming.meter.elapsed_s:.2f}s ({consuming.meter.rate():,.0f} msgs/s)",
-        err=True,
-    )
-
-
-def _subscribed_consumer(
-    topic: str, group: str, expression: str, start: str, namesrv: str
-) -> PushConsumer:
-    """consume's consumer, subscribed: bad input ends the command here (exit code 2)."""
-    try:
-        consume_from = ConsumeFrom[f"{start.upper()}_OFFSET"]
-    except KeyError:
-        raise fail(f"--from {start!r}: use first or last", 2) from None
-    try:
-        # one message per handler call (the default): --count can stop between any two
-        consumer = PushConsumer(
-            group, namesrv, consume_from=consume_from, consume_batch_size=1, **client_options()
-        )
-        consumer.subscribe(topic, expression)
-    except InvalidArgumentError as exc:
-        raise fail(str(exc), 2) from None
-    return consumer
-
-
-@attrs.define(kw_only=True)
-class _Consuming:
-    """consume's run: the consumer's handler prints each message and counts it, until
-    ``count`` were printed (``done``), stdout's reader left, or ``idle_exit_s`` passed
-    with nothing to handle."""
-
-    consumer: PushConsumer = attrs.field(kw_only=False)
-    topic: str
-    expression: str
-    group: str
-    namesrv: str
-    quiet: bool
-    count: int | None
-    idle_exit_s: float | None
-    meter: LiveCount
-    printed: int = 0
-    stdout_closed: bool = False
-    done: trio.Event = attrs.field(factory=trio.Event)
-    last_activity: float = 0.0
-
-    async def main(self) -> None:
-        if not await _topic_known(self.namesrv, self.topic, client_options()):
-            typer.echo(f"topic {self.topic} does not exist (yet); waiting for it", err=True)
-        self.last_activity = trio.current_time()
-        with self.meter:
-            async with self.consumer.consuming(self.handle):
-                log.info(
-                    "consuming %s (%s) as %s; queues: %s",
-                    self.topic,
-                    self.expression,
-                    self.group,
-                    ", ".join(str(q) for q in self.consumer.assigned),
-                )
-                await self._until_done()
-        if self.stdout_closed:
-            raise BrokenPipeError("stdout was closed")
-
-    async def _until_done(self) -> None:
-        if self.idle_exit_s is None:
-            await self.done.wait()
-            return
-        while not self.done.is_set():
-            remaining = self.last_activity + self.idle_exit_s - trio.current_time()
-            if remaining <= 0:
-                return
-            with trio.move_on_after(remaining):
-                await self.done.wait()
-
-    async def handle(self, messages: list[MessageExt]) -> None:
-        """A message is printed, then handled (its offset may be committed), or it
-        waits here until the consumer stops: past --count, or with stdout gone, it is
-        neither printed nor committed (the group's next run gets it)."""
-        for message in messages:
-            if self.done.is_set():
-                await trio.sleep_forever()
-            if not self.quiet:
-                await self._print(message)
-            self.printed += 1
-            self.meter.add()
-            if self.count is not None and self.printed >= self.count:
-                self.done.set()
-        self.last_activity = trio.current_time()
-
-    async def _print(self, message: MessageExt) -> None:
-        """One line for ``message``; with stdout closed, the run ends and this waits."""
-        body = message.body.decode(errors="replace")
-        try:
-            self.meter.echo(
-                f"{message.topic} q{message.queue_id} #{message.queue_offset} "
-                f"tags={message.tags or '-'} id={message.msg_id} {body}"
-            )
-        except BrokenPipeError:
-            self.stdout_closed = True
-            self.done.set()
-            await trio.sleep_forever()
-
-
 def _echo_sent(meter: LiveCount, result: SendResult, numbers: range) -> None:
     """One line per message of a request: a batch's are stored one after the other. A
     transactional send says its local state (its queue offset is the half message's)."""
@@ -813,13 +523,3 @@ def _echo_sent(meter: LiveCount, result: SendResult, numbers: range) -> None:
             f"#{i} {result.status.value} {result.queue} {offset} {result.queue_offset + k} "
             f"id {msg_id}{state}"
         )
-
-
-async def _topic_known(namesrv: str, topic: str, options: dict[str, Any]) -> bool:
-    """Whether a nameserver knows ``topic``; NameServerUnavailableError if none answers."""
-    async with AdminClient(namesrv, **options) as admin:
-        try:
-            await admin.topic_route(topic)
-        except NoRouteError:
-            return False
-    return True

@@ -1,0 +1,181 @@
+"""``hamq consume``: a push consumer at the terminal.
+
+It prints each message as it is handled, and commits only what it printed: with
+``--count N`` exactly N, the next run of the group starts right after them. A topic no
+nameserver knows is said once on stderr; the consumer waits for it. A closed stdout
+ends it (cli/common.py). It ends with a summary line on stderr, and draws its count and
+rate live on stderr when that is a terminal (LiveCount).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+import attrs
+import trio
+import typer
+
+from cli.common import DEFAULT_NAMESRV, NamesrvOption, client_options, fail, run
+from cli.progress import LiveCount
+from hamq.client import (
+    AdminClient,
+    ConsumeFrom,
+    InvalidArgumentError,
+    MessageExt,
+    NoRouteError,
+    PushConsumer,
+)
+
+log = logging.getLogger(__name__)
+
+
+def consume(
+    topic: Annotated[str, typer.Option("--topic", "-t", help="Topic to consume.")],
+    group: Annotated[str, typer.Option("--group", "-g", help="Consumer group.")],
+    expression: Annotated[
+        str, typer.Option("--tags", help="Tag expression: '*', 'a', 'a || b'.")
+    ] = "*",
+    start: Annotated[
+        str,
+        typer.Option(
+            "--from",
+            help="Where a new group starts: first (everything kept), last (new messages only).",
+        ),
+    ] = "first",
+    count: Annotated[
+        int | None, typer.Option("--count", "-c", min=1, help="Stop after this many messages.")
+    ] = None,
+    idle_exit_s: Annotated[
+        float | None,
+        typer.Option("--idle-exit", min=0.1, help="Stop after this many seconds with nothing."),
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only a summary.")] = False,
+    namesrv: NamesrvOption = DEFAULT_NAMESRV,
+) -> None:
+    """Consume TOPIC as a member of GROUP, printing each message (Ctrl-C stops;
+    offsets of the printed messages are committed)."""
+    consumer = _subscribed_consumer(topic, group, expression, start, namesrv)
+    consuming = _Consuming(
+        consumer,
+        topic=topic,
+        expression=expression,
+        group=group,
+        namesrv=namesrv,
+        quiet=quiet,
+        count=count,
+        idle_exit_s=idle_exit_s,
+        meter=LiveCount(f"consume {topic}", total=count),
+    )
+    run(consuming.main, watch_stdout=True)
+    typer.echo(
+        f"consumed {consuming.printed} message(s) from {topic} as {group} in "
+        f"{consuming.meter.elapsed_s:.2f}s ({consuming.meter.rate():,.0f} msgs/s)",
+        err=True,
+    )
+
+
+def _subscribed_consumer(
+    topic: str, group: str, expression: str, start: str, namesrv: str
+) -> PushConsumer:
+    """consume's consumer, subscribed: bad input ends the command here (exit code 2)."""
+    try:
+        consume_from = ConsumeFrom[f"{start.upper()}_OFFSET"]
+    except KeyError:
+        raise fail(f"--from {start!r}: use first or last", 2) from None
+    try:
+        # one message per handler call (the default): --count can stop between any two
+        consumer = PushConsumer(
+            group, namesrv, consume_from=consume_from, consume_batch_size=1, **client_options()
+        )
+        consumer.subscribe(topic, expression)
+    except InvalidArgumentError as exc:
+        raise fail(str(exc), 2) from None
+    return consumer
+
+
+@attrs.define(kw_only=True)
+class _Consuming:
+    """consume's run: the consumer's handler prints each message and counts it, until
+    ``count`` were printed (``done``), stdout's reader left, or ``idle_exit_s`` passed
+    with nothing to handle."""
+
+    consumer: PushConsumer = attrs.field(kw_only=False)
+    topic: str
+    expression: str
+    group: str
+    namesrv: str
+    quiet: bool
+    count: int | None
+    idle_exit_s: float | None
+    meter: LiveCount
+    printed: int = 0
+    stdout_closed: bool = False
+    done: trio.Event = attrs.field(factory=trio.Event)
+    last_activity: float = 0.0
+
+    async def main(self) -> None:
+        if not await _topic_known(self.namesrv, self.topic, client_options()):
+            typer.echo(f"topic {self.topic} does not exist (yet); waiting for it", err=True)
+        self.last_activity = trio.current_time()
+        with self.meter:
+            async with self.consumer.consuming(self.handle):
+                log.info(
+                    "consuming %s (%s) as %s; queues: %s",
+                    self.topic,
+                    self.expression,
+                    self.group,
+                    ", ".join(str(q) for q in self.consumer.assigned),
+                )
+                await self._until_done()
+        if self.stdout_closed:
+            raise BrokenPipeError("stdout was closed")
+
+    async def _until_done(self) -> None:
+        if self.idle_exit_s is None:
+            await self.done.wait()
+            return
+        while not self.done.is_set():
+            remaining = self.last_activity + self.idle_exit_s - trio.current_time()
+            if remaining <= 0:
+                return
+            with trio.move_on_after(remaining):
+                await self.done.wait()
+
+    async def handle(self, messages: list[MessageExt]) -> None:
+        """A message is printed, then handled (its offset may be committed), or it
+        waits here until the consumer stops: past --count, or with stdout gone, it is
+        neither printed nor committed (the group's next run gets it)."""
+        for message in messages:
+            if self.done.is_set():
+                await trio.sleep_forever()
+            if not self.quiet:
+                await self._print(message)
+            self.printed += 1
+            self.meter.add()
+            if self.count is not None and self.printed >= self.count:
+                self.done.set()
+        self.last_activity = trio.current_time()
+
+    async def _print(self, message: MessageExt) -> None:
+        """One line for ``message``; with stdout closed, the run ends and this waits."""
+        body = message.body.decode(errors="replace")
+        try:
+            self.meter.echo(
+                f"{message.topic} q{message.queue_id} #{message.queue_offset} "
+                f"tags={message.tags or '-'} id={message.msg_id} {body}"
+            )
+        except BrokenPipeError:
+            self.stdout_closed = True
+            self.done.set()
+            await trio.sleep_forever()
+
+
+async def _topic_known(namesrv: str, topic: str, options: dict[str, Any]) -> bool:
+    """Whether a nameserver knows ``topic``; NameServerUnavailableError if none answers."""
+    async with AdminClient(namesrv, **options) as admin:
+        try:
+            await admin.topic_route(topic)
+        except NoRouteError:
+            return False
+    return True
