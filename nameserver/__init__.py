@@ -7,6 +7,7 @@ nameserver address is given (docs/ARCHITECTURE.md#nameservers-and-registration).
 - route_table.py  pure state: topics, brokers, clusters, live brokers
 - processors.py   REGISTER_BROKER, GET_ROUTEINFO_BY_TOPIC, ... (docs/PROTOCOL.md)
 - service.py      NameServer: the server, housekeeping, configuration
+- metrics.py      its metrics (``hamq_nameserver_*``), read at scrape time
 """
 
 from nameserver.route_table import RouteTable

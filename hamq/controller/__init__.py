@@ -9,6 +9,7 @@ docs/ARCHITECTURE.md#failover).
 - heartbeats.py  which brokers are alive (local to each controller)
 - service.py     the remoting processors and the election loop
 - server.py      ``hamq controller``: a controller with a server of its own
+- metrics.py     its metrics (``hamq_controller_*``), read at scrape time
 Brokers talk to it from hamq.broker.replicas.
 """
 

@@ -1,4 +1,7 @@
-"""Prometheus metrics: a registry per server, served over HTTP by a Trio task."""
+"""Prometheus metrics: a registry per server, served over HTTP by a Trio task.
+
+- server.py  MetricsServer (``GET /metrics`` on a port of its own), its registry, Snapshot
+"""
 
 from hamq.metrics.server import MetricsServer, Snapshot, new_registry
 
