@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hamq.client import InvalidArgumentError, Message, Producer, PullConsumer
-from hamq.client.admin import ask_controllers, broker_epochs
+from hamq.client.controller_calls import ask_controllers, broker_epochs
 from hamq.client.instance import ClientInstance, client_config
 from hamq.client.message import COMPRESSION_ZLIB, inflate
 from hamq.client.rebalance import allocate_average

@@ -25,7 +25,8 @@ ACL account (``Credentials``, ``credentials_from``), names a broker group's mast
 """
 
 from hamq.acl import Credentials, credentials_from
-from hamq.client.admin import AdminClient, QueueStatus
+from hamq.client.admin import AdminClient
+from hamq.client.admin_views import QueueStatus
 from hamq.client.consumer import PullConsumer
 from hamq.client.errors import (
     BrokerError,

@@ -28,6 +28,7 @@ from typing import Any, Generic, TypeVar
 import trio
 
 from hamq.client import admin, consumer, producer, push_consumer, transaction
+from hamq.client.admin_views import QueueStatus
 from hamq.client.errors import ClientError, InvalidArgumentError
 from hamq.client.instance import ClientConfig
 from hamq.client.message import (
@@ -360,7 +361,7 @@ class AdminClient(_Blocking[admin.AdminClient]):
     def topic_route(self, topic: str) -> TopicRouteData:
         return self._call(self._value.topic_route, topic)
 
-    def queue_status(self, topic: str) -> list[admin.QueueStatus]:
+    def queue_status(self, topic: str) -> list[QueueStatus]:
         return self._call(self._value.queue_status, topic)
 
     def create_topic(self, topic: str, queue_nums: int = 8, **options: Any) -> list[str]:
