@@ -38,6 +38,7 @@ from hamq.client.message import (
     PullResult,
     SendResult,
 )
+from hamq.client.send_attempts import Selector
 from hamq.protocol.bodies import ClusterInfo, MessageQueue, TopicRouteData
 
 T = TypeVar("T")
@@ -172,7 +173,7 @@ class Producer(_Blocking[producer.Producer]):
     def send(
         self,
         message: Message,
-        selector: producer.Selector | None = None,
+        selector: Selector | None = None,
         arg: Any = None,
         *,
         queue: MessageQueue | None = None,
@@ -185,7 +186,7 @@ class Producer(_Blocking[producer.Producer]):
     def send_oneway(
         self,
         message: Message,
-        selector: producer.Selector | None = None,
+        selector: Selector | None = None,
         arg: Any = None,
         *,
         queue: MessageQueue | None = None,
@@ -196,7 +197,7 @@ class Producer(_Blocking[producer.Producer]):
         self,
         message: Message,
         callback: producer.SendCallback,
-        selector: producer.Selector | None = None,
+        selector: Selector | None = None,
         arg: Any = None,
     ) -> None:
         """Returns once the send started; ``callback`` runs in the client's loop thread."""
