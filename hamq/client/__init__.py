@@ -27,6 +27,7 @@ ACL account (``Credentials``, ``credentials_from``), names a broker group's mast
 from hamq.acl import Credentials, credentials_from
 from hamq.client.admin import AdminClient
 from hamq.client.admin_views import QueueStatus
+from hamq.client.config import ClientConfig
 from hamq.client.consumer import PullConsumer
 from hamq.client.errors import (
     BrokerError,
@@ -37,7 +38,6 @@ from hamq.client.errors import (
     NoRouteError,
     SendError,
 )
-from hamq.client.instance import ClientConfig
 from hamq.client.message import (
     ConsumeResult,
     Message,

@@ -66,6 +66,7 @@ from hamq.client.admin_views import (
     ResetResult,
     queue_order,
 )
+from hamq.client.config import ClientConfig, client_config
 from hamq.client.consumer import PullCaller
 from hamq.client.errors import (
     NETWORK_ERRORS,
@@ -74,7 +75,7 @@ from hamq.client.errors import (
     InvalidArgumentError,
     NoRouteError,
 )
-from hamq.client.instance import ClientConfig, InstanceOwner, client_config
+from hamq.client.instance import InstanceOwner
 from hamq.client.message import MessageExt, check_group, check_topic, inflate
 from hamq.client.route_cache import subscribe_queues
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode

@@ -29,8 +29,8 @@ import trio
 
 from hamq.client import admin, consumer, producer, push_consumer, transaction
 from hamq.client.admin_views import QueueStatus
+from hamq.client.config import ClientConfig
 from hamq.client.errors import ClientError, InvalidArgumentError
-from hamq.client.instance import ClientConfig
 from hamq.client.message import (
     ConsumeResult,
     Message,

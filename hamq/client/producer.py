@@ -84,6 +84,7 @@ from hamq.client.auto_batch import (
     Waiter,
     split_results,
 )
+from hamq.client.config import ClientConfig, client_config
 from hamq.client.errors import (
     NETWORK_ERRORS,
     BrokerError,
@@ -91,7 +92,7 @@ from hamq.client.errors import (
     InvalidArgumentError,
     SendError,
 )
-from hamq.client.instance import ClientConfig, ClientInstance, InstanceOwner, client_config
+from hamq.client.instance import ClientInstance, InstanceOwner
 from hamq.client.master_watch import MasterWatch
 from hamq.client.message import (
     COMPRESSION_ZLIB,

@@ -66,9 +66,10 @@ import anyio
 import anyio.abc
 import attrs
 
+from hamq.client.config import ClientConfig, client_config
 from hamq.client.consumer import check_expression
 from hamq.client.errors import ClientError, InvalidArgumentError
-from hamq.client.instance import ClientConfig, ClientInstance, client_config
+from hamq.client.instance import ClientInstance
 from hamq.client.message import check_group, check_topic
 from hamq.client.push_run import Handler, PushRun
 from hamq.protocol.bodies import ConsumeFromWhere, MessageQueue
