@@ -10,14 +10,15 @@
 
 Each command prints tables for people, and with ``--json`` one JSON object instead,
 its keys stable and listed in the README ("Operating a cluster: hamq admin"): field
-names in camelCase, values typed (hamq/client/admin.py's ``to_json``; a broker's
-settings by their types, hamq/broker/live_config.py's ``typed_settings``). The
-requests and their decoding live in hamq/client/admin.py; this module parses the
-command line, asks, and prints ``--json``; the tables and lines for people are
-cli/admin_output.py's. A broker or controller that refuses, or
-that no one answers, ends a command with one ``error:`` line (exit code 1); input
-that cannot be right (a bad address, a timestamp that is none, a setting the broker
-refuses) with exit code 2.
+names in camelCase, values typed (hamq/client/admin_views.py's ``to_json``; a
+broker's settings by their types, hamq/broker/live_config.py's ``typed_settings``).
+The requests and their decoding live in hamq/client/admin.py and, for the
+controllers and a broker's epochs, hamq/client/controller_calls.py; this module
+parses the command line, asks, and prints ``--json``; the tables and lines for people
+are cli/admin_output.py's. A broker or controller that
+refuses, or that no one answers, ends a command with one ``error:`` line (exit code
+1); input that cannot be right (a bad address, a timestamp that is none, a setting
+the broker refuses) with exit code 2.
 """
 
 from __future__ import annotations
@@ -58,13 +59,11 @@ from cli.common import (
 from cli.topic import JsonOption, print_json
 from hamq.broker.live_config import typed_settings
 from hamq.client import AdminClient
-from hamq.client.admin import (
-    GroupSummary,
+from hamq.client.admin_views import GroupSummary, camel_case_keys, setting_name
+from hamq.client.controller_calls import (
     broker_epochs,
-    camel_case_keys,
     elect_master,
     known_broker_groups,
-    setting_name,
     sync_state_data,
 )
 from hamq.remoting import parse_address

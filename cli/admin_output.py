@@ -19,7 +19,7 @@ from rich.table import Table
 from cli.topic import when
 
 if TYPE_CHECKING:
-    from hamq.client.admin import (
+    from hamq.client.admin_views import (
         BrokerConfigView,
         BrokerStatus,
         ConsumerProgress,

@@ -88,7 +88,7 @@ class ClientAccess:
         return options
 
     def call_options(self) -> dict[str, Any]:
-        """Options of hamq.client.admin's functions that ask a controller or a broker
+        """Options of hamq.client.controller_calls' functions that ask a controller or a broker
         directly: ``elect_master(..., **access().call_options())``."""
         return {"credentials": self.credentials, "remoting": self.remoting}
 

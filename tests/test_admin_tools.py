@@ -43,7 +43,7 @@ from hamq.broker.clients import ClientChannel
 from hamq.broker.live_config import config_key, flatten, parse_properties, typed_settings
 from hamq.broker.offsets import ConsumerOffsetManager
 from hamq.client import AdminClient, Message, Producer, PullConsumer, PushConsumer
-from hamq.client.admin import BrokerStatus, camel_case_keys, epochs_from_ha_status, kv_value
+from hamq.client.admin_views import BrokerStatus, camel_case_keys, epochs_from_ha_status, kv_value
 from hamq.client.message import MessageExt
 from hamq.protocol import LanguageCode, RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.bodies import (

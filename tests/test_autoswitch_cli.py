@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from cli.profiles import Kind, load_profile
 from hamq.client import Message, Producer, SendStatus
-from hamq.client.admin import epochs_from_ha_status as _from_ha_status
+from hamq.client.admin_views import epochs_from_ha_status as _from_ha_status
 from tests.support.autoswitch import hamq_admin, sync_state, sync_state_when
 from tests.support.brokers import SMALL_STORE
 from tests.support.cluster import alive, cluster_up, wait_gone

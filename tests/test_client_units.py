@@ -16,8 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hamq.client import InvalidArgumentError, Message, Producer, PullConsumer
-from hamq.client.admin import ask_controllers, broker_epochs
-from hamq.client.instance import ClientInstance, client_config
+from hamq.client.config import client_config
+from hamq.client.controller_calls import ask_controllers, broker_epochs
+from hamq.client.instance import ClientInstance
 from hamq.client.message import COMPRESSION_ZLIB, inflate
 from hamq.client.rebalance import allocate_average
 from hamq.client.route_cache import LatencyFaultTolerance, publish_info, subscribe_queues

@@ -504,7 +504,7 @@ async def test_a_check_that_does_not_decode_is_dropped_with_a_warning(
     listener = Listener(UNKNOW, COMMIT)
     async with TransactionProducer(GROUP, broker.addr, listener) as producer:
         await _announced(broker, producer)
-        with caplog.at_level(logging.WARNING, logger="hamq.client.instance"):
+        with caplog.at_level(logging.WARNING, logger="hamq.client.broker_requests"):
             await broker.check(b"not a message record at all", uniq="BAD")
             await broker.check(half_record("GOOD"), uniq="GOOD")  # the connection goes on
             await wait_for(lambda: broker.ends, 5, what="the good check's answer")
@@ -521,7 +521,7 @@ async def test_a_check_for_a_group_not_here_is_dropped(
     listener = Listener(UNKNOW, COMMIT)
     async with TransactionProducer(GROUP, broker.addr, listener) as producer:
         await _announced(broker, producer)
-        with caplog.at_level(logging.INFO, logger="hamq.client.instance"):
+        with caplog.at_level(logging.INFO, logger="hamq.client.broker_requests"):
             await broker.check(half_record("OTHER-1", group="OTHER"), uniq="OTHER-1")
             await broker.check(half_record("MINE-1"), uniq="MINE-1")
             await wait_for(lambda: broker.ends, 5, what="the answer to our own group's check")

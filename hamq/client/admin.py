@@ -1,5 +1,5 @@
 """AdminClient: topics, routes, clusters, consumer groups, messages and brokers, as
-``hamq topic`` and ``hamq admin`` use them; and the requests to controllers.
+``hamq topic`` and ``hamq admin`` use them.
 
     async with AdminClient(namesrv="127.0.0.1:9876") as admin:
         await admin.create_topic("demo", queue_nums=4)
@@ -35,37 +35,38 @@ What an operator asks (mqadmin's daily commands), each with RocketMQ's request:
 - ``broker_status``: GET_BROKER_RUNTIME_INFO (28); ``broker_config`` /
   ``update_broker_config``: GET_BROKER_CONFIG (26) / UPDATE_BROKER_CONFIG (25).
 
-What ``to_json`` gives (``hamq ... --json`` prints it): keys that are field names in
-camelCase (``json_name``; RocketMQ's spelling), keys that are names (topics, clusters,
-settings, properties) as they are; values with their types. Where the wire carries
-text, the text is read back: a KVTable value (``kv_value``) by its form, since
-RocketMQ's KVTable holds strings only.
 "One address per broker" is the group's master, or while it has none the slave with
 the lowest id. A broker that cannot be asked, or refuses, ends the call with its
 error; ``ClientError`` subclasses throughout.
 
-The controller requests (``sync_state_data``, ``elect_master``) and a broker's epochs
-(``broker_epochs``) need no nameserver: they are module functions over a remoting
-client of their own, each request bounded by REQUEST_TIMEOUT_S. Controllers are
-asked in turn: one that cannot be reached, has no Raft quorum (CONTROLLER_NOT_LEADER)
-or serves no controller (REQUEST_CODE_NOT_SUPPORTED) passes the question on to the
-next; any other refusal ends the call with its code and remark, as does no
-controller answering — except that ``elect_master`` of the broker that is the master
-already succeeds, saying so (CONTROLLER_MASTER_STILL_EXIST naming that broker).
+The result views (``to_json``) are in hamq/client/admin_views.py; the requests to
+controllers, and a broker's epochs, which need no nameserver, in
+hamq/client/controller_calls.py.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import anyio
-import attrs
 
-from hamq.acl import Credentials, signer
+from hamq.client.admin_views import (
+    BrokerConfigView,
+    BrokerStatus,
+    ConsumerProgress,
+    FoundMessage,
+    GroupConnection,
+    GroupSummary,
+    Member,
+    QueueProgress,
+    QueueStats,
+    QueueStatus,
+    ResetResult,
+    queue_order,
+)
+from hamq.client.config import ClientConfig, client_config
 from hamq.client.consumer import PullCaller
 from hamq.client.errors import (
     NETWORK_ERRORS,
@@ -74,10 +75,10 @@ from hamq.client.errors import (
     InvalidArgumentError,
     NoRouteError,
 )
-from hamq.client.instance import ClientConfig, InstanceOwner, client_config
-from hamq.client.message import MessageExt, check_group, check_timeout, check_topic, inflate
+from hamq.client.instance import InstanceOwner
+from hamq.client.message import MessageExt, check_group, check_topic, inflate
 from hamq.client.route_cache import subscribe_queues
-from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode, code_name
+from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.bodies import (
     MASTER_ID,
     MAX_QUEUE_NUMS,
@@ -85,19 +86,13 @@ from hamq.protocol.bodies import (
     PERM_WRITE,
     BrokerData,
     ClusterInfo,
-    ConsumeFromWhere,
     ConsumerConnection,
     ConsumerOffsetSerializeWrapper,
     ConsumeStats,
-    ConsumeType,
-    EpochEntryCache,
     KVTable,
-    MessageModel,
     MessageQueue,
     ResetOffsetBody,
-    SubscriptionData,
     SubscriptionGroupWrapper,
-    SyncStateSet,
     TopicConfig,
     TopicConfigSerializeWrapper,
     TopicList,
@@ -108,7 +103,6 @@ from hamq.protocol.bodies import (
 from hamq.protocol.headers import (
     CreateTopicRequestHeader,
     DeleteTopicRequestHeader,
-    ElectMasterRequestHeader,
     GetBrokerConfigResponseHeader,
     GetConsumerConnectionListRequestHeader,
     GetConsumeStatsRequestHeader,
@@ -117,7 +111,6 @@ from hamq.protocol.headers import (
     GetTopicStatsInfoRequestHeader,
     OffsetResponseHeader,
     QueryMessageRequestHeader,
-    ReplicaInfoResponseHeader,
     ResetOffsetRequestHeader,
     ResetOffsetResponseHeader,
     ViewMessageRequestHeader,
@@ -129,10 +122,8 @@ from hamq.protocol.message import (
     parse_offset_msg_id,
 )
 from hamq.protocol.record import decode_messages
-from hamq.remoting import RemotingClient, RemotingConfig, RemotingError
+from hamq.remoting import RemotingError
 
-#: how long one request to a controller or a broker may take (the controller requests)
-REQUEST_TIMEOUT_S = 3.0
 #: how many messages QUERY_MESSAGE returns at most per broker (RocketMQ's default: 32)
 QUERY_MAX_NUM = 64
 #: the widest time range a query asks for
@@ -151,330 +142,8 @@ class TopicShrinkError(InvalidArgumentError):
         self.queues = queues
 
 
-@attrs.frozen
-class QueueStatus:
-    queue: MessageQueue
-    min_offset: int
-    max_offset: int
-
-
 class MessageNotFoundError(ClientError):
     """No broker holds a message by that id (or key)."""
-
-
-def _queue_json(queue: MessageQueue) -> dict[str, Any]:
-    return {"topic": queue.topic, "brokerName": queue.broker_name, "queueId": queue.queue_id}
-
-
-def _queue_order(queue: MessageQueue) -> tuple[str, str, int]:
-    return (queue.topic, queue.broker_name, queue.queue_id)
-
-
-@attrs.frozen
-class QueueStats:
-    """A queue of a topic (GET_TOPIC_STATS_INFO): offsets, and when its newest message
-    was stored (ms; 0: never)."""
-
-    queue: MessageQueue
-    min_offset: int
-    max_offset: int
-    last_update_ms: int
-
-    @property
-    def messages(self) -> int:
-        return self.max_offset - self.min_offset
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **_queue_json(self.queue),
-            "minOffset": self.min_offset,
-            "maxOffset": self.max_offset,
-            "messages": self.messages,
-            "lastUpdateTimestamp": self.last_update_ms,
-        }
-
-
-@attrs.frozen
-class QueueProgress:
-    """A group in one queue (GET_CONSUME_STATS): the queue's end, the group's committed
-    offset, and the store time (ms; 0: none) of the last message it consumed."""
-
-    queue: MessageQueue
-    broker_offset: int
-    consumer_offset: int
-    last_timestamp_ms: int
-
-    @property
-    def lag(self) -> int:
-        return max(self.broker_offset - self.consumer_offset, 0)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **_queue_json(self.queue),
-            "brokerOffset": self.broker_offset,
-            "consumerOffset": self.consumer_offset,
-            "lag": self.lag,
-            "lastTimestamp": self.last_timestamp_ms,
-        }
-
-
-@attrs.frozen
-class ConsumerProgress:
-    group: str
-    queues: tuple[QueueProgress, ...]
-    consume_tps: float = 0.0
-
-    @property
-    def total_lag(self) -> int:
-        return sum(q.lag for q in self.queues)
-
-    @property
-    def last_timestamp_ms(self) -> int:
-        return max((q.last_timestamp_ms for q in self.queues), default=0)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "group": self.group,
-            "queues": [q.to_json() for q in self.queues],
-            "totalLag": self.total_lag,
-            "consumeTps": self.consume_tps,
-        }
-
-
-@attrs.frozen
-class Member:
-    """A consumer connected to brokers: its id, address as a broker saw it, language
-    and protocol version, and the brokers it is connected to."""
-
-    client_id: str
-    client_addr: str
-    language: str
-    version: int
-    brokers: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "clientId": self.client_id,
-            "clientAddr": self.client_addr,
-            "language": self.language,
-            "version": self.version,
-            "brokers": list(self.brokers),
-        }
-
-
-@attrs.frozen
-class GroupConnection:
-    """A group's online members (GET_CONSUMER_CONNECTION_LIST, merged over brokers) and
-    what it subscribes to (topic -> expression)."""
-
-    group: str
-    members: tuple[Member, ...]
-    subscriptions: dict[str, SubscriptionData]
-    consume_type: ConsumeType | None
-    message_model: MessageModel | None
-    consume_from_where: ConsumeFromWhere | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "group": self.group,
-            "consumeType": self.consume_type.name if self.consume_type else None,
-            "messageModel": self.message_model.name if self.message_model else None,
-            "consumeFromWhere": (self.consume_from_where.name if self.consume_from_where else None),
-            "members": [m.to_json() for m in self.members],
-            "subscriptions": [
-                {"topic": topic, "expression": sub.sub_string, "subVersion": sub.sub_version}
-                for topic, sub in sorted(self.subscriptions.items())
-            ],
-        }
-
-
-@attrs.frozen
-class GroupSummary:
-    """One line per group: its members online, how it consumes, its total lag."""
-
-    group: str
-    members: int
-    consume_type: ConsumeType | None
-    message_model: MessageModel | None
-    topics: tuple[str, ...]
-    total_lag: int
-    consume_tps: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "group": self.group,
-            "members": self.members,
-            "consumeType": self.consume_type.name if self.consume_type else None,
-            "messageModel": self.message_model.name if self.message_model else None,
-            "topics": list(self.topics),
-            "totalLag": self.total_lag,
-            "consumeTps": self.consume_tps,
-        }
-
-
-@attrs.frozen
-class ResetResult:
-    """Where a group goes on in a topic after INVOKE_BROKER_TO_RESET_OFFSET, and how many
-    online consumers the brokers told (summed over brokers: a member connected to two
-    brokers counts twice)."""
-
-    group: str
-    topic: str
-    timestamp_ms: int
-    offsets: dict[MessageQueue, int]
-    notified: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "group": self.group,
-            "topic": self.topic,
-            "timestamp": self.timestamp_ms,
-            "queues": [
-                {**_queue_json(q), "offset": offset}
-                for q, offset in sorted(self.offsets.items(), key=lambda i: _queue_order(i[0]))
-            ],
-            "notifiedClients": self.notified,
-        }
-
-
-@attrs.frozen
-class FoundMessage:
-    """A message as a broker keeps it (body inflated), and the broker it came from."""
-
-    broker: str
-    message: MessageExt
-
-    def to_json(self, body_limit: int | None = None) -> dict[str, Any]:
-        m = self.message
-        text = m.body.decode("utf-8", errors="replace")
-        shown = text if body_limit is None else text[:body_limit]
-        return {
-            "topic": m.topic,
-            "brokerName": self.broker,
-            "queueId": m.queue_id,
-            "queueOffset": m.queue_offset,
-            "commitLogOffset": m.physical_offset,
-            "msgId": m.msg_id,
-            "offsetMsgId": m.offset_msg_id,
-            "tags": m.tags,
-            "keys": m.keys,
-            "bornHost": m.born_host,
-            "bornTimestamp": m.born_timestamp,
-            "storeHost": m.store_host,
-            "storeTimestamp": m.store_timestamp,
-            "reconsumeTimes": m.reconsume_times,
-            "properties": dict(sorted(m.properties.items())),
-            "bodySize": len(m.body),
-            "body": shown,
-            "bodyTruncated": len(shown) < len(text),
-        }
-
-
-_SNAKE = re.compile(r"_([a-z0-9])")
-#: a JSON number (RFC 8259's grammar), as Java's String.valueOf and Python's str write one
-_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
-_KV_WORDS: dict[str, Any] = {
-    "true": True,
-    "True": True,
-    "false": False,
-    "False": False,
-    "null": None,
-    "None": None,
-}
-
-
-def json_name(key: str) -> str:
-    """A field's name as ``to_json`` spells it: camelCase, RocketMQ's style
-    (``commitlog_max_offset`` is ``commitlogMaxOffset``; ``brokerAddr`` stays)."""
-    return _SNAKE.sub(lambda m: str(m.group(1)).upper(), key)
-
-
-def _renamed(items: Iterable[tuple[str, Any]]) -> dict[str, Any]:
-    """``items`` with their keys renamed by ``json_name``; a key whose new name another
-    key already has (``max_offset`` beside ``maxOffset``) keeps its own."""
-    pairs = list(items)
-    renamed = {key: value for key, value in pairs if json_name(key) == key}
-    for key, value in pairs:
-        name = json_name(key)
-        if name != key:
-            renamed[key if name in renamed else name] = value
-    return renamed
-
-
-def camel_case_keys(value: Any) -> Any:
-    """``value`` (decoded JSON) with the keys of its objects renamed by ``json_name``, at
-    every depth: for objects whose keys are all field names, such as a broker's HA
-    status."""
-    if isinstance(value, list):
-        return [camel_case_keys(v) for v in value]
-    if isinstance(value, dict):
-        return _renamed((str(k), camel_case_keys(v)) for k, v in value.items())
-    return value
-
-
-def kv_value(text: str) -> Any:
-    """A KVTable value (GET_BROKER_RUNTIME_INFO's strings) with its type: a JSON number
-    is that number (an integer unless it has a fraction or exponent), ``true`` /
-    ``false`` a boolean and ``null`` None (also as Python writes them: ``True``,
-    ``False``, ``None``); any other text is itself."""
-    if text in _KV_WORDS:
-        return _KV_WORDS[text]
-    number = _JSON_NUMBER.fullmatch(text)
-    if number is None:
-        return text
-    if number.group(1) is None and number.group(2) is None:
-        return int(text)
-    value = float(text)
-    return value if math.isfinite(value) else text  # (1e999: no JSON number holds it)
-
-
-@attrs.frozen
-class BrokerStatus:
-    """A broker's runtime statistics (GET_BROKER_RUNTIME_INFO): ``table`` as the broker
-    sent it (RocketMQ's KVTable: name -> text); ``values`` the same with camelCase
-    names and typed values (``json_name``, ``kv_value``), sorted by name."""
-
-    address: str
-    table: dict[str, str]
-
-    @property
-    def values(self) -> dict[str, Any]:
-        return dict(sorted(_renamed((k, kv_value(v)) for k, v in self.table.items()).items()))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"address": self.address, "table": self.values}
-
-
-@attrs.frozen
-class BrokerConfigView:
-    """A running broker's configuration (GET_BROKER_CONFIG): every setting as text, and
-    which of them UPDATE_BROKER_CONFIG may change. ``version`` is RocketMQ's
-    DataVersion, a JSON object as text."""
-
-    address: str
-    version: str
-    values: dict[str, str]
-    live_keys: tuple[str, ...]
-
-    @property
-    def version_json(self) -> Any:
-        """``version`` decoded (the text itself if it is not JSON)."""
-        try:
-            return json.loads(self.version)
-        except ValueError:
-            return self.version
-
-    def to_json(self, settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """``settings``: the values typed as the broker holds them (the client knows no
-        broker's types: hamq.broker.live_config's ``typed_settings`` does); by
-        default, as text."""
-        values = self.values if settings is None else settings
-        return {
-            "address": self.address,
-            "version": self.version_json,
-            "config": dict(sorted(values.items())),
-            "liveKeys": list(self.live_keys),
-        }
 
 
 def broker_addresses(datas: Iterable[BrokerData]) -> dict[str, str]:
@@ -485,15 +154,6 @@ def broker_addresses(datas: Iterable[BrokerData]) -> dict[str, str]:
             master = data.broker_addrs.get(MASTER_ID)
             chosen[data.broker_name] = master or data.broker_addrs[min(data.broker_addrs)]
     return dict(sorted(chosen.items()))
-
-
-_CAMEL = re.compile(r"(?<=[a-z0-9])([A-Z])")
-
-
-def setting_name(key: str) -> str:
-    """A broker setting's name as its configuration spells it: snake_case
-    (``slaveReadEnable``, RocketMQ's spelling, is ``slave_read_enable``)."""
-    return _CAMEL.sub(lambda m: "_" + str(m.group(1)).lower(), key).lower()
 
 
 def parse_properties_text(text: str) -> dict[str, str]:
@@ -611,7 +271,7 @@ class AdminClient(InstanceOwner):
                 QueueStats(q, t.min_offset, t.max_offset, t.last_update_timestamp)
                 for q, t in table.items()
             ]
-        return sorted(found, key=lambda s: _queue_order(s.queue))
+        return sorted(found, key=lambda s: queue_order(s.queue))
 
     # ------------------------------------------------------------------ consumer groups
     async def consumer_progress(self, group: str, topic: str | None = None) -> ConsumerProgress:
@@ -631,7 +291,7 @@ class AdminClient(InstanceOwner):
                 QueueProgress(q, w.broker_offset, w.consumer_offset, w.last_timestamp)
                 for q, w in stats.offset_table.items()
             ]
-        queues.sort(key=lambda p: _queue_order(p.queue))
+        queues.sort(key=lambda p: queue_order(p.queue))
         return ConsumerProgress(group, tuple(queues), tps)
 
     async def consumer_connection(self, group: str) -> GroupConnection | None:
@@ -1024,269 +684,3 @@ def _decoded(body: bytes, addr: str) -> list[MessageExt]:
         raise BrokerError(
             ResponseCode.SYSTEM_ERROR, f"a message that is not: {exc}", addr
         ) from None
-
-
-# ====================================================================== controllers
-
-#: refusals that say "ask another controller"
-_ASK_ANOTHER = (ResponseCode.CONTROLLER_NOT_LEADER, ResponseCode.REQUEST_CODE_NOT_SUPPORTED)
-
-
-async def ask_controllers(
-    addrs: Sequence[str],
-    code: RequestCode,
-    header: Any = None,
-    body: bytes = b"",
-    *,
-    timeout_s: float = REQUEST_TIMEOUT_S,
-    credentials: Credentials | None = None,
-    remoting: RemotingConfig | None = None,
-    answers: frozenset[int] = frozenset({ResponseCode.SUCCESS}),
-) -> tuple[str, RemotingCommand]:
-    """The first controller's SUCCESS answer (or one of ``answers``), with its address
-    (see the module doc); ClientError naming each controller and what it said when none
-    gives one. Requests are signed with ``credentials`` (an ACL account) when given;
-    ``remoting`` holds TLS. InvalidArgumentError unless ``timeout_s`` (each request's)
-    is positive."""
-    check_timeout("timeout_s", timeout_s)
-    problems = []
-    async with _client(credentials, remoting) as client:
-        for addr in addrs:
-            request = RemotingCommand.request(code, header, body=body)
-            try:
-                response = await client.invoke(addr, request, timeout_s)
-            except RemotingError as exc:
-                problems.append(str(exc))
-                continue
-            if response.code in answers:
-                return addr, response
-            refusal = _refusal(addr, response)
-            if response.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
-                refusal += " (not a controller, nor a nameserver started with --controller?)"
-            if response.code not in _ASK_ANOTHER:
-                raise ClientError(refusal)
-            problems.append(refusal)
-    raise ClientError("no controller answered: " + "; ".join(problems))
-
-
-def _refusal(addr: str, response: RemotingCommand) -> str:
-    return (
-        f"controller {addr} answered {code_name(response.code, response=True)}: "
-        f"{response.remark or 'no reason given'}"
-    )
-
-
-def _not_understood(addr: str, exc: Exception) -> ClientError:
-    return ClientError(f"controller {addr}: an answer that is not understood: {exc}")
-
-
-def _client(credentials: Credentials | None, remoting: RemotingConfig | None) -> RemotingClient:
-    """A client for one admin call: signing with ``credentials``, TLS per ``remoting``."""
-    hook = signer(credentials) if credentials is not None else None
-    return RemotingClient(config=remoting, rpc_hook=hook)
-
-
-async def sync_state_data(
-    addrs: Sequence[str],
-    broker_names: Sequence[str] = (),
-    *,
-    credentials: Credentials | None = None,
-    remoting: RemotingConfig | None = None,
-) -> tuple[str, dict[str, Any]]:
-    """CONTROLLER_GET_SYNC_STATE_DATA for ``broker_names`` (default: every broker group):
-    the answering controller and its answer, whose ``replicasInfoTable`` is broker name
-    -> master, epochs and SyncStateSet. Groups the controller does not know are left out
-    of the table (``known_broker_groups`` says which it knows)."""
-    body = json.dumps(list(broker_names)).encode()
-    addr, response = await ask_controllers(
-        addrs,
-        RequestCode.CONTROLLER_GET_SYNC_STATE_DATA,
-        body=body,
-        credentials=credentials,
-        remoting=remoting,
-    )
-    try:
-        answer = json.loads(response.body)
-        if not isinstance(answer, dict) or not isinstance(answer["replicasInfoTable"], dict):
-            raise TypeError("replicasInfoTable is not an object")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise _not_understood(addr, exc) from None
-    return addr, answer
-
-
-async def known_broker_groups(
-    addr: str, *, credentials: Credentials | None = None, remoting: RemotingConfig | None = None
-) -> list[str]:
-    """The broker groups the controller at ``addr`` knows."""
-    _, answer = await sync_state_data([addr], credentials=credentials, remoting=remoting)
-    return sorted(answer["replicasInfoTable"])
-
-
-@attrs.frozen
-class Election:
-    """A broker group's master after CONTROLLER_ELECT_MASTER, as the controller said."""
-
-    controller: str
-    broker_name: str
-    master_broker_id: int | None
-    master_address: str | None
-    master_epoch: int | None
-    sync_state_set: tuple[int, ...]
-    sync_state_set_epoch: int | None
-    #: False: the broker named was the master already, and nothing changed
-    elected: bool = True
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "controller": self.controller,
-            "brokerName": self.broker_name,
-            "masterBrokerId": self.master_broker_id,
-            "masterAddress": self.master_address,
-            "masterEpoch": self.master_epoch,
-            "syncStateSet": list(self.sync_state_set),
-            "syncStateSetEpoch": self.sync_state_set_epoch,
-            "elected": self.elected,
-        }
-
-
-async def elect_master(
-    addrs: Sequence[str],
-    cluster: str,
-    broker_name: str,
-    broker_id: int,
-    *,
-    credentials: Credentials | None = None,
-    remoting: RemotingConfig | None = None,
-) -> Election:
-    """Make broker ``broker_id`` of ``broker_name`` its master now (a designated
-    election, CONTROLLER_ELECT_MASTER). A broker that is the master already is a
-    success too: the Election says so (``elected`` False; the controller answered
-    CONTROLLER_MASTER_STILL_EXIST naming it). ClientError with the controller's refusal
-    otherwise."""
-    header = ElectMasterRequestHeader(cluster, broker_name, broker_id, designate_elect=True)
-    still = ResponseCode.CONTROLLER_MASTER_STILL_EXIST
-    addr, response = await ask_controllers(
-        addrs,
-        RequestCode.CONTROLLER_ELECT_MASTER,
-        header,
-        credentials=credentials,
-        remoting=remoting,
-        answers=frozenset({ResponseCode.SUCCESS, still}),
-    )
-    try:
-        info = response.header(ReplicaInfoResponseHeader)
-        members = decode_body(SyncStateSet, response.body) if response.body else None
-    except (RequestError, ValueError) as exc:
-        if response.code == still:  # (a controller that does not say who the master is)
-            raise ClientError(_refusal(addr, response)) from None
-        raise _not_understood(addr, exc) from None
-    master = info.master_broker_id
-    if response.code == still and master != broker_id:
-        raise ClientError(_refusal(addr, response))
-    return Election(
-        addr,
-        broker_name,
-        master if master is not None and master >= 0 else None,
-        info.master_address,
-        info.master_epoch,
-        tuple(sorted(members.sync_state_set)) if members else (),
-        info.sync_state_set_epoch,
-        elected=response.code == ResponseCode.SUCCESS,
-    )
-
-
-@attrs.frozen
-class EpochTable:
-    """A broker's epochs: (epoch, start offset, end offset) each; the last one ends at
-    the log end, ``max_offset``."""
-
-    broker_name: str
-    broker_id: int | None
-    role: str | None
-    entries: tuple[tuple[int, int, int], ...]
-    max_offset: int | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "brokerName": self.broker_name,
-            "brokerId": self.broker_id,
-            "role": self.role,
-            "epochs": [
-                {"epoch": epoch, "startOffset": start, "endOffset": end}
-                for epoch, start, end in self.entries
-            ],
-            "maxOffset": self.max_offset,
-        }
-
-
-def epochs_from_cache(cache: EpochEntryCache) -> EpochTable:
-    entries = tuple((e.epoch, e.start_offset, e.end_offset) for e in cache.epoch_list)
-    return EpochTable(cache.broker_name, cache.broker_id, None, entries, cache.max_offset)
-
-
-def epochs_from_ha_status(status: dict[str, Any]) -> EpochTable:
-    """From GET_BROKER_HA_STATUS: ``epochs`` [[epoch, start], ...] and the log end of
-    its ``master`` or ``slave`` part."""
-    max_offset = None
-    for side in ("master", "slave"):
-        part = status.get(side)
-        if isinstance(part, dict) and isinstance(part.get("max_offset"), int):
-            max_offset = part["max_offset"]
-            break
-    epochs = [(int(epoch), int(start)) for epoch, start in status.get("epochs") or []]
-    entries = tuple(
-        (epoch, start, epochs[i + 1][1] if i + 1 < len(epochs) else (max_offset or start))
-        for i, (epoch, start) in enumerate(epochs)
-    )
-    broker_id = status.get("brokerId")
-    controller = status.get("controller")
-    if isinstance(controller, dict) and controller.get("brokerIdAtController") is not None:
-        broker_id = controller["brokerIdAtController"]  # (a master registers as id 0)
-    return EpochTable(
-        str(status.get("broker")),
-        broker_id if isinstance(broker_id, int) else None,
-        str(status["role"]) if status.get("role") else None,
-        entries,
-        max_offset,
-    )
-
-
-async def broker_epochs(
-    addr: str,
-    *,
-    timeout_s: float = REQUEST_TIMEOUT_S,
-    credentials: Credentials | None = None,
-    remoting: RemotingConfig | None = None,
-) -> EpochTable:
-    """A broker's epochs: GET_BROKER_EPOCH_CACHE (1007), or from GET_BROKER_HA_STATUS
-    (907) where the broker has no such request. ClientError if it cannot be asked,
-    refuses, or answers what does not decode; InvalidArgumentError unless ``timeout_s``
-    is positive."""
-    check_timeout("timeout_s", timeout_s)
-    async with _client(credentials, remoting) as client:
-
-        async def ask(code: RequestCode) -> RemotingCommand:
-            try:
-                return await client.invoke(addr, RemotingCommand.request(code), timeout_s)
-            except RemotingError as exc:
-                raise ClientError(f"broker {exc}") from None
-
-        def refused(response: RemotingCommand) -> ClientError:
-            name = code_name(response.code, response=True)
-            return ClientError(f"broker {addr} answered {name}: {response.remark or ''}")
-
-        response = await ask(RequestCode.GET_BROKER_EPOCH_CACHE)
-        try:
-            if response.code == ResponseCode.SUCCESS:
-                return epochs_from_cache(decode_body(EpochEntryCache, response.body))
-            if response.code != ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
-                raise refused(response)
-            response = await ask(RequestCode.GET_BROKER_HA_STATUS)
-            if response.code != ResponseCode.SUCCESS:
-                raise refused(response)
-            status = json.loads(response.body)
-            if not isinstance(status, dict):
-                raise TypeError("not a JSON object")
-            return epochs_from_ha_status(status)
-        except (RequestError, ValueError, TypeError) as exc:
-            raise ClientError(f"broker {addr}: an answer that is not understood: {exc}") from None

@@ -28,8 +28,9 @@ from typing import Any, Generic, TypeVar
 import trio
 
 from hamq.client import admin, consumer, producer, push_consumer, transaction
+from hamq.client.admin_views import QueueStatus
+from hamq.client.config import ClientConfig
 from hamq.client.errors import ClientError, InvalidArgumentError
-from hamq.client.instance import ClientConfig
 from hamq.client.message import (
     ConsumeResult,
     Message,
@@ -37,6 +38,7 @@ from hamq.client.message import (
     PullResult,
     SendResult,
 )
+from hamq.client.send_attempts import Selector
 from hamq.protocol.bodies import ClusterInfo, MessageQueue, TopicRouteData
 
 T = TypeVar("T")
@@ -171,7 +173,7 @@ class Producer(_Blocking[producer.Producer]):
     def send(
         self,
         message: Message,
-        selector: producer.Selector | None = None,
+        selector: Selector | None = None,
         arg: Any = None,
         *,
         queue: MessageQueue | None = None,
@@ -184,7 +186,7 @@ class Producer(_Blocking[producer.Producer]):
     def send_oneway(
         self,
         message: Message,
-        selector: producer.Selector | None = None,
+        selector: Selector | None = None,
         arg: Any = None,
         *,
         queue: MessageQueue | None = None,
@@ -195,7 +197,7 @@ class Producer(_Blocking[producer.Producer]):
         self,
         message: Message,
         callback: producer.SendCallback,
-        selector: producer.Selector | None = None,
+        selector: Selector | None = None,
         arg: Any = None,
     ) -> None:
         """Returns once the send started; ``callback`` runs in the client's loop thread."""
@@ -360,7 +362,7 @@ class AdminClient(_Blocking[admin.AdminClient]):
     def topic_route(self, topic: str) -> TopicRouteData:
         return self._call(self._value.topic_route, topic)
 
-    def queue_status(self, topic: str) -> list[admin.QueueStatus]:
+    def queue_status(self, topic: str) -> list[QueueStatus]:
         return self._call(self._value.queue_status, topic)
 
     def create_topic(self, topic: str, queue_nums: int = 8, **options: Any) -> list[str]:

@@ -20,8 +20,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from hamq.client.config import ClientConfig, client_config
 from hamq.client.errors import NETWORK_ERRORS, BrokerError, ClientError, InvalidArgumentError
-from hamq.client.instance import ClientConfig, ClientInstance, InstanceOwner, client_config
+from hamq.client.instance import ClientInstance, InstanceOwner
 from hamq.client.message import PullResult, PullStatus, check_timeout, check_topic, inflate
 from hamq.protocol import RequestCode, ResponseCode
 from hamq.protocol.bodies import MASTER_ID, MessageQueue

@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from hamq.protocol import RequestError, ResponseCode, code_name
+from hamq.protocol import RequestError, code_name
 from hamq.remoting import RemotingError
 
 
@@ -34,10 +34,6 @@ class BrokerError(ClientError):
         self.remark = remark or ""
         self.addr = addr
         super().__init__(f"broker {addr} answered {code_name(code, response=True)}: {self.remark}")
-
-    @property
-    def topic_not_exist(self) -> bool:
-        return self.code == ResponseCode.TOPIC_NOT_EXIST
 
 
 class NoRouteError(ClientError):

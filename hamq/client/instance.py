@@ -19,18 +19,10 @@ lease, or is a slave now; ``master_refused``, for REFUSED_MASTER_S or until it t
 send) is asked of the other nameservers too; one whose route has fewer such groups is
 used from then on (logged).
 
-What brokers ask of a client (over the client's own connections):
-- NOTIFY_CONSUMER_IDS_CHANGED (oneway): the group's consumer rebalances at once;
-- RESET_CONSUMER_CLIENT_OFFSET (oneway; an operator reset the group's offsets in a
-  topic, e.g. ``hamq admin reset-offset``): the group's consumer goes on from the
-  offsets given in the queues it holds (the broker has committed them already);
-- GET_CONSUMER_STATUS_FROM_CLIENT: the group's consumer's offsets in a topic
-  (GetConsumerStatusBody; empty when no consumer of the group runs here);
-- CHECK_TRANSACTION_STATE (oneway): what became of a half message's local transaction;
-  decoded here (header, and the message in the body) and handed, without blocking, to
-  the TransactionProducer of the message's PGROUP group, which answers END_TRANSACTION
-  over the same connection (hamq.client.transaction); dropped with a log line when no
-  such producer runs here or the body does not decode.
+What brokers ask of a client over its connections (a consumer group's members
+changed, offsets reset, a consumer's status, a transaction check) is answered by
+hamq/client/broker_requests.py, from the registries kept here: ``consumers`` and
+``transaction_producers`` by group. The configuration is hamq/client/config.py's.
 """
 
 from __future__ import annotations
@@ -41,26 +33,24 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Self
 
 import anyio
 import anyio.abc
-import attrs
-from attrs import validators as v
 
-from hamq.acl import Credentials, credentials_from, signer
+from hamq.acl import signer
+from hamq.client.broker_requests import BrokerRequests, GroupMember, TransactionChecker
+from hamq.client.config import ClientConfig
 from hamq.client.errors import (
     NETWORK_ERRORS,
     BrokerError,
     ClientError,
-    InvalidArgumentError,
     NameServerUnavailableError,
     NoMasterError,
     NoRouteError,
 )
-from hamq.client.message import inflate
 from hamq.client.route_cache import (
     PublishInfo,
     broker_table,
@@ -70,44 +60,20 @@ from hamq.client.route_cache import (
     subscribe_queues,
     without_master,
 )
-from hamq.protocol import (
-    RemotingCommand,
-    RequestCode,
-    RequestError,
-    ResponseCode,
-    SerializeType,
-)
+from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.bodies import (
     MASTER_ID,
     BodyError,
-    ConsumerData,
-    GetConsumerStatusBody,
     HeartbeatData,
     MessageQueue,
     ProducerData,
     TopicRouteData,
     decode_body,
-    decode_reset_offsets,
     encode_body,
 )
-from hamq.protocol.headers import (
-    CheckTransactionStateRequestHeader,
-    GetConsumerStatusRequestHeader,
-    GetRouteInfoRequestHeader,
-    NotifyConsumerIdsChangedRequestHeader,
-    ResetOffsetRequestHeader,
-    UnregisterClientRequestHeader,
-)
-from hamq.protocol.message import DEFAULT_TOPIC, PROPERTY_PRODUCER_GROUP
-from hamq.protocol.record import StoredMessage, decode_message
-from hamq.remoting import (
-    Connection,
-    Dispatcher,
-    RemotingClient,
-    RemotingConfig,
-    RemotingError,
-    parse_address,
-)
+from hamq.protocol.headers import GetRouteInfoRequestHeader, UnregisterClientRequestHeader
+from hamq.protocol.message import DEFAULT_TOPIC
+from hamq.remoting import Connection, Dispatcher, RemotingClient, RemotingError
 from hamq.remoting.client import RpcHook
 from hamq.remoting.loop import ANY_LOOP, LoopPrimitives, current_loop
 
@@ -118,95 +84,18 @@ log = logging.getLogger(__name__)
 REFUSED_MASTER_S = 10.0
 
 
-def _namesrv_addrs(value: str | Sequence[str]) -> tuple[str, ...]:
-    """``"a:9876;b:9876"`` (Java's form) or a sequence of addresses."""
-    items = value.split(";") if isinstance(value, str) else list(value)
-    return tuple(a.strip() for a in items if a and a.strip())
-
-
-def _check_addrs(_instance: object, _attribute: object, value: tuple[str, ...]) -> None:
-    if not value:
-        raise InvalidArgumentError("no nameserver address given (namesrv)")
-    for addr in value:
-        try:
-            parse_address(addr)
-        except ValueError as exc:
-            raise InvalidArgumentError(f"nameserver address {addr!r}: {exc}") from None
-
-
-@attrs.frozen
-class ClientConfig:
-    namesrv_addrs: tuple[str, ...] = attrs.field(converter=_namesrv_addrs, validator=_check_addrs)
-    #: this client's address as brokers see it: in client ids and message ids (IPv4)
-    client_ip: str = "127.0.0.1"
-    #: None: the process id and a nanosecond stamp, unique per client (Java 5)
-    instance_name: str | None = None
-    poll_name_server_interval_s: float = attrs.field(default=30.0, validator=v.gt(0))
-    heartbeat_broker_interval_s: float = attrs.field(default=30.0, validator=v.gt(0))
-    #: how long a request to a nameserver or broker may take (RocketMQ: 3 s)
-    request_timeout_s: float = attrs.field(default=3.0, validator=v.gt(0))
-    serialize_type: SerializeType = SerializeType.MSGPACK
-    remoting: RemotingConfig = attrs.field(factory=RemotingConfig)
-    #: an ACL account (RocketMQ's SessionCredentials): every request is signed with it
-    access_key: str | None = None
-    secret_key: str | None = attrs.field(default=None, repr=False)
-
-    def __attrs_post_init__(self) -> None:
-        try:
-            credentials_from(self.access_key, self.secret_key)
-        except ValueError as exc:
-            raise InvalidArgumentError(str(exc)) from None
-
-    @property
-    def credentials(self) -> Credentials | None:
-        """What requests are signed with (access_key and secret_key), if anything."""
-        return credentials_from(self.access_key, self.secret_key)
-
-
-def client_config(namesrv: str | Sequence[str] | ClientConfig, **options: Any) -> ClientConfig:
-    if isinstance(namesrv, ClientConfig):
-        return attrs.evolve(namesrv, **options) if options else namesrv
-    try:
-        return ClientConfig(namesrv, **options)
-    except TypeError as exc:
-        raise InvalidArgumentError(str(exc)) from None
-
-
-class GroupMember(Protocol):
-    """A consumer as the instance sees it."""
-
-    def consumer_data(self) -> ConsumerData: ...
-
-    def members_changed(self) -> None: ...
-
-    def reset_offsets(self, topic: str, offsets: dict[MessageQueue, int]) -> None:
-        """Go on from ``offsets`` in the queues of ``topic`` it holds (soon: it may have
-        to stop handling what it pulled first)."""
-
-    def consume_offsets(self, topic: str) -> dict[MessageQueue, int]:
-        """Its offsets (next to consume) in the queues of ``topic`` it holds."""
-
-
-class TransactionChecker(Protocol):
-    """A transaction producer as the instance sees it."""
-
-    def check_requested(
-        self, header: CheckTransactionStateRequestHeader, message: StoredMessage, conn: Connection
-    ) -> None:
-        """Take a broker's check of a half message of its group (in the connection's
-        reader: it must not block)."""
-
-
 class ClientInstance:
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
         name = config.instance_name or f"{os.getpid()}#{time.monotonic_ns()}"
         self.client_id = f"{config.client_ip}@{name}"
+        self.producer_groups: set[str] = set()
+        #: consumers by group: heartbeats name them, brokers' requests reach them
+        self.consumers: dict[str, GroupMember] = {}
+        #: transaction producers by group: who answers a broker's CHECK_TRANSACTION_STATE
+        self.transaction_producers: dict[str, TransactionChecker] = {}
         dispatcher = Dispatcher()
-        dispatcher.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._notified)
-        dispatcher.register(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, self._reset_offsets)
-        dispatcher.register(RequestCode.GET_CONSUMER_STATUS_FROM_CLIENT, self._consumer_status)
-        dispatcher.register(RequestCode.CHECK_TRANSACTION_STATE, self._check_transaction)
+        BrokerRequests(self.consumers, self.transaction_producers).register(dispatcher)
         credentials = config.credentials
         self._rpc_hook: RpcHook | None = signer(credentials) if credentials is not None else None
         self.remoting = RemotingClient(
@@ -215,10 +104,6 @@ class ClientInstance:
         self.routes: dict[str, TopicRouteData] = {}
         self.brokers: dict[str, dict[int, str]] = {}
         self._publish: dict[str, PublishInfo] = {}
-        self.producer_groups: set[str] = set()
-        self.consumers: dict[str, GroupMember] = {}
-        #: transaction producers by group: who answers a broker's CHECK_TRANSACTION_STATE
-        self.transaction_producers: dict[str, TransactionChecker] = {}
         self._namesrv_index = random.randrange(len(config.namesrv_addrs))
         #: the nameserver in use has answered once (a later failure is worth a warning)
         self._namesrv_answered = False
@@ -642,67 +527,6 @@ class ClientInstance:
         async with anyio.create_task_group() as nursery:
             for addr in self._all_broker_addrs(masters_only=False):
                 nursery.start_soon(one, addr)
-
-    def _notified(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
-        header = request.header(NotifyConsumerIdsChangedRequestHeader)
-        member = self.consumers.get(header.consumer_group)
-        if member is not None:
-            log.info("broker %s: members of %s changed", conn.peer, header.consumer_group)
-            member.members_changed()
-        return None if request.is_oneway else request.response_to()
-
-    def _reset_offsets(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
-        header = request.header(ResetOffsetRequestHeader)
-        offsets = decode_reset_offsets(request.body)
-        member = self.consumers.get(header.group)
-        if member is None:
-            log.info(
-                "broker %s reset the offsets of %s: no such consumer here", conn.peer, header.group
-            )
-        else:
-            log.info(
-                "broker %s reset the offsets of %s in %s: %s",
-                conn.peer,
-                header.group,
-                header.topic,
-                ", ".join(f"{q} -> {o}" for q, o in sorted(offsets.items(), key=str)),
-            )
-            member.reset_offsets(header.topic, offsets)
-        return None if request.is_oneway else request.response_to()
-
-    def _check_transaction(
-        self, request: RemotingCommand, conn: Connection
-    ) -> RemotingCommand | None:
-        answer = None if request.is_oneway else request.response_to()
-        try:
-            header = request.header(CheckTransactionStateRequestHeader)
-            message = inflate(decode_message(request.body, check_crc=False))
-        except (RequestError, ValueError) as exc:  # (MessageFormatError is a ValueError)
-            log.warning(
-                "broker %s sent a transaction check that does not decode (dropped): %s",
-                conn.peer,
-                exc,
-            )
-            return answer
-        group = message.properties.get(PROPERTY_PRODUCER_GROUP)
-        producer = self.transaction_producers.get(group) if group else None
-        if producer is None:
-            log.info(
-                "broker %s asked about transaction %s of producer group %s: no such "
-                "transaction producer here (dropped)",
-                conn.peer,
-                message.msg_id,
-                group or "(none given)",
-            )
-            return answer
-        producer.check_requested(header, message, conn)
-        return answer
-
-    def _consumer_status(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
-        header = request.header(GetConsumerStatusRequestHeader)
-        member = self.consumers.get(header.group)
-        offsets = member.consume_offsets(header.topic) if member is not None else {}
-        return request.response_to(body=encode_body(GetConsumerStatusBody(offsets)))
 
 
 class InstanceOwner:

@@ -20,7 +20,7 @@
   topic's route up again (at most once a second) and, once the route names another
   master for that broker group (the controllers elected one meanwhile), closes its
   connection to the old address: every try waiting there fails at once and goes again
-  to the new master (``_MasterWatch``). A deposed master that still answers says so
+  to the new master (hamq/client/master_watch.py). A deposed master that still answers says so
   itself (SERVICE_NOT_AVAILABLE: it is a slave now, or lost its controller lease),
   which is retried with the route looked up again — of another nameserver when the
   one in use still names that master, or none (cut off with it: hamq.client.instance).
@@ -68,7 +68,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 import zlib
@@ -76,7 +75,6 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import anyio
-import attrs
 
 from hamq.client.auto_batch import (
     AUTO_BATCH_IN_FLIGHT,
@@ -86,17 +84,16 @@ from hamq.client.auto_batch import (
     Waiter,
     split_results,
 )
+from hamq.client.config import ClientConfig, client_config
 from hamq.client.errors import (
     NETWORK_ERRORS,
     BrokerError,
     ClientError,
     InvalidArgumentError,
-    NameServerUnavailableError,
-    NoMasterError,
-    NoRouteError,
     SendError,
 )
-from hamq.client.instance import ClientConfig, ClientInstance, InstanceOwner, client_config
+from hamq.client.instance import ClientInstance, InstanceOwner
+from hamq.client.master_watch import MasterWatch
 from hamq.client.message import (
     COMPRESSION_ZLIB,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -106,19 +103,17 @@ from hamq.client.message import (
     check_message,
     check_timeout,
 )
-from hamq.client.route_cache import LatencyFaultTolerance, PublishInfo, TimedOutAddresses
+from hamq.client.route_cache import LatencyFaultTolerance, TimedOutAddresses
+from hamq.client.send_attempts import Attempts, Selector, SendRequest
 from hamq.protocol import (
     RemotingCommand,
     RequestCode,
-    RequestError,
     ResponseCode,
 )
-from hamq.protocol.bodies import MASTER_ID, MessageQueue
+from hamq.protocol.bodies import MessageQueue
 from hamq.protocol.headers import SendMessageRequestHeader
 from hamq.protocol.message import (
     DEFAULT_TOPIC,
-    PROPERTY_DELAY,
-    PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT,
     SYSFLAG_COMPRESSED,
@@ -128,7 +123,6 @@ from hamq.protocol.message import (
     MessageIdGenerator,
     encode_batch,
     encode_properties,
-    is_retry_topic,
     java_string_hash,
 )
 from hamq.protocol.send_fields import decode_send_response, send_v2_fields
@@ -141,34 +135,11 @@ from hamq.protocol.send_timing import (
     SEND_TIMEOUT_S,
     send_wait_too_short,
 )
-from hamq.remoting import RemotingTimeoutError
 from hamq.remoting.loop import EventLike
 
 log = logging.getLogger(__name__)
 
-Selector = Callable[[list[MessageQueue], Message, Any], MessageQueue]
 SendCallback = Callable[[SendResult | None, BaseException | None], object]
-
-_RETRY_CODES = frozenset(
-    {
-        ResponseCode.SYSTEM_ERROR,
-        ResponseCode.SYSTEM_BUSY,
-        ResponseCode.SERVICE_NOT_AVAILABLE,
-        ResponseCode.TOPIC_NOT_EXIST,
-        ResponseCode.NO_PERMISSION,
-        ResponseCode.NO_BUYER_ID,
-        ResponseCode.NOT_IN_CURRENT_UNIT,
-    }
-)
-
-
-def _failover_explains(error: Exception) -> bool:
-    """Whether a master failover may lift ``error``, so that sending again, past the
-    retries, until the send timeout is worth it: lost connections, a route without a
-    master, a slave's refusal (SERVICE_NOT_AVAILABLE) — not NO_PERMISSION (the ACL, a
-    topic without write permission), which no failover changes."""
-    return not (isinstance(error, BrokerError) and error.code == ResponseCode.NO_PERMISSION)
-
 
 _STATUSES: dict[int, SendStatus] = {
     ResponseCode.SUCCESS: SendStatus.SEND_OK,
@@ -176,85 +147,6 @@ _STATUSES: dict[int, SendStatus] = {
     ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
     ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
 }
-
-
-#: pauses between tries once the retries are used up, while a failover may be under way
-FAILOVER_PAUSE_S = 0.05
-FAILOVER_PAUSE_MAX_S = 0.5
-#: a try waiting this long has the producer check that its broker is still the master
-MASTER_CHECK_AFTER_S = 1.0
-#: how often the producer looks for such tries
-MASTER_CHECK_EVERY_S = 0.5
-
-
-class _MasterWatch:
-    """The tries waiting for an answer, by broker address, and the check that their
-    broker is still its group's master (the module doc): a try waiting since before
-    ``MASTER_CHECK_AFTER_S`` ago has its topic's route looked up again (at most once a
-    second per topic), and an address the route no longer names as its group's master
-    (it names another) has its connection closed, which fails its tries at once."""
-
-    def __init__(self) -> None:
-        #: address -> try key -> (when it started, topic, broker name)
-        self._waiting: dict[str, dict[int, tuple[float, str, str]]] = {}
-        self._keys = itertools.count()
-        #: connections closed because their broker was no longer the master
-        self.closed = 0
-
-    def started(self, addr: str, now: float, target: MessageQueue) -> int:
-        key = next(self._keys)
-        self._waiting.setdefault(addr, {})[key] = (now, target.topic, target.broker_name)
-        return key
-
-    def ended(self, addr: str, key: int) -> None:
-        tries = self._waiting.get(addr)
-        if tries is not None:
-            tries.pop(key, None)
-            if not tries:
-                del self._waiting[addr]
-
-    def waiting_since(self, before: float) -> list[tuple[str, str, str]]:
-        """(address, topic, broker name) of each try started before ``before``."""
-        return sorted(
-            {
-                (addr, topic, broker)
-                for addr, tries in self._waiting.items()
-                for started, topic, broker in tries.values()
-                if started < before
-            }
-        )
-
-    async def run(self, instance: ClientInstance) -> None:
-        while True:
-            await anyio.sleep(MASTER_CHECK_EVERY_S)
-            await self.check(instance)
-
-    async def check(self, instance: ClientInstance) -> None:
-        """One look (``run`` looks every MASTER_CHECK_EVERY_S)."""
-        now = instance.loop.current_time()
-        stuck = self.waiting_since(now - MASTER_CHECK_AFTER_S)
-        if not stuck:
-            return
-        for topic in sorted({topic for _, topic, _ in stuck}):
-            try:
-                await instance.refresh_route_after_failure(topic, keep_known=True)
-            except NETWORK_ERRORS as exc:
-                log.info("looking the route of %s up again failed: %s", topic, exc)
-        for addr, _topic, broker in stuck:
-            master = instance.broker_addr(broker, MASTER_ID, only_this=True)
-            if master is None or master == addr or addr not in self._waiting:
-                continue
-            log.warning(
-                "%s is no longer the master of %s (the route names %s): sends waiting "
-                "there go to the new master",
-                addr,
-                broker,
-                master,
-            )
-            self.closed += 1
-            instance.remoting.close_connection(
-                addr, f"no longer the master of {broker}: the route names {master}"
-            )
 
 
 def hash_selector(queues: list[MessageQueue], message: Message, arg: Any) -> MessageQueue:
@@ -346,7 +238,7 @@ class Producer(InstanceOwner):
         #: (topic, WAIT) -> the sends that may go as one batch (auto_batch.py)
         self._lanes: dict[tuple[str, bool], Lane] = {}
         #: the tries waiting for an answer, and the check that their broker is master
-        self.master_watch = _MasterWatch()
+        self.master_watch = MasterWatch()
         self._warn_if_tries_are_short()
 
     @property
@@ -427,7 +319,7 @@ class Producer(InstanceOwner):
 
     async def _send_alone(
         self,
-        request: _Request,
+        request: SendRequest,
         selector: Selector | None,
         arg: Any,
         queue: MessageQueue | None,
@@ -439,7 +331,7 @@ class Producer(InstanceOwner):
         return result
 
     # ------------------------------------------------------------------ auto batch
-    async def _send_in_lane(self, request: _Request, timeout_s: float) -> SendResult:
+    async def _send_in_lane(self, request: SendRequest, timeout_s: float) -> SendResult:
         """``send`` of a message that may go in a batch (auto_batch.py): it leads a batch
         at once while its lane has a place in flight, else waits for one to take it."""
         key = (request.topic, request.properties.get(PROPERTY_WAIT) != "false")
@@ -483,7 +375,7 @@ class Producer(InstanceOwner):
             del self._lanes[key]
 
     async def _send_batch_of(
-        self, key: tuple[str, bool], lane: Lane, leader: Waiter, request: _Request
+        self, key: tuple[str, bool], lane: Lane, leader: Waiter, request: SendRequest
     ) -> None:
         """``leader`` holds a place in flight: send it and the sends waiting after it as
         one batch, and give each its outcome (a batch cut short, by a failure or the
@@ -501,7 +393,7 @@ class Producer(InstanceOwner):
                 body = encode_batch(member.entry for member in members)
             except MessageFormatError:
                 return  # (properties too long for a batch entry: each goes alone)
-            batch = _Request(request.message, request.topic, body, 0, {}, ids, batch=True)
+            batch = SendRequest(request.message, request.topic, body, 0, {}, ids, batch=True)
             try:
                 result = await self._send_alone(batch, None, None, None, time_left)
             except SendError as exc:
@@ -527,7 +419,7 @@ class Producer(InstanceOwner):
         return waiter.deadline - self.instance.loop.current_time()
 
     async def _send_again_alone(
-        self, request: _Request, waiter: Waiter, timeout_s: float
+        self, request: SendRequest, waiter: Waiter, timeout_s: float
     ) -> SendResult:
         """A send whose batch failed or was not sent goes alone in the time it has left."""
         time_left = self._time_left(waiter)
@@ -624,7 +516,7 @@ class Producer(InstanceOwner):
         a message it would refuse alone, over ``max_message_size`` in all. Sends nothing."""
         return len(self._batch_request(messages).body)
 
-    def _batch_request(self, messages: Sequence[Message]) -> _Request:
+    def _batch_request(self, messages: Sequence[Message]) -> SendRequest:
         if not messages:
             raise InvalidArgumentError("send_batch got no message")
         topic = messages[0].topic
@@ -647,7 +539,7 @@ class Producer(InstanceOwner):
                 f"the batch of {len(messages)} messages is {len(body)} bytes, over the "
                 f"maximum {self.max_message_size} bytes (max_message_size)"
             )
-        return _Request(messages[0], topic, body, 0, {}, ids, batch=True)
+        return SendRequest(messages[0], topic, body, 0, {}, ids, batch=True)
 
     # ------------------------------------------------------------------ the kernel
     def _timeout(self, timeout_s: float | None) -> float:
@@ -664,7 +556,7 @@ class Producer(InstanceOwner):
                 f"sending to the system topic {message.topic} is not allowed"
             )
 
-    def _request(self, message: Message) -> _Request:
+    def _request(self, message: Message) -> SendRequest:
         """A single message as sent: compressed if large, with its UNIQ_KEY (kept over
         retries)."""
         self._check(message)
@@ -675,11 +567,11 @@ class Producer(InstanceOwner):
                 body, sys_flag = compressed, SYSFLAG_COMPRESSED | COMPRESSION_ZLIB
         properties = message.wire_properties()
         uniq = properties.setdefault(PROPERTY_UNIQ_KEY, self._ids.next_id())
-        return _Request(message, message.topic, body, sys_flag, properties, [uniq], batch=False)
+        return SendRequest(message, message.topic, body, sys_flag, properties, [uniq], batch=False)
 
     async def _send(
         self,
-        request: _Request,
+        request: SendRequest,
         selector: Selector | None,
         arg: Any,
         queue: MessageQueue | None,
@@ -687,14 +579,14 @@ class Producer(InstanceOwner):
         *,
         oneway: bool,
     ) -> SendResult | None:
-        """Try ``request`` where and while ``_Attempts`` says (the retry and failover
+        """Try ``request`` where and while ``Attempts`` says (the retry and failover
         policy is all there); the first answer that settles it is returned.
 
         SendError (each attempt listed, the last failure as its cause) when a refusal
         ends the send or the attempts run out; InvalidArgumentError for a ``queue`` or
         a selector's choice not of the topic. A message may have been stored by a try
         that timed out, then again by a later one (under the same UNIQ_KEY)."""
-        attempts = _Attempts(self, request, selector, arg, queue, timeout_s, oneway=oneway)
+        attempts = Attempts(self, request, selector, arg, queue, timeout_s, oneway=oneway)
         # the first try without the async iterator when its route is cached (most sends)
         attempt = attempts.first()
         if attempt is not None:
@@ -718,7 +610,7 @@ class Producer(InstanceOwner):
     async def _send_to(
         self,
         target: MessageQueue,
-        request: _Request,
+        request: SendRequest,
         timeout_s: float,
         oneway: bool,
     ) -> SendResult | None:
@@ -749,7 +641,7 @@ class Producer(InstanceOwner):
             region_id=answer.msg_region,
         )
 
-    def _command(self, target: MessageQueue, request: _Request) -> RemotingCommand:
+    def _command(self, target: MessageQueue, request: SendRequest) -> RemotingCommand:
         """The request for ``target``: SEND_BATCH_MESSAGE for a batch, else
         SEND_MESSAGE_V2 (a new command per try: each gets its own opaque)."""
         header = SendMessageRequestHeader(
@@ -772,314 +664,4 @@ class Producer(InstanceOwner):
             ext_fields=send_v2_fields(header),
             body=request.body,
             serialize_type=self.config.serialize_type,
-        )
-
-
-@attrs.frozen
-class _Request:
-    """What one send puts on the wire, the same for every attempt."""
-
-    message: Message
-    topic: str
-    body: bytes
-    sys_flag: int
-    #: the message's properties; empty for a batch (each entry carries its own)
-    properties: dict[str, str]
-    #: the UNIQ_KEY of each message
-    ids: list[str]
-    #: SEND_BATCH_MESSAGE (``body`` is encoded entries, see ``encode_batch``), not one
-    #: message: said here, never guessed from ``properties``
-    batch: bool = attrs.field(kw_only=True)
-
-    @property
-    def batchable(self) -> bool:
-        """Whether this single message may go in an automatic batch: not compressed,
-        no delay level, not transactional, not to a retry topic (RocketMQ's canBatch)."""
-        properties = self.properties
-        return (
-            not self.batch
-            and not self.sys_flag
-            and PROPERTY_DELAY not in properties
-            and PROPERTY_TRANSACTION_PREPARED not in properties
-            and not is_retry_topic(self.topic)
-        )
-
-
-@attrs.frozen
-class _Try:
-    """One try of a send: the queue it goes to, its broker's address (None: not in
-    the route table; the send looks it up), when it started, how long it may wait."""
-
-    number: int
-    target: MessageQueue
-    addr: str | None
-    started: float
-    wait_s: float
-
-
-class _Attempts:
-    """The tries of one send, as an async iterator: ``async for attempt in attempts``
-    yields where each try goes and how long it may wait; the sender says how it ended
-    (``failed``, ``answered``). The whole retry and failover policy (RocketMQ's
-    sendDefaultImpl loop, plus riding out a failover) is here:
-
-    - ``tries``: 1 + ``retry_times_when_send_failed`` (1 for a oneway send); each try
-      avoids the broker of the one before when the topic has another (and, with
-      ``latency_fault_tolerance`` or a timed-out address, brokers to avoid).
-    - A route lookup that fails uses a try: for a known topic whose route has no master
-      now (a failover under way) the next try follows; a nameserver that does not
-      answer is tried again while tries are left; otherwise the send ends (SendError).
-    - An address that timed out (hung?) is not tried again while it is avoided, when
-      tries are bounded (``send_attempt_timeout_s``): the route is looked up again.
-    - A failed try is retried (route looked up again) for a connection failure or
-      timeout and a refusal in ``_RETRY_CODES``; another refusal, or an answer that
-      does not decode, ends the send at once. A stored answer short of SEND_OK is
-      retried only with ``retry_another_broker_when_not_store_ok``, while tries last.
-    - Past the tries, a last failure ``_failover_explains`` (not NO_PERMISSION) is
-      tried again with pauses (FAILOVER_PAUSE_S doubling to FAILOVER_PAUSE_MAX_S),
-      and nothing goes past the deadline (``timeout_s`` from the start).
-
-    Error contract: ``__anext__`` and ``failed`` raise SendError (the attempts so far,
-    the failure as cause) when the send must end; ``__anext__`` also lets a selector's
-    InvalidArgumentError through. Nothing is left behind but the producer's fault
-    tables and the route cache, as each try left them.
-    """
-
-    __slots__ = (
-        "clock",
-        "deadline",
-        "last_broker",
-        "last_error",
-        "log",
-        "number",
-        "oneway",
-        "pause_s",
-        "producer",
-        "queue",
-        "request",
-        "selector",
-        "selector_arg",
-        "timeout_s",
-        "tries",
-    )
-
-    def __init__(
-        self,
-        producer: Producer,
-        request: _Request,
-        selector: Selector | None,
-        selector_arg: Any,
-        queue: MessageQueue | None,
-        timeout_s: float,
-        *,
-        oneway: bool,
-    ) -> None:
-        self.producer = producer
-        self.request = request
-        self.selector = selector
-        self.selector_arg = selector_arg
-        self.queue = queue
-        self.timeout_s = timeout_s
-        self.oneway = oneway
-        #: the loop's clock (AnyIO's costs a backend lookup per call)
-        self.clock = producer.instance.loop.current_time
-        self.deadline = self.clock() + timeout_s
-        self.tries = 1 if oneway else 1 + producer.retry_times_when_send_failed
-        #: the try under way (0 for the first)
-        self.number = -1
-        #: each failed try, for SendError
-        self.log: list[str] = []
-        self.last_error: Exception | None = None
-        self.last_broker: str | None = None
-        self.pause_s = FAILOVER_PAUSE_S
-
-    def __aiter__(self) -> _Attempts:
-        return self
-
-    async def __anext__(self) -> _Try:
-        while True:
-            self.number += 1
-            if self.number >= self.tries and not await self._failover_pause():
-                raise StopAsyncIteration
-            remaining = self.deadline - self.clock()
-            if remaining <= 0:
-                raise StopAsyncIteration
-            target = await self._target(remaining)
-            if target is None:
-                continue
-            attempt = self._start(target)
-            if attempt is not None:
-                return attempt
-
-    def first(self) -> _Try | None:
-        """The first try, when nothing must be awaited to choose it (the topic's route is
-        cached): what ``__anext__`` would give, without its coroutine. None otherwise:
-        ``async for`` then goes on with whichever try is next."""
-        info = self.producer.instance.cached_publish_info(self.request.topic)
-        if info is None or self.deadline <= self.clock():
-            return None
-        self.number = 0
-        target = self._choose(info)
-        self.last_broker = target.broker_name
-        return self._start(target)
-
-    @property
-    def retries_left(self) -> bool:
-        return self.number + 1 < self.tries
-
-    async def _failover_pause(self) -> bool:
-        """Past the tries: pause and go on (True) when every try failed in a way a
-        master failover explains (refused or lost connections, a route without a
-        master, a slave's refusal) and the deadline leaves room; else False."""
-        if (
-            self.oneway
-            or self.last_error is None
-            or not _failover_explains(self.last_error)
-            or self.deadline - self.clock() <= self.pause_s
-        ):
-            return False
-        await anyio.sleep(self.pause_s)
-        self.pause_s = min(self.pause_s * 2, FAILOVER_PAUSE_MAX_S)
-        return True
-
-    async def _target(self, remaining_s: float) -> MessageQueue | None:
-        """The queue this try goes to, looking the route up if it is not cached; None
-        when the lookup failed in a way the next try may mend."""
-        instance = self.producer.instance
-        topic = self.request.topic
-        try:
-            info = instance.cached_publish_info(topic)
-            if info is None:
-                with anyio.fail_after(remaining_s):
-                    info = await instance.publish_info(
-                        topic, self.producer.default_topic_queue_nums
-                    )
-            target = self._choose(info)
-        except (NoRouteError, NameServerUnavailableError, TimeoutError) as exc:
-            self._failed(f"route: {exc or 'timed out'}", exc)
-            if isinstance(exc, NoMasterError):
-                return None  # a known topic without a master now: a failover under way
-            if self.retries_left and isinstance(exc, NameServerUnavailableError):
-                return None
-            raise SendError(f"cannot send to topic {topic}", self.log) from exc
-        self.last_broker = target.broker_name
-        return target
-
-    def _choose(self, info: PublishInfo) -> MessageQueue:
-        """The queue given, the selector's choice, or the next queue of a broker that
-        is neither the last one tried nor avoided (when another is left)."""
-        request = self.request
-        if self.queue is not None:
-            if self.queue.topic != request.topic:
-                raise InvalidArgumentError(f"queue {self.queue} is not a queue of {request.topic}")
-            return self.queue
-        if self.selector is not None:
-            chosen = self.selector(list(info.queues), request.message, self.selector_arg)
-            if not isinstance(chosen, MessageQueue) or chosen not in info.queues:
-                raise InvalidArgumentError(
-                    f"the selector returned {chosen!r}, not one of the topic's queues"
-                )
-            return chosen
-        producer = self.producer
-        if not producer.faults.enabled and not producer.timed_out:
-            return info.select(self.last_broker)  # (the common case: nothing to avoid)
-        now = self.clock()
-        instance = producer.instance
-
-        def available(broker: str) -> bool:
-            addr = instance.broker_addr(broker, only_this=True)
-            if addr is not None and producer.timed_out.avoided(addr, now):
-                return False
-            return producer.faults.available(broker, now)
-
-        return info.select(self.last_broker, available)
-
-    def _start(self, target: MessageQueue) -> _Try | None:
-        """The try to ``target``, or None when its broker's address timed out before
-        and is still avoided: the route still names a hung broker, so wait for a
-        failover to name another master (the route is looked up again) or for that
-        time out to pass."""
-        producer = self.producer
-        started = self.clock()
-        addr = producer.instance.broker_addr(target.broker_name, only_this=True)
-        if (
-            producer.timed_out
-            and producer.send_attempt_timeout_s is not None
-            and not self.oneway
-            and addr is not None
-            and producer.timed_out.avoided(addr, started)
-        ):
-            self.log.append(f"{target}: {addr} timed out; waiting for another route")
-            self.last_error = self.last_error or RemotingTimeoutError(addr, "timed out before")
-            producer.instance.forget_publish_info(self.request.topic)
-            return None
-        wait_s = self.deadline - started
-        if producer.send_attempt_timeout_s is not None:
-            wait_s = min(wait_s, producer.send_attempt_timeout_s)
-        return _Try(self.number, target, addr, started, wait_s)
-
-    def _failed(self, what: str, error: Exception) -> None:
-        self.log.append(what)
-        self.last_error = error
-
-    def failed(self, attempt: _Try, error: Exception) -> None:
-        """``attempt`` got no answer or a refusal: note it against its broker (and
-        address, for a timeout); SendError if it ends the send, else the route is
-        looked up again for the next try."""
-        producer = self.producer
-        target = attempt.target
-        now = self.clock()
-        producer.faults.update(target.broker_name, now - attempt.started, now, failed=True)
-        if isinstance(error, RemotingTimeoutError):
-            producer.timed_out.add(error.addr, now, now - attempt.started)
-        self._failed(f"{target}: {error}", error)
-        if isinstance(error, BrokerError) and error.code == ResponseCode.SERVICE_NOT_AVAILABLE:
-            producer.instance.master_refused(error.addr)  # (deposed? the module doc)
-        if isinstance(error, RequestError) or (
-            isinstance(error, BrokerError) and error.code not in _RETRY_CODES
-        ):
-            raise SendError(f"sending to {target} was refused", self.log) from error
-        producer.instance.forget_publish_info(self.request.topic)  # look the route up again
-        log.info(
-            "send to %s failed (attempt %d of %d): %s",
-            target,
-            attempt.number + 1,
-            self.tries,
-            error,
-        )
-
-    def answered(self, attempt: _Try, result: SendResult | None) -> bool:
-        """``attempt`` was answered (or, oneway, sent): its broker is well again.
-        True when that settles the send; False to try another broker with a status
-        short of SEND_OK (``retry_another_broker_when_not_store_ok``, tries left)."""
-        producer = self.producer
-        if attempt.addr is not None:
-            producer.instance.master_answered(attempt.addr)
-            if producer.timed_out:
-                producer.timed_out.discard(attempt.addr)
-        if result is not None and result.status is not SendStatus.SEND_OK:
-            # its master's replicas did not confirm it: a master cut off from them, or
-            # deposed, answers so; the route is looked up again meanwhile
-            producer.instance.refresh_route_soon(self.request.topic)
-        if producer.faults.enabled:
-            now = self.clock()
-            producer.faults.update(
-                attempt.target.broker_name, now - attempt.started, now, failed=False
-            )
-        if (
-            result is not None
-            and result.status is not SendStatus.SEND_OK
-            and producer.retry_another_broker_when_not_store_ok
-            and self.retries_left
-        ):
-            self.log.append(f"{attempt.target}: {result.status.value}")
-            return False
-        return True
-
-    def exhausted(self) -> SendError:
-        """What the send raises when the tries (or the time) ran out."""
-        return SendError(
-            f"sending to topic {self.request.topic} failed within {self.timeout_s:g}s "
-            f"({len(self.log)} attempt(s))",
-            self.log,
         )

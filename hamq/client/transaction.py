@@ -59,8 +59,9 @@ import anyio.abc
 import attrs
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from hamq.client.config import ClientConfig
 from hamq.client.errors import NETWORK_ERRORS, ClientError, InvalidArgumentError
-from hamq.client.instance import ClientConfig, ClientInstance
+from hamq.client.instance import ClientInstance
 from hamq.client.message import Message, MessageExt, SendResult, SendStatus
 from hamq.client.producer import Producer
 from hamq.protocol import RequestCode
