@@ -1,7 +1,7 @@
 """The values users handle: Message to send, SendResult, received messages, PullResult.
 
 A ``Message`` carries its tags, keys and delay level as fields; on the wire they are
-the TAGS, KEYS and DELAY properties (shared/PROTOCOL.md §6.1), next to the user's own
+the TAGS, KEYS and DELAY properties (docs/PROTOCOL.md#properties), next to the user's own
 properties. Received messages are ``hamq.protocol.message.StoredMessage`` values
 (exported here as ``MessageExt``) with the body already inflated when the producer
 compressed it.
@@ -192,7 +192,7 @@ class SendResult:
     status: SendStatus
     #: the id users see (UNIQ_KEY); for a batch, the ids comma-joined
     msg_id: str
-    #: where it is stored: store host + CommitLog offset (§6.4)
+    #: where it is stored: store host + CommitLog offset (docs/PROTOCOL.md#message-ids)
     offset_msg_id: str
     queue: MessageQueue
     queue_offset: int

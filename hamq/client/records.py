@@ -1,11 +1,12 @@
 """The records a pull returns undecoded, for clients that read them themselves.
 
 ``PullConsumer.caller.pull(..., decode=False)`` leaves a FOUND answer's records as the
-broker sent them, back to back in ``PullResult.raw`` (shared/PROTOCOL.md §5, §6.2): a
-reader that turns many records into columns at once (hamq.spark) walks them by their
-fixed start (``RECORD_HEAD``: TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET
-PHYSICALOFFSET SYSFLAG, 40 bytes), reads fields at their offsets, and hands anything
-irregular to ``read_record``, which names what is wrong in a ``MessageFormatError``.
+broker sent them, back to back in ``PullResult.raw`` (docs/PROTOCOL.md#pulling,
+docs/PROTOCOL.md#commitlog-record): a reader that turns many records into columns at
+once (hamq.spark) walks them by their fixed start (``RECORD_HEAD``: TOTALSIZE MAGIC
+BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG, 40 bytes), reads fields at
+their offsets, and hands anything irregular to ``read_record``, which names what is
+wrong in a ``MessageFormatError``.
 
 Nothing is defined here: these are the record format's own names (hamq.protocol.record,
 and hamq.protocol.message for the names inside a record) and the client's compression
