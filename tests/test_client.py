@@ -60,6 +60,26 @@ class Collector:
         return [m.body for m in self.messages]
 
 
+async def pulled_past_the_end(broker: BrokerThread, *consumers: PushConsumer) -> None:
+    """Until each queue of ``consumers`` (all the broker serves) is taken to its end and
+    pulled past it: the handler had every message up to the queue's end, and the queue's
+    next pull waits at the broker, which found nothing after it (a held pull). What a
+    test waits for before saying a message did not come twice: one delivered again
+    (pulled again, an offset gone back) would have come by then."""
+    queues = [(consumer, queue) for consumer in consumers for queue in consumer.assigned]
+
+    def look(node: BrokerNode) -> tuple[int, list[int]]:
+        ends = [node.store.max_offset_in_queue(q.topic, q.queue_id) for _, q in queues]
+        return node.statistics().held_pulls, ends
+
+    async def past_the_end() -> bool:
+        held, ends = await broker.call(look)
+        handled = [consumer.consume_offsets(q.topic).get(q) for consumer, q in queues]
+        return held == len(queues) and handled == ends
+
+    await wait_for(past_the_end, 60, what="every queue pulled past its end")
+
+
 async def test_ten_thousand_messages_reach_each_group_once_and_in_queue_order(
     tmp_path: Path,
 ) -> None:
@@ -96,8 +116,7 @@ async def test_ten_thousand_messages_reach_each_group_once_and_in_queue_order(
             consumers[1].consuming(groups["G2"]),
         ):
             await wait_for(lambda: all(len(c.messages) >= total for c in groups.values()), 60)
-            # not a wait for something: time for a message delivered twice to come too
-            await anyio.sleep(0.2)
+            await pulled_past_the_end(broker, *consumers)  # a message twice would be here
         for collector in groups.values():
             assert len(collector.messages) == total  # each exactly once
             per_queue: dict[int, list[int]] = collections.defaultdict(list)
@@ -292,9 +311,9 @@ async def test_a_broker_restart_keeps_messages_and_committed_offsets(tmp_path: P
         consumer.subscribe("Kept")
         async with consumer.consuming(again):
             await wait_for(lambda: len(again.messages) == 20)
-            # not a wait for something: time for an old message delivered again (its
-            # committed offset lost in the restart) to come too
-            await anyio.sleep(0.2)
+            # an old message delivered again (its committed offset lost in the restart)
+            # would be here by then
+            await pulled_past_the_end(broker, consumer)
         assert sorted(again.bodies()) == sorted(f"new {i}".encode() for i in range(20))
         async with PullConsumer("fresh", ns) as puller:
             kept = 0

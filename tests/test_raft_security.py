@@ -18,6 +18,7 @@ import trio
 
 from hamq.controller import ControllerConfig
 from hamq.controller.raft import RaftSecretMissing, RaftState
+from hamq.controller.raft_transport import RaftTransportStatistics
 from tests.support.processes import free_ports, hamq_command
 from tests.support.raft import raft_group
 from tests.support.timing import wait_for
@@ -56,6 +57,13 @@ def _send_and_wait_for_close(address: tuple[str, int], frame: bytes) -> bytes:
                 break
             answer += chunk
     return answer
+
+
+def stats(node: RaftState) -> RaftTransportStatistics:
+    """``node``'s Raft transport counters (it is running)."""
+    counters = node.transport_statistics()
+    assert counters is not None
+    return counters
 
 
 @pytest.fixture
@@ -97,7 +105,13 @@ async def test_a_group_commits_and_ignores_a_peer_with_the_wrong_secret(tmp_path
         # (another thread applies it: polled)
         await wait_for(lambda: "b" in nodes[1].state.groups, 30)
         assert nodes[0].leader() in peers[:2] and nodes[1].leader() == nodes[0].leader()
-        await trio.sleep(2)  # many heartbeats: the outsider would have caught up by now
+        leader = nodes[peers.index(nodes[0].leader())]
+        # the outsider has the largest address, so it dials the leader: three more
+        # connections of its refused (with the secret, any one would have carried the log)
+        refused = stats(leader).refused
+        await wait_for(
+            lambda: stats(leader).refused >= refused + 3 or "b" in nodes[2].state.groups, 30
+        )
         assert "b" not in nodes[2].state.groups
         assert not nodes[2].is_leader()
 

@@ -27,7 +27,9 @@ Tasks and invariants (all inside ``run``'s nursery):
   ``max_in_flight_per_connection`` a new one is answered SYSTEM_BUSY at once.
 - a watchdog task closes the connection once nothing has been received for
   ``idle_timeout_s``, or once a frame begun ``frame_timeout_s`` ago is still
-  incomplete (a peer trickling bytes is never idle; no timer per receive).
+  incomplete (a peer trickling bytes is never idle; no timer per receive). Its
+  passes are counted (``watchdog_passes``): what a test waits on to know the
+  connection was judged after a pause.
 - the stream is an AnyIO byte stream, so the same class runs under Trio (the broker,
   and Trio clients) and asyncio (asyncio clients); the server hands it Trio's socket
   streams through hamq.remoting.trio_stream. The reader writes straight to the
@@ -104,6 +106,8 @@ class ConnectionStatistics:
     bytes_received: int
     bytes_sent: int
     send_buffer_bytes: int
+    #: times the watchdog looked at the connection (it counts before it judges)
+    watchdog_passes: int = 0
 
 
 class _Pending:
@@ -221,6 +225,7 @@ class Connection:
         self._responses_received = 0
         self._bytes_received = 0
         self._bytes_sent = 0
+        self._watchdog_passes = 0
 
     # ------------------------------------------------------------------ state
     @property
@@ -251,6 +256,7 @@ class Connection:
             bytes_received=self._bytes_received,
             bytes_sent=self._bytes_sent,
             send_buffer_bytes=len(self._out) + self._sending,
+            watchdog_passes=self._watchdog_passes,
         )
 
     def __repr__(self) -> str:
@@ -336,6 +342,7 @@ class Connection:
         period = min(t for t in (idle_s, frame_s) if t is not None) / 4
         while True:
             await anyio.sleep(period)
+            self._watchdog_passes += 1
             now = clock()
             started = self._frame_started
             if frame_s is not None and started is not None and now - started >= frame_s:

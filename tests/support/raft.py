@@ -18,9 +18,10 @@ async def raft_group(
     directory: Path, secrets: Sequence[str] = ("s", "s", "s")
 ) -> AsyncIterator[tuple[list[str], list[RaftState]]]:
     """One node per secret (node ``i`` stores under ``directory/n<i>``), all peers of
-    each other: yields (their Raft addresses, the nodes). A node a test stopped early is
-    stopped again harmlessly."""
-    peers = [f"127.0.0.1:{p}" for p in free_ports(len(secrets))]
+    each other: yields (their Raft addresses, the nodes). The addresses are in order, so
+    the last node dials every other (the larger address dials: raft_transport.py). A
+    node a test stopped early is stopped again harmlessly."""
+    peers = sorted(f"127.0.0.1:{p}" for p in free_ports(len(secrets)))
     nodes = [
         RaftState(p, peers, directory / f"n{i}", secret=s)
         for i, (p, s) in enumerate(zip(peers, secrets, strict=True))
