@@ -13,7 +13,7 @@ iptables). Each round:
             master is killed (-9) 5 s into the cut; t1 = the first answer of a controller
             naming the slave as master.
 
-Reported: t1 - t0 per round, p50 and max. Goal (issue 31): both <= 3 s.
+Reported: t1 - t0 per round, p50 and max. Goal: both <= 3 s.
 
     sudo .venv/bin/python benchmarks/controller_partition.py            # 3 rounds of each
     sudo .venv/bin/python benchmarks/controller_partition.py --rounds 1 --cut 20

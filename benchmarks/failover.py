@@ -14,7 +14,7 @@ timeout 10 s; the producer's own retries ride out the failover). Each round:
 Reported: t1 - t0 per kill, p50 and max; also the time to the election (the
 controller's answer naming the new master, polled every 20 ms) for scale.
 
-Goal (issue 8): p50 < 3 s.
+Goal: p50 < 3 s.
 
     python benchmarks/failover.py             # 10 kills
     python benchmarks/failover.py --kills 3

@@ -3,7 +3,7 @@ real brokers, nameservers and controllers on loopback for each family of request
 
 The signature is checked against RocketMQ's algorithm by known vectors: RFC 2202's
 HMAC-SHA1 case (the primitive, base64 as AclSigner does), and two requests captured from
-RocketMQ's C++ client (shared/PROTOCOL.md §9), decoded by hamq's own JSON decoder, whose
+RocketMQ's C++ client (docs/PROTOCOL.md#rocketmq-clients), decoded by hamq's own JSON decoder, whose
 Signature fields the client computed over its sorted ext fields and body.
 """
 

@@ -1,4 +1,4 @@
-"""``hamq admin`` and ``hamq topic`` as operators use them (issue 13, part 3): consumer
+"""``hamq admin`` and ``hamq topic`` as operators use them: consumer
 progress, groups and their members, offsets reset by time (a running push consumer
 goes back), messages by key and id, broker status and live configuration, topic
 status per queue, and the ``--json`` form of every command.
@@ -11,7 +11,7 @@ time, started once for the module. Every wait is bounded; every process is kille
 PID at the end.
 
 The tests with a client in this process (AdminClient, Producer, PushConsumer,
-PullConsumer) run on every AnyIO backend (issue 16): their brokers in a Trio thread
+PullConsumer) run on every AnyIO backend: their brokers in a Trio thread
 (tests/support/backends.py) or as processes. The tests of the commands alone stay
 plain (Trio) tests: the client runs in the ``hamq`` process there, not in the test's
 loop, and three runs of each would add their processes' time for nothing.

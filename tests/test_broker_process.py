@@ -199,7 +199,7 @@ async def test_a_broker_with_one_of_its_nameservers_down_is_ready_and_says_so_on
 async def test_a_tls_broker_that_cannot_verify_its_own_nameserver_is_not_ready(
     tmp_path: Path,
 ) -> None:
-    """The issue's case: --tls-cert without --tls-ca, its embedded nameserver's
+    """The case once reported: --tls-cert without --tls-ca, its embedded nameserver's
     certificate signed by a CA the system does not know: "certificate verify failed",
     said once while the handshakes fail (counted by the nameserver's metrics); with
     --tls-ca it is ready."""

@@ -1,4 +1,4 @@
-"""``hamq produce`` and ``hamq consume`` as people use them (issue 13): riding out a
+"""``hamq produce`` and ``hamq consume`` as people use them: riding out a
 master that hangs, Ctrl-C, a closed stdout (``| head``), exactly ``--count`` messages,
 a topic that does not exist yet, delay levels, every error as one line; loading a
 broker (``--concurrency``, ``--batch``), the live progress at a terminal and the summary

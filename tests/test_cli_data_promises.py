@@ -1,4 +1,4 @@
-"""The data promises of issue 30 (items 1-4) as a person meets them: real ``hamq``
+"""The store's data promises as a person meets them: real ``hamq``
 processes (broker, produce, consume, topic delete) on 127.0.0.1 with ports chosen at
 run time, store files damaged between runs the way the hostile tester did it. Every
 process is killed by PID at the end; every wait is bounded.

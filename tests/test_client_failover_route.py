@@ -1,4 +1,4 @@
-"""The producer follows a master that moved (issue 31), against a nameserver and two
+"""The producer follows a master that moved, against a nameserver and two
 brokers on loopback whose answers the test sets: broker group ``broker-a``'s master is
 at A, then the route names B (as after a failover).
 

@@ -1,4 +1,4 @@
-"""Clocks (issue 30, item 5): a wall clock behind, or set back, stalls neither the
+"""Clocks: a wall clock behind, or set back, stalls neither the
 check-backs of open transactions nor delay-level messages.
 
 The first tests run a store and the transaction check in virtual time (Trio's

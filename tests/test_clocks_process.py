@@ -1,4 +1,4 @@
-"""Clocks (issue 30, item 5), with real processes: a broker restarted with its clock an
+"""Clocks, with real processes: a broker restarted with its clock an
 hour behind (libfaketime: tests/support/faketime.py installs Debian's package, or the
 test is skipped saying why) checks back open transactions and delivers delayed
 messages in time, talking to the real client. tests/test_clocks.py has the same in

@@ -51,7 +51,7 @@ def test_a_broker_is_alive_until_its_lease_ends_or_its_connection_closes() -> No
 
 
 def test_an_unheard_broker_is_dead_only_after_a_lease_of_listening() -> None:
-    """A controller that has just started has heard nobody yet (issue 31)."""
+    """A controller that has just started has heard nobody yet."""
     brokers = LiveBrokers(default_lease_s=3.0)
     assert not brokers.heard_long_enough("b", 100.0)  # (not listening yet)
     brokers.listen(10.0)

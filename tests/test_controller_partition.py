@@ -1,4 +1,4 @@
-"""The controllers across a partition (issue 31): soon after it heals they commit again,
+"""The controllers across a partition: soon after it heals they commit again,
 and elect the master a dead one's group needs.
 
 Each controller (``hamq nameserver --controller``) and broker on a host of its own

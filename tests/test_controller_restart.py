@@ -1,4 +1,4 @@
-"""Every controller restarted at once (issue 31): a master within its lease stays master.
+"""Every controller restarted at once: a master within its lease stays master.
 
 A restarted controller has heard no broker yet. It must not take the group's master for
 dead before it has listened for the master's lease; the controllers before this fix

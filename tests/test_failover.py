@@ -1,4 +1,4 @@
-"""Automatic failover with real processes (issue 8): 3 nameservers embedding the
+"""Automatic failover with real processes: 3 nameservers embedding the
 controllers, one group of 3 controller-mode brokers with allAckInSyncStateSet.
 
 8 producers send all the time; the master is killed (-9), then the Raft leader among
@@ -8,7 +8,7 @@ new master, once (a retried send may be stored twice under one UNIQ_KEY: counted
 reported); the old master, started again, must come back as a slave, cut the tail the
 group never acknowledged (its log says so) and end byte-identical to the new master.
 
-The producers run in the test's own loop, on Trio and on asyncio (issue 16);
+The producers run in the test's own loop, on Trio and on asyncio;
 tests/support/autoswitch.py starts and kills the processes with AnyIO's API.
 """
 

@@ -1,4 +1,4 @@
-"""The brokers' side of failover under partitions (issue 31), in network namespaces: the
+"""The brokers' side of failover under partitions, in network namespaces: the
 nemesis harness's cluster (tests/support/nemesis.py: 3 controllers in nameservers,
 broker-a of 3 and broker-b of 2, allAckInSyncStateSet), a fault held, and what the
 brokers answer meanwhile.

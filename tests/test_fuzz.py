@@ -1,4 +1,4 @@
-"""Fuzzing every decoder that reads a peer's or a disk's bytes (issue 14's acceptance).
+"""Fuzzing every decoder that reads a peer's or a disk's bytes.
 
 A mutation fuzzer with a fixed seed (the same inputs on every run, in a few seconds):
 for each decoder, a corpus of valid encodings (drawn by ``tests.support.strategies.sample``)

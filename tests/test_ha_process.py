@@ -2,7 +2,7 @@
 
 A nameserver, a master and a slave run as ``hamq`` processes (free ports, stores under
 tmp_path, small store files); the producers and the checks run here, in the test's
-loop, on Trio and on asyncio (issue 16): the support modules start and kill the
+loop, on Trio and on asyncio: the support modules start and kill the
 processes with AnyIO's API. Every wait is bounded; every process is killed by PID at
 the end.
 """

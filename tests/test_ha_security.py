@@ -1,4 +1,4 @@
-"""Replication that cannot be faked (issue 14, item 2).
+"""Replication that cannot be faked.
 
 A fake slave (tests/support/ha.py's FakeSlave: plain sockets, struct and hmac) tries
 each trick on a master in this process: (a) over-reporting its offset so that a

@@ -1,4 +1,4 @@
-"""The HA channel's wire formats, with bytes (shared/PROTOCOL.md §7)."""
+"""The HA channel's wire formats, with bytes (docs/PROTOCOL.md#ha-wire)."""
 
 from __future__ import annotations
 

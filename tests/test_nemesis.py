@@ -1,4 +1,4 @@
-"""The nemesis suite in CI (issue 31): every nemesis once, then a randomised schedule,
+"""The nemesis suite in CI: every nemesis once, then a randomised schedule,
 against a controller-mode cluster whose every process runs in a network namespace of its
 own (tests/support/nemesis.py). Each asserts what may never happen: an acknowledged
 message lost, replicas' CommitLogs that differ. How long each fault left a group without

@@ -25,7 +25,7 @@ from hamq.protocol.serialization import (
 )
 from tests.support.strategies import as_rocketmq_delivers, commands
 
-# A SEND_MESSAGE header as the C++ client 1.2.x sent it (shared/PROTOCOL.md §9): keys
+# A SEND_MESSAGE header as the C++ client 1.2.x sent it (docs/PROTOCOL.md#rocketmq-clients): keys
 # sorted, ext values a mix of strings and numbers, a trailing newline in the header.
 CPP_SEND_HEADER = (
     '{"code":10,"extFields":{"AccessKey":"","OnsChannel":"ALIYUN",'

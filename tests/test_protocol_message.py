@@ -1,5 +1,5 @@
 """Messages by name (hamq/protocol/message.py): properties, tag codes, message ids and
-batch bodies, against shared/PROTOCOL.md §6.1, §6.4-6.6 and what Java writes."""
+batch bodies, against docs/PROTOCOL.md and what Java writes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The CommitLog record codec (hamq/protocol/record.py), field by field against
-shared/PROTOCOL.md §6.2, and pull bodies as consumers decode them."""
+docs/PROTOCOL.md#commitlog-record, and pull bodies as consumers decode them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The controllers' Raft port (issue 14, item 1): pysyncobj's messages are pickles, so the
+"""The controllers' Raft port: pysyncobj's messages are pickles, so the
 port binds only the address given and takes nothing from a peer without the secret.
 
 Real pysyncobj nodes on loopback, real sockets, real time with bounded waits."""

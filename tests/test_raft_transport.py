@@ -1,4 +1,4 @@
-"""The controllers' Raft port under strangers, and its dials (issue 31):
+"""The controllers' Raft port under strangers, and its dials:
 hamq/controller/raft_transport.py on real sockets.
 
 pysyncobj's own transport kept a stranger's bytes without a bound (a core at 100 %, the

@@ -1,4 +1,4 @@
-"""The controllers' Raft connections, sans-IO (hamq/controller/raft_wire.py; issue 31):
+"""The controllers' Raft connections, sans-IO (hamq/controller/raft_wire.py):
 frames, the handshake, what a stranger's bytes can and cannot do. Bytes in, bytes and
 events out; no sockets."""
 

@@ -1,4 +1,4 @@
-"""Damaged files (issue 14, item 5): flipped bytes in the CommitLog, zeroed or deleted
+"""Damaged files: flipped bytes in the CommitLog, zeroed or deleted
 consume-queue files, invalid JSON metadata files. Real files in tmp_path, damaged the
 way a disk or an operator would, then a real store or broker started on them."""
 

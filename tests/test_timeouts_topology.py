@@ -1,4 +1,4 @@
-"""Timeouts and topology that used to defeat the guarantees (issue 14, item 6).
+"""Timeouts and topology that used to defeat the guarantees.
 
 - A producer's try must outlast the broker's own wait, so that FLUSH_SLAVE_TIMEOUT (or
   FLUSH_DISK_TIMEOUT) reaches the caller instead of a client time out and a retry that
@@ -7,7 +7,7 @@
   that with the master killed clients using the CLI's default list find the slave.
 
 The tests with a client in this process and real processes around it run on every
-AnyIO backend (issue 16): the support modules start and kill their processes with
+AnyIO backend: the support modules start and kill their processes with
 AnyIO's API. The others stay plain (Trio) tests: no client runs in them.
 """
 

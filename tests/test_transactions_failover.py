@@ -1,4 +1,4 @@
-"""Transactions across an automatic failover, with real processes (issue 17).
+"""Transactions across an automatic failover, with real processes.
 
 A group of 3 controller-mode brokers (allAckInSyncStateSet: a half message's SEND_OK
 means every in-sync replica has it). A TransactionProducer commits some transactions

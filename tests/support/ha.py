@@ -92,7 +92,7 @@ def log_prefix(store_dir: Path, length: int) -> bytes:
 
 class FakeSlave:
     """A peer on a master's HA port that says whatever a test wants, written from the
-    wire layouts (shared/PROTOCOL.md §7, hamq/protocol/ha_wire.py's docstring) with
+    wire layouts (docs/PROTOCOL.md#ha-wire, hamq/protocol/ha_wire.py's docstring) with
     struct and hmac alone: hamq's HA code is not used, so it cannot agree with the
     master by sharing a bug. ``received`` is every byte the master sent it;
     ``closed`` is set when the master closed the connection."""

@@ -1,4 +1,4 @@
-"""The nemesis harness (issue 31): a controller-mode cluster in network namespaces, faults
+"""The nemesis harness: a controller-mode cluster in network namespaces, faults
 injected into it, a workload recording every SEND_OK, and a checker.
 
 **The cluster** (``nemesis_cluster``): every process in a host of its own on one bridge
