@@ -1,5 +1,5 @@
-"""What the store promises about deleted topics, damaged files and queue offsets (issue
-30, items 1-4), checked on a real store in tmp_path whose files are damaged the way an
+"""What the store promises about deleted topics, damaged files and queue offsets,
+checked on a real store in tmp_path whose files are damaged the way an
 operator, a disk or a hostile tester would damage them:
 
 - a deleted topic's messages are gone for every reader, across restarts, rebuilds and
