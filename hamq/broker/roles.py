@@ -5,9 +5,9 @@ state machine: one module): the role, the broker id it registers as, the refusal
 sends while a SyncStateSet is too small, and the order in which the role's services
 start and stop. hamq/ha/states.py does the same for the HA slave's connection. The
 store and the HA service keep no copy of the role: they read this object
-(hamq/store/role.py's ``RoleReader``: ``is_master``, ``serves_slaves``), and so do
-the broker's other role-dependent answers (``retention_floor``, ``confirm_offset``,
-``master_ha_status``).
+(hamq/store/role.py's ``RoleReader``: ``is_master``, ``serves_slaves``), and the
+broker's other role-dependent answers are made here too (``retention_floor``,
+``confirm_offset``, ``master_ha_statistics``, ``slave_ha_statistics``).
 
     STARTING ──a configured master, serving and registered──────────▶ MASTER
     STARTING ──a configured slave──────────────────────────────────▶ SLAVE
