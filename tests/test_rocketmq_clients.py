@@ -183,28 +183,39 @@ def test_oneway_orderly_and_batch_sends_deliver(tmp_path: Path, namesrv: str) ->
     ]
 
 
+async def _mark_every_queue(namesrv: str, topic: str, marker: str) -> int:
+    """One message ``<marker> <queue id>`` at the end of each of ``topic``'s queues (sent
+    by hamq's producer, to each queue by name); how many. A push consumer that has got
+    them all has pulled every queue past what came before them, so a message delivered
+    twice by those pulls has come by then: the proof that a duplicate had its chance."""
+    async with PullConsumer("MARKER", namesrv) as puller:
+        queues = await puller.queues(topic)
+    async with Producer("MARKER", namesrv) as producer:
+        for queue in queues:
+            await producer.send(Message(topic, f"{marker} {queue.queue_id}"), queue=queue)
+    return len(queues)
+
+
 async def test_push_consumer_gets_each_message_once_and_resumes_after_a_restart(
     tmp_path: Path, namesrv: str
 ) -> None:
     async def run(*args: str) -> list[dict[str, Any]]:
         return await trio.to_thread.run_sync(lambda: rocketmq(tmp_path, *args))
 
-    await run("send", namesrv, "--topic", "PushTopic", "--count", "30")
-    first = messages_of(
-        await run(
-            "push",
-            namesrv,
-            "--topic",
-            "PushTopic",
-            "--group",
-            "CID",
-            "--count",
-            "30",
-            "--linger",
-            "1",
+    async def push(count: int) -> list[str]:
+        """The bodies the official push consumer got until it had ``count`` messages."""
+        lines = await run(
+            "push", namesrv, "--topic", "PushTopic", "--group", "CID", "--count", str(count)
         )
-    )
-    assert sorted(m["body"] for m in first) == sorted(f"body {i}" for i in range(30))  # once each
+        return [m["body"] for m in messages_of(lines)]
+
+    await run("send", namesrv, "--topic", "PushTopic", "--count", "30")
+    markers = await _mark_every_queue(namesrv, "PushTopic", "marker")
+    first = await push(30 + markers)
+    assert sorted(b for b in first if not b.startswith("marker")) == sorted(
+        f"body {i}" for i in range(30)
+    )  # once each, and every queue was pulled past them (its marker came)
+    assert len(first) == 30 + markers
     # the offsets the consumer committed are on the broker (read as the group, no commit)
     async with PullConsumer("CID", namesrv) as puller:
         queues = await puller.queues("PushTopic")
@@ -212,21 +223,12 @@ async def test_push_consumer_gets_each_message_once_and_resumes_after_a_restart(
         ends = {q.queue_id: await puller.max_offset(q) for q in queues}
     assert committed == ends
     await run("send", namesrv, "--topic", "PushTopic", "--count", "5", "--body", "later {i}")
-    second = messages_of(
-        await run(
-            "push",
-            namesrv,
-            "--topic",
-            "PushTopic",
-            "--group",
-            "CID",
-            "--count",
-            "5",
-            "--linger",
-            "1",
-        )
-    )
-    assert sorted(m["body"] for m in second) == [f"later {i}" for i in range(5)]  # resumed there
+    await _mark_every_queue(namesrv, "PushTopic", "again")
+    second = await push(5 + markers)
+    assert sorted(b for b in second if not b.startswith("again")) == [
+        f"later {i}" for i in range(5)
+    ]  # resumed where it committed: nothing of the first run again, every queue past it
+    assert len(second) == 5 + markers
 
 
 def test_a_failing_callback_gets_the_message_again_through_the_retry_topic(

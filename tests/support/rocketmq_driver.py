@@ -143,7 +143,6 @@ def push(args: argparse.Namespace) -> None:
                 if count >= args.count:
                     break
             time.sleep(0.05)
-        time.sleep(args.linger)  # anything that comes after the last expected message
     finally:
         consumer.shutdown()
     emit({"done": count})
@@ -168,7 +167,6 @@ def main() -> None:
     parser.add_argument("--orderly", action="store_true")
     parser.add_argument("--fail-once", default="", help="a body whose first delivery fails")
     parser.add_argument("--timeout", type=float, default=60.0)
-    parser.add_argument("--linger", type=float, default=0.0)
     parser.add_argument("--access-key", default="", help="session credentials (ACL)")
     parser.add_argument("--secret-key", default="")
     parser.add_argument("--channel", default="ALIYUN", help="the credentials' auth channel")
