@@ -13,6 +13,9 @@ queues:
 
   send, 1 in flight    one task awaiting Producer.send in a loop
   send, 64 in flight   64 tasks awaiting Producer.send, sharing one counter
+  1/req, 64 in flight  the same from a producer that sends one message per request
+                       with JSON headers (auto_batch off, serialize_type JSON): the
+                       requests every RocketMQ client but hamq's own makes
   send_batch of 32     one task awaiting Producer.send_batch of 32 messages
                        (messages/s counts messages; latencies are per batch)
   transaction, 1       one task awaiting TransactionProducer.send_in_transaction in a
@@ -67,6 +70,7 @@ from hamq.client import (
     SendStatus,
     TransactionProducer,
 )
+from hamq.protocol import SerializeType
 
 MIB = 1024 * 1024
 BODY_SIZE = 1024
@@ -77,12 +81,13 @@ PULL_BATCH = 32
 
 SEQUENTIAL = "send, 1 in flight"
 CONCURRENT = f"send, {IN_FLIGHT} in flight"
+PLAIN = f"1/req, {IN_FLIGHT} in flight"
 BATCHED = f"send_batch of {BATCH}"
 TX_SEQUENTIAL = "transaction, 1"
 TX_CONCURRENT = f"transaction, {IN_FLIGHT}"
 PUSH = "push consume"
 PULL = "pull consume"
-SCENARIOS = (SEQUENTIAL, CONCURRENT, BATCHED, TX_SEQUENTIAL, TX_CONCURRENT, PUSH, PULL)
+SCENARIOS = (SEQUENTIAL, CONCURRENT, PLAIN, BATCHED, TX_SEQUENTIAL, TX_CONCURRENT, PUSH, PULL)
 
 #: --backend: the event loop the clients run on (anyio.run's backend and its options)
 BACKENDS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -278,6 +283,12 @@ async def run_round(
         await timed(
             BATCHED, BATCH * sizes.batches, lambda: send_batches(producer, topic, sizes.batches)
         )
+    plain_options: dict[str, Any] = {"auto_batch": False, "serialize_type": SerializeType.JSON}
+    async with Producer(f"{topic}-plain", namesrv, **plain_options) as plain:
+        await send_concurrent(plain, topic, IN_FLIGHT)  # (warm up: its route and connection)
+        await timed(
+            PLAIN, sizes.concurrent, lambda: send_concurrent(plain, topic, sizes.concurrent)
+        )
     async with TransactionProducer(f"{topic}-tx", namesrv, Committing()) as tx_producer:
         await send_in_transactions(tx_producer, topic, IN_FLIGHT, IN_FLIGHT)  # (warm up)
         await timed(
@@ -292,7 +303,7 @@ async def run_round(
         )
     # (every transaction committed: its message is in the topic too)
     sent = sizes.sequential + sizes.concurrent
-    stored = warm_up + IN_FLIGHT + 2 * sent + BATCH * sizes.batches
+    stored = warm_up + 2 * IN_FLIGHT + 2 * sent + sizes.concurrent + BATCH * sizes.batches
     await timed(PUSH, stored, lambda: push_consume(namesrv, topic, f"{topic}-push", stored))
     await timed(PULL, stored, lambda: pull_consume(namesrv, topic, stored))
     return figures
@@ -414,6 +425,13 @@ def main() -> None:
         f"{IN_FLIGHT} in flight: {rates[CONCURRENT] / rates[SEQUENTIAL]:.1f}x the sends/s of 1 in"
         f" flight; batches of {BATCH}: {rates[BATCHED] / rates[CONCURRENT]:.1f}x the msgs/s of"
         f" {IN_FLIGHT} in flight; push consumer at {rates[PUSH] / rates[PULL]:.0%} of plain pulls."
+    )
+    plain_us = statistics.median(1e6 * f.broker_cpu / f.messages for f in figures[PLAIN])
+    own_us = statistics.median(1e6 * f.broker_cpu / f.messages for f in figures[CONCURRENT])
+    print(
+        f"One message per request with JSON headers: {rates[PLAIN] / rates[CONCURRENT]:.2f}x the"
+        f" sends/s of hamq's own client (auto-batched, msgpack headers) at {IN_FLIGHT} in"
+        f" flight, {plain_us / own_us:.1f}x its broker CPU per message."
     )
     print(
         f"Transactional sends: {rates[TX_SEQUENTIAL] / rates[SEQUENTIAL]:.2f}x the sends/s of"
