@@ -43,6 +43,28 @@ def test_json_round_trip(cmd: RemotingCommand) -> None:
     assert decode_json_header(encode_json_header(cmd), cmd.body) == cmd
 
 
+@given(commands(SerializeType.JSON))
+def test_json_headers_are_the_bytes_the_standard_library_writes(cmd: RemotingCommand) -> None:
+    """msgspec writes a JSON header (serialization.py) byte for byte as
+    ``json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` does:
+    sorted keys, no spaces, raw UTF-8, control characters escaped as the stdlib does."""
+    reference: dict[str, object] = {
+        "code": cmd.code,
+        "flag": cmd.flag,
+        "language": LanguageCode(cmd.language).name,
+        "opaque": cmd.opaque,
+        "serializeTypeCurrentRPC": "JSON",
+        "version": cmd.version,
+    }
+    if cmd.ext_fields:
+        reference["extFields"] = cmd.ext_fields
+    if cmd.remark is not None:
+        reference["remark"] = cmd.remark
+    expected = json.dumps(reference, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert encode_json_header(cmd) == expected.encode()
+    assert json.loads(encode_json_header(cmd)) == reference
+
+
 @given(commands(SerializeType.MSGPACK))
 def test_msgpack_round_trip(cmd: RemotingCommand) -> None:
     assert decode_msgpack_header(encode_msgpack_header(cmd), cmd.body) == cmd
