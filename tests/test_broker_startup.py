@@ -6,11 +6,8 @@ no epoch is written for a start that failed or ended early.
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -20,28 +17,18 @@ from hamq.ha import EpochFile
 from hamq.ha.epoch import FILE_NAME as EPOCH_FILE_NAME
 from tests.support.brokers import (
     broker_config,
+    embedded_broker_process,
     running_broker,
     small_store_toml,
 )
-from tests.support.processes import hamq_command, hamq_server, ready_addresses
+from tests.support.processes import hamq_command
 
 pytestmark = pytest.mark.slow
 
 
-@asynccontextmanager
-async def broker_process(tmp_path: Path, store: str = "store") -> AsyncIterator[tuple[Any, str]]:
-    """A ``hamq broker`` with an embedded nameserver: (process, nameserver address)."""
-    args = ["-c", str(small_store_toml(tmp_path)), "--port", "0", "--namesrv-port", "0"]
-    async with hamq_server("broker", *args, "--store-dir", str(tmp_path / store)) as (
-        proc,
-        line,
-    ):
-        yield proc, ready_addresses(line)[1]
-
-
 async def test_a_store_directory_in_use_is_named_with_its_holder(tmp_path: Path) -> None:
     store = tmp_path / "data" / "broker-a-0"
-    async with broker_process(tmp_path, "data/broker-a-0") as (holder, _):
+    async with embedded_broker_process(tmp_path, "data/broker-a-0") as (holder, _):
         second = await hamq_command(
             "broker",
             *("-c", str(small_store_toml(tmp_path)), "--port", "0", "--namesrv-port", "0"),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -26,6 +24,7 @@ from hamq.protocol.headers import (
     SendMessageResponseHeader,
     UnregisterClientRequestHeader,
 )
+from tests.support.brokers import send_header
 from tests.support.strategies import headers
 
 
@@ -46,23 +45,8 @@ def test_every_header_round_trips_through_every_codec(cls: type, data: st.DataOb
         assert decoded.header(cls) == header
 
 
-def _send_header(**changes: Any) -> SendMessageRequestHeader:
-    base: dict[str, Any] = {
-        "producer_group": "PID",
-        "topic": "TopicTest",
-        "default_topic": "TBW102",
-        "default_topic_queue_nums": 4,
-        "queue_id": 0,
-        "sys_flag": 0,
-        "born_timestamp": 1795267292855,
-        "flag": 0,
-    }
-    base.update(changes)
-    return SendMessageRequestHeader(**base)
-
-
 def test_wire_names_are_rocketmqs_camel_case() -> None:
-    fields = encode_header(_send_header(properties="TAGS\x01a\x02", batch=True))
+    fields = encode_header(send_header(properties="TAGS\x01a\x02", batch=True))
     assert fields == {
         "producerGroup": "PID",
         "topic": "TopicTest",
@@ -109,7 +93,7 @@ def test_cpp_pull_request_decodes_with_numbers_and_strings_mixed() -> None:
 
 
 def test_cpp_booleans_zero_and_one_decode() -> None:
-    fields = encode_header(_send_header())
+    fields = encode_header(send_header())
     assert decode_header(SendMessageRequestHeader, {**fields, "unitMode": "0"}).unit_mode is False
     assert decode_header(SendMessageRequestHeader, {**fields, "batch": "1"}).batch is True
     assert decode_header(SendMessageRequestHeader, {**fields, "batch": "TRUE"}).batch is True
@@ -128,8 +112,8 @@ def test_missing_and_bad_fields_are_all_named_at_once() -> None:
 
 
 def test_unknown_ext_fields_are_ignored() -> None:
-    fields = {**encode_header(_send_header()), "AccessKey": "", "Signature": "abc"}
-    assert decode_header(SendMessageRequestHeader, fields) == _send_header()
+    fields = {**encode_header(send_header()), "AccessKey": "", "Signature": "abc"}
+    assert decode_header(SendMessageRequestHeader, fields) == send_header()
 
 
 def test_header_error_travels_as_invalid_parameter_response() -> None:
@@ -139,7 +123,7 @@ def test_header_error_travels_as_invalid_parameter_response() -> None:
 
 
 def test_integers_must_fit_javas_long() -> None:
-    fields = encode_header(_send_header())
+    fields = encode_header(send_header())
     with pytest.raises(HeaderError, match="out of range for a 64-bit integer"):
         decode_header(SendMessageRequestHeader, {**fields, "bornTimestamp": str(2**63)})
     header = decode_header(SendMessageRequestHeader, {**fields, "bornTimestamp": str(-(2**63))})
@@ -147,6 +131,6 @@ def test_integers_must_fit_javas_long() -> None:
 
 
 def test_broker_name_travels_as_bname_like_rocketmq_5() -> None:
-    fields = encode_header(_send_header(broker_name="broker-a"))
+    fields = encode_header(send_header(broker_name="broker-a"))
     assert fields["bname"] == "broker-a"
     assert "brokerName" not in fields

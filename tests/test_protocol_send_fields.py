@@ -19,33 +19,19 @@ from hamq.protocol.send_fields import (
     send_v2_fields,
     to_v2_fields,
 )
+from tests.support.brokers import send_header
 from tests.support.strategies import headers
 
 
-def _send_header(**changes: Any) -> SendMessageRequestHeader:
-    base: dict[str, Any] = {
-        "producer_group": "PID",
-        "topic": "TopicTest",
-        "default_topic": "TBW102",
-        "default_topic_queue_nums": 4,
-        "queue_id": 0,
-        "sys_flag": 0,
-        "born_timestamp": 1795267292855,
-        "flag": 0,
-    }
-    base.update(changes)
-    return SendMessageRequestHeader(**base)
-
-
 def test_send_v2_short_keys_map_to_send_message_keys() -> None:
-    fields = encode_header(_send_header(properties="p", batch=False, broker_name="broker-a"))
+    fields = encode_header(send_header(properties="p", batch=False, broker_name="broker-a"))
     short = to_v2_fields(fields)
     assert short["a"] == "PID"
     assert short["b"] == "TopicTest"
     assert short["m"] == "false"
     assert short["n"] == "broker-a"
     assert from_v2_fields(short) == fields
-    assert decode_header(SendMessageRequestHeader, from_v2_fields(short)) == _send_header(
+    assert decode_header(SendMessageRequestHeader, from_v2_fields(short)) == send_header(
         properties="p", batch=False, broker_name="broker-a"
     )
 
@@ -107,7 +93,7 @@ def test_every_send_field_has_one_short_key() -> None:
     """Each of SendMessageRequestHeader's wire keys has one V2 key, and no other key has."""
     full = set(
         encode_header(
-            _send_header(
+            send_header(
                 properties="p",
                 reconsume_times=1,
                 unit_mode=True,

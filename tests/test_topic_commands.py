@@ -5,34 +5,20 @@ queues that hold messages (unless ``--force``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.support.brokers import (
-    small_store_toml,
+    embedded_broker_process,
 )
-from tests.support.processes import hamq_command, hamq_server, ready_addresses
+from tests.support.processes import hamq_command
 
 pytestmark = pytest.mark.slow
 
 
-@asynccontextmanager
-async def broker_process(tmp_path: Path, store: str = "store") -> AsyncIterator[tuple[Any, str]]:
-    """A ``hamq broker`` with an embedded nameserver: (process, nameserver address)."""
-    args = ["-c", str(small_store_toml(tmp_path)), "--port", "0", "--namesrv-port", "0"]
-    async with hamq_server("broker", *args, "--store-dir", str(tmp_path / store)) as (
-        proc,
-        line,
-    ):
-        yield proc, ready_addresses(line)[1]
-
-
 async def test_deleting_a_topic_that_does_not_exist_is_refused(tmp_path: Path) -> None:
-    async with broker_process(tmp_path) as (_, ns):
+    async with embedded_broker_process(tmp_path) as (_, ns):
         missing = await hamq_command("topic", "delete", "NoSuchTopic", "-n", ns)
         assert missing.returncode == 2, missing.stdout
         assert b"deleted" not in missing.stdout
@@ -45,7 +31,7 @@ async def test_deleting_a_topic_that_does_not_exist_is_refused(tmp_path: Path) -
 
 
 async def test_shrinking_queues_that_hold_messages_needs_force(tmp_path: Path) -> None:
-    async with broker_process(tmp_path) as (_, ns):
+    async with embedded_broker_process(tmp_path) as (_, ns):
         for topic in ("Full", "Empty"):
             made = await hamq_command("topic", "create", topic, "--queues", "4", "-n", ns)
             assert made.returncode == 0, made.stderr

@@ -34,6 +34,7 @@ from hamq.protocol.message import encode_properties
 from hamq.protocol.send_fields import to_v2_fields
 from hamq.remoting import RemotingClient
 from nameserver import NameServer, NameServerConfig
+from tests.support.processes import hamq_server, ready_addresses
 from tests.support.timing import wait_for
 
 #: store files small enough for many brokers per test run (the defaults reserve ~1.5 GB)
@@ -89,6 +90,36 @@ async def running_nameserver(
 
 def namesrv(node: BrokerNode) -> str:
     return ";".join(node.namesrv_addrs)
+
+
+def send_header(**changes: Any) -> SendMessageRequestHeader:
+    """A SEND_MESSAGE header as the C++ client fills it, with ``changes``."""
+    fields: dict[str, Any] = {
+        "producer_group": "PID",
+        "topic": "TopicTest",
+        "default_topic": "TBW102",
+        "default_topic_queue_nums": 4,
+        "queue_id": 0,
+        "sys_flag": 0,
+        "born_timestamp": 1795267292855,
+        "flag": 0,
+    }
+    fields.update(changes)
+    return SendMessageRequestHeader(**fields)
+
+
+@asynccontextmanager
+async def embedded_broker_process(
+    tmp_path: Path, store: str = "store"
+) -> AsyncIterator[tuple[Any, str]]:
+    """A ``hamq broker`` process with an embedded nameserver, small store files and free
+    ports: (process, nameserver address); killed by PID at the end."""
+    args = ["-c", str(small_store_toml(tmp_path)), "--port", "0", "--namesrv-port", "0"]
+    async with hamq_server("broker", *args, "--store-dir", str(tmp_path / store)) as (
+        proc,
+        line,
+    ):
+        yield proc, ready_addresses(line)[1]
 
 
 def send_request(
