@@ -23,8 +23,7 @@ import trio  # noqa: E402
 
 from hamq.remoting import RemotingClient  # noqa: E402
 from tests.support.brokers import running_broker, send_request  # noqa: E402
-from tests.support.ha import FakeSlave  # noqa: E402
-from tests.support.timing import wait_for  # noqa: E402
+from tests.support.ha import in_sync_fake_slave  # noqa: E402
 
 REPO = ROOT
 
@@ -43,17 +42,24 @@ def sent_end(connection: Any) -> int:
 
 
 async def main() -> None:
-    tmp = Path(tempfile.mkdtemp())
+    with tempfile.TemporaryDirectory() as tmp:
+        await _measure(Path(tmp))
+    packages = {m.split("/")[1] for m in seen}
+    print(f"{len(seen)} modules in {len(packages)} packages of hamq: {sorted(packages)}")
+    for m in sorted(seen):
+        print(" ", m)
+
+
+async def _measure(tmp: Path) -> None:
     store = {"role": "SYNC_MASTER", "flush_disk_type": "SYNC_FLUSH"}
     ha = {"secret": SECRET}
     async with running_broker(tmp / "b", broker_name=GROUP, store=store, ha=ha) as node:
         service = node.ha_service
         assert service is not None
-        async with FakeSlave.connect(service.address) as fake, trio.open_nursery() as nursery:
-            assert await fake.prove_secret(SECRET, GROUP)
-            await nursery.start(fake.drain)
-            await fake.report_classic(0)
-            await wait_for(service.transfer.available)
+        async with (
+            in_sync_fake_slave(node, SECRET, GROUP) as fake,
+            trio.open_nursery() as nursery,
+        ):
 
             async def acker() -> None:
                 acked = 0
@@ -74,10 +80,6 @@ async def main() -> None:
                 sys.setprofile(None)
                 assert r.code == 0, r.remark
             nursery.cancel_scope.cancel()
-    packages = {m.split("/")[1] for m in seen}
-    print(f"{len(seen)} modules in {len(packages)} packages of hamq: {sorted(packages)}")
-    for m in sorted(seen):
-        print(" ", m)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from hamq.protocol.message import BatchEntry, encode_batch
 from hamq.remoting import RemotingClient
 from hamq.store.segment import Segment
 from tests.support.brokers import running_broker, send_request
-from tests.support.ha import FakeSlave
+from tests.support.ha import FakeSlave, in_sync_fake_slave
 from tests.support.timing import wait_for
 
 SECRET = "a-long-random-secret-of-group-a"
@@ -60,18 +60,9 @@ def held_fsync(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
         release.set()
 
 
-@asynccontextmanager
-async def fake_slave(node: BrokerNode) -> AsyncIterator[FakeSlave]:
+def fake_slave(node: BrokerNode) -> AbstractAsyncContextManager[FakeSlave]:
     """A slave of ``node``'s group, in sync (it reported offset 0) and silent after."""
-    service = node.ha_service
-    assert service is not None
-    async with FakeSlave.connect(service.address) as fake, trio.open_nursery() as nursery:
-        assert await fake.prove_secret(SECRET, GROUP)
-        await nursery.start(fake.drain)
-        await fake.report_classic(0)
-        await wait_for(service.transfer.available)
-        yield fake
-        nursery.cancel_scope.cancel()
+    return in_sync_fake_slave(node, SECRET, GROUP)
 
 
 async def ack_everything(node: BrokerNode, fake: FakeSlave) -> None:

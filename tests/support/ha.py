@@ -189,3 +189,19 @@ class FakeSlave:
         while not self.closed.is_set():
             await report(offset)
             await trio.sleep(every_s)
+
+
+@asynccontextmanager
+async def in_sync_fake_slave(master: Any, secret: str, group: str) -> AsyncIterator[FakeSlave]:
+    """A ``FakeSlave`` of ``master``'s group (a BrokerNode in this process): it proves
+    ``secret``, drains what it is sent, reports offset 0, and is in sync (the master's
+    replica gate says so) when the block starts; it reports nothing more by itself."""
+    service = master.ha_service
+    assert service is not None
+    async with FakeSlave.connect(service.address) as fake, trio.open_nursery() as nursery:
+        assert await fake.prove_secret(secret, group)
+        await nursery.start(fake.drain)
+        await fake.report_classic(0)
+        await wait_for(service.transfer.available)
+        yield fake
+        nursery.cancel_scope.cancel()
