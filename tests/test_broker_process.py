@@ -175,7 +175,9 @@ async def test_a_broker_is_ready_once_a_nameserver_accepts_it_and_says_once_why_
                 assert line.startswith("hamq broker ready: broker broker-a at "), line
                 assert f"nameserver {namesrv}, " in line, line
                 await wait_for(lambda: said(log, f"registered with nameserver {namesrv} again"))
-            assert said(log, failed) == 1, log.read_text()
+            # still said once for the fake's refusals (a try between the fake's end and the
+            # nameserver's start may find the port closed: a new reason, said once more)
+            assert said(log, f"{failed}: {namesrv}: connection closed") == 1, log.read_text()
 
 
 async def test_a_broker_with_one_of_its_nameservers_down_is_ready_and_says_so_once(
