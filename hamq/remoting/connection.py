@@ -10,6 +10,9 @@ Tasks and invariants (all inside ``run``'s nursery):
   response wakes its waiter, a request goes to the dispatcher. Processors that answer
   at once never cost a task, and the answers to one received chunk leave in one write
   that the reader makes itself when the socket is idle (no task switch per batch).
+  The requests of one chunk (at most YIELD_EVERY_COMMANDS at a time) are a group: a
+  processor may finish work it gathered for the whole group once it ends
+  (``at_group_end``), before any other task runs.
 - the reader never blocks on output: it writes what the socket takes at once
   (one non-blocking write on its file descriptor) and leaves the rest to the writer
   task. Two peers that both stopped reading until their output drained would wait
@@ -108,6 +111,8 @@ class ConnectionStatistics:
     send_buffer_bytes: int
     #: times the watchdog looked at the connection (it counts before it judges)
     watchdog_passes: int = 0
+    #: groups the received requests were dispatched in (``Connection.at_group_end``)
+    request_groups: int = 0
 
 
 class _Pending:
@@ -141,15 +146,17 @@ class Responder:
     def connection(self) -> Connection:
         return self._conn
 
-    def send(self, response: RemotingCommand) -> bool:
-        """Answer the request; False if it was already answered or the connection closed."""
+    def send(self, response: RemotingCommand, *, flush: bool = True) -> bool:
+        """Answer the request; False if it was already answered or the connection closed.
+        ``flush=False``: the answer waits in the output for the caller's ``flush()`` of
+        the connection (answers to many requests, one write)."""
         if self._done:
             return False
         self._done = True
         self._conn._release()
         if self._conn.closed:
             return False
-        self._conn.respond(self.request, response)
+        self._conn.respond(self.request, response, flush=flush)
         return True
 
     def discard(self) -> None:
@@ -201,6 +208,8 @@ class Connection:
         self._sending = 0
         self._send_busy = False
         self._in_read_batch = False
+        #: what processors finish once the group of requests being dispatched is done
+        self._group_end: list[Callable[[], None]] = []
         self._writer_wakeup: EventLike | None = None
         self._write_progress: EventLike | None = None
         # our requests, by opaque
@@ -226,6 +235,7 @@ class Connection:
         self._bytes_received = 0
         self._bytes_sent = 0
         self._watchdog_passes = 0
+        self._request_groups = 0
 
     # ------------------------------------------------------------------ state
     @property
@@ -257,6 +267,7 @@ class Connection:
             bytes_sent=self._bytes_sent,
             send_buffer_bytes=len(self._out) + self._sending,
             watchdog_passes=self._watchdog_passes,
+            request_groups=self._request_groups,
         )
 
     def __repr__(self) -> str:
@@ -392,16 +403,23 @@ class Connection:
             elif commands or self._frame_started is None:  # a new frame began in this chunk
                 self._frame_started = self._loop.current_time()
             self._in_read_batch = True
+            grouped = 0  # requests of the group being dispatched
             try:
                 for i, cmd in enumerate(commands, 1):
                     if cmd.flag & FLAG_RESPONSE:
                         self._complete(cmd)
                     else:
                         self._requests_received += 1
+                        grouped += 1
                         dispatch(cmd, self)
                     if i % YIELD_EVERY_COMMANDS == 0:  # (see YIELD_EVERY_COMMANDS)
+                        if grouped:
+                            self._end_group()
+                            grouped = 0
                         await self._loop.checkpoint()
             finally:
+                if grouped:
+                    self._end_group()
                 self._in_read_batch = False
             if self._out and not self._send_busy:  # else that sender hands them over
                 try:
@@ -438,6 +456,28 @@ class Connection:
         self._warnings.warning("protocol", "closing connection with %s: %s", self.peer, exc)
         return f"protocol error: {exc}"
 
+    def at_group_end(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the requests of the group being dispatched have all
+        been handled: the complete frames of one read, at most YIELD_EVERY_COMMANDS of
+        them, before any other task runs; at once when no group is being dispatched. A
+        processor that gathers work per group (one store announcement, one durability
+        wait: hamq/broker/processors/send.py) finishes it there. Answers given from the
+        callback leave with the group's answers, in one write."""
+        if self._in_read_batch:
+            self._group_end.append(callback)
+        else:
+            callback()
+
+    def _end_group(self) -> None:
+        self._request_groups += 1
+        callbacks = self._group_end
+        while callbacks:
+            callback = callbacks.pop(0)
+            try:
+                callback()
+            except Exception:
+                log.exception("%s: finishing a group of requests failed", self.peer)
+
     def _complete(self, response: RemotingCommand) -> None:
         self._responses_received += 1
         pending = self._pending.pop(response.opaque, None)
@@ -448,10 +488,13 @@ class Connection:
         pending.done.set()
 
     # ------------------------------------------------------------------ answering
-    def respond(self, request: RemotingCommand, response: RemotingCommand) -> None:
+    def respond(
+        self, request: RemotingCommand, response: RemotingCommand, *, flush: bool = True
+    ) -> None:
         """Send ``response`` to a received ``request`` (nothing for oneway requests).
 
         The response gets the request's opaque and serialize type and the response bit.
+        ``flush=False``: it leaves with the next write (the caller's ``flush()``).
         """
         if request.flag & FLAG_ONEWAY or self._closed:
             return
@@ -476,7 +519,14 @@ class Connection:
             )
         self._out += frame
         self._responses_sent += 1
-        if not self._in_read_batch:  # (else the reader writes its batch's answers at once)
+        if flush and not self._in_read_batch:  # (else the reader writes its batch's answers)
+            self._write_soon()
+
+    def flush(self) -> None:
+        """Send what answers wait in the output (``respond(..., flush=False)``): what the
+        socket takes now, the writer the rest. Within the reader's batch, the reader's
+        own write at its end sends them."""
+        if not self._in_read_batch and not self._closed:
             self._write_soon()
 
     def defer(self, request: RemotingCommand) -> Responder:

@@ -109,6 +109,8 @@ class MessageStore(StoreReader):
         self._retention_floor = retention_floor or (lambda: self.commitlog.max_offset)
         #: called once after every put that stored something (the HA master sends it on)
         self.append_listeners: list[Callable[[], None]] = []
+        #: puts made with ``announce=False`` whose appends were not announced yet
+        self._unannounced = False
         self._confirm_offset = confirm_offset
         #: awaited once the log is recovered, before anything may append to it (a master
         #: records its new epoch there, before delayed messages come due)
@@ -355,19 +357,26 @@ class MessageStore(StoreReader):
         )
 
     # ------------------------------------------------------------------ writing
-    def put_message_nowait(self, message: MessageToStore) -> PutMessageResult:
-        """Append without waiting for a flush (what ``put_message`` does first)."""
+    def put_message_nowait(
+        self, message: MessageToStore, *, announce: bool = True
+    ) -> PutMessageResult:
+        """Append without waiting for a flush. ``announce=False``: the caller groups puts
+        and says once that the log grew (``announce_appends``) after the group's last."""
         prepared = self._unavailable() or self._encoder.prepare(message)
         if isinstance(prepared, PutMessageResult):
             result = prepared
         else:
             result = self._append(*prepared)
             if result.stored:
-                self._appended()
+                self._unannounced = True
+                if announce:
+                    self.announce_appends()
         self._count(result)
         return result
 
-    def put_batch_nowait(self, messages: list[MessageToStore]) -> list[PutMessageResult]:
+    def put_batch_nowait(
+        self, messages: list[MessageToStore], *, announce: bool = True
+    ) -> list[PutMessageResult]:
         """Append messages one after another, all or none: every message is checked
         before the first is appended. On a refusal the one result says which entry and
         why, and nothing was stored (only a failing disk can stop a batch half-way; its
@@ -376,7 +385,7 @@ class MessageStore(StoreReader):
         A batch as a send makes it (one topic and queue; the same sys flag, born time,
         hosts and reconsume times; no delay level) is checked and encoded as one
         (encoding.py's ``prepare_batch``); any other, or one with a fault, goes message
-        by message."""
+        by message. ``announce``: as ``put_message_nowait``'s."""
         unavailable = self._unavailable()
         if unavailable is not None:
             unavailable.remark = f"batch entry 0: {unavailable.remark}"
@@ -411,7 +420,9 @@ class MessageStore(StoreReader):
             self._count(failure)
             results.append(failure)
         if done:
-            self._appended()
+            self._unannounced = True
+            if announce:
+                self.announce_appends()
         return results
 
     def _dispatch_unavailable(self) -> str | None:
@@ -472,9 +483,17 @@ class MessageStore(StoreReader):
         self.reput.appended(topic, template.queue_id, template.sys_flag, properties, appended)
         return PutMessageResult(PutMessageStatus.PUT_OK, appended)
 
+    def announce_appends(self) -> None:
+        """Say that puts made with ``announce=False`` grew the log (nothing if none
+        did): a group of puts says it once, after its last, so a master's slaves are
+        sent the group's bytes in one write and its acks come once for the group."""
+        if self._unannounced:
+            self._appended()
+
     def _appended(self) -> None:
         """After a put stored its message(s): the listeners first (a master's HA service
         sends them to its slaves), then the dispatch of their queue and index entries."""
+        self._unannounced = False
         for listener in self.append_listeners:
             listener()
         self.reput.wake()

@@ -3,7 +3,11 @@ CONSUMER_SEND_MSG_BACK (36). Shapes and codes: docs/PROTOCOL.md#sending,
 docs/PROTOCOL.md#batch-body.
 
 Appends run inline, in the order requests arrive on a connection (ordered messages
-stay ordered). Before it puts, a send asks the store for its durability ticket
+stay ordered). The sends of one group of requests (the complete frames of one read:
+``Connection.at_group_end``) are finished together: their puts are announced to the
+store once (a master's slaves get the group's bytes in one write and ack it once), and
+those that wait share one durability ticket and one wait, for the group's end, and are
+answered together, in one write — each with its own answer, as before. Before it puts, a send asks the store for its durability ticket
 (hamq/store/durability.py decides, in ``Durability.ticket``: its fsync with SYNC_FLUSH,
 its replicas on a SYNC_MASTER, unless the message's WAIT is "false"); with one, the send
 takes its place in flight before it is stored and is answered when the ticket calls
@@ -80,12 +84,13 @@ from hamq.protocol.message import (
     topic_error,
 )
 from hamq.protocol.send_fields import decode_send_header, send_response_fields
-from hamq.remoting import Connection, Dispatcher, parse_address
+from hamq.remoting import Connection, Dispatcher, Responder, parse_address
 from hamq.store import (
     MessageToStore,
     PutMessageResult,
     PutMessageStatus,
     StoreError,
+    Ticket,
 )
 
 log = logging.getLogger(__name__)
@@ -163,9 +168,25 @@ def _reconsume_times(
     return times
 
 
+class _Group:
+    """The sends of one group of requests (``Connection.at_group_end``: the complete
+    frames of one read): their puts are announced to the store once, and those that
+    wait for their durability share one ticket and one wait, for the group's end."""
+
+    __slots__ = ("end_offset", "ticket", "waiting")
+
+    def __init__(self) -> None:
+        self.ticket: Ticket | None = None
+        self.end_offset = -1
+        #: (answer to send, its responder, when its request came) of each send that waits
+        self.waiting: list[tuple[RemotingCommand, Responder, float]] = []
+
+
 class SendProcessor:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
+        #: the sends of the group being dispatched (None between groups)
+        self._group: _Group | None = None
 
     def install(self, dispatcher: Dispatcher) -> None:
         for code in (
@@ -185,11 +206,58 @@ class SendProcessor:
 
     def send(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
         started = trio.current_time()
+        fresh = self._group is None
+        if fresh:
+            self._group = _Group()
         try:
             return self._send(request, conn, started)
         except RequestError as exc:
             self.ctx.stats.refused(code_name(exc.code))
             raise
+        finally:
+            if fresh:  # (at once when no group is being dispatched)
+                conn.at_group_end(self._end_group)
+
+    def _end_group(self) -> None:
+        """The group's sends are all stored: wait once for the durability of those that
+        wait (to the group's end), then say once that the log grew (a master's slaves
+        get the group's bytes in one write; the acks wake the wait)."""
+        group, self._group = self._group, None
+        if group is None:
+            return
+        if group.waiting:
+            assert group.ticket is not None
+            waiting = group.waiting
+            group.ticket.wait(
+                group.end_offset, lambda status, remark: self._answer(waiting, status, remark)
+            )
+        self.ctx.store.announce_appends()
+
+    def _answer(
+        self,
+        waiting: list[tuple[RemotingCommand, Responder, float]],
+        status: PutMessageStatus,
+        remark: str,
+    ) -> None:
+        """Answer a group's waiting sends with their ticket's status."""
+        code = _STATUS_CODES[status]
+        roles = self.ctx.roles
+        if roles.controlled and status in _REPLICA_STATUSES:
+            why = roles.answer_refusal(
+                replicated=status is PutMessageStatus.PUT_OK, now=trio.current_time()
+            )
+            if why is not None:
+                code, remark = ResponseCode.SERVICE_NOT_AVAILABLE, why
+        connections = set()
+        for response, responder, started in waiting:
+            if code != ResponseCode.SUCCESS:
+                response.code = code
+                response.remark = remark
+            responder.send(response, flush=False)
+            connections.add(responder.connection)
+            self._answered(response, started)
+        for conn in connections:  # (one write of a connection's answers)
+            conn.flush()
 
     def _send(
         self, request: RemotingCommand, conn: Connection, started: float
@@ -244,6 +312,10 @@ class SendProcessor:
                     born_host,
                     store_host,
                     reconsume_times,
+                    # (the text the properties came from, unless they were changed since)
+                    text=None
+                    if transactional or is_retry_topic(header.topic)
+                    else header.properties,
                 )
             ]
         if transactional:
@@ -393,14 +465,22 @@ class SendProcessor:
         queue_id: int,
     ) -> RemotingCommand | None:
         # A send that waits (for its fsync, for a slave's ack) takes its place in flight
-        # first: refused for being one too many (SYSTEM_BUSY), it must not be stored.
+        # first: refused for being one too many (SYSTEM_BUSY), it must not be stored. The
+        # sends of a group that wait share a ticket: what it waits for cannot change
+        # within a group (no other task runs in between).
         store = self.ctx.store
-        ticket = store.durability.ticket(messages[-1].wait_store_ok)
+        group = self._group
+        assert group is not None
+        ticket = None
+        if messages[-1].wait_store_ok:
+            ticket = group.ticket
+            if ticket is None:
+                ticket = store.durability.ticket(True)
         responder = conn.defer(request) if ticket is not None else None
         if len(messages) == 1:
-            results = [store.put_message_nowait(messages[0])]
+            results = [store.put_message_nowait(messages[0], announce=False)]
         else:
-            results = store.put_batch_nowait(messages)
+            results = store.put_batch_nowait(messages, announce=False)
         last = results[-1]
         stats = self.ctx.stats
         sizes = [r.append.size for r in results if r.append is not None]
@@ -428,23 +508,9 @@ class SendProcessor:
         if responder is None or ticket is None:
             self._answered(response, started)
             return response
-
-        roles = self.ctx.roles
-
-        def answer(status: PutMessageStatus, remark: str) -> None:
-            if status is not PutMessageStatus.PUT_OK:
-                response.code = _STATUS_CODES[status]
-                response.remark = remark
-            if roles.controlled and status in _REPLICA_STATUSES:
-                why = roles.answer_refusal(
-                    replicated=status is PutMessageStatus.PUT_OK, now=trio.current_time()
-                )
-                if why is not None:
-                    response.code, response.remark = ResponseCode.SERVICE_NOT_AVAILABLE, why
-            responder.send(response)
-            self._answered(response, started)
-
-        ticket.wait(last.append.end_offset, answer)
+        group.ticket = ticket
+        group.end_offset = max(group.end_offset, last.append.end_offset)
+        group.waiting.append((response, responder, started))
         return None
 
     def _response(
