@@ -172,34 +172,38 @@ async def test_a_group_waiting_for_its_slave_is_answered_together_each_with_its_
     tmp_path: Path,
 ) -> None:
     """On a SYNC_MASTER the sends of one group wait for the slave's ack of the group's
-    end: a refusal among them is answered at once, the stored ones only once the slave
-    has everything they wrote (an ack short of that answers none), then all of them,
-    SEND_OK, in order, each with its own queue and offset."""
-    secret = SECRET
+    end: a refusal before the first of them is answered at once, one after them with
+    them; the stored ones only once the slave has everything they wrote (an ack short of
+    that answers none), then all of them, in order: SEND_OK each with its own queue and
+    offset, the refusal in its place."""
     async with running_broker(
         tmp_path / "store",
         broker_name="g",
         store={"role": "SYNC_MASTER"},
         ha_listen_port=0,
-        ha={"secret": secret, "sync_timeout_s": 30.0},
+        ha={"secret": SECRET, "sync_timeout_s": 30.0},
+        auto_create_topic_enable=False,
     ) as node:
         await create_topic(namesrv(node), TOPIC, QUEUES)
-        async with in_sync_fake_slave(node, secret, "g") as slave:
+        async with in_sync_fake_slave(node, SECRET, "g") as slave:
             start = node.store.commitlog_max_offset
             client = await RawClient.connect(node)
             requests = [send_request(TOPIC, b"w%d" % i, queue_id=i % QUEUES) for i in range(8)]
-            requests.insert(3, bad_header())
+            requests.insert(0, bad_header())
+            requests.insert(4, send_request("NoSuchTopic", b"missing"))
             await client.stream.send_all(client.frames(requests))
             [refused] = await client.receive(1)
-            assert refused.opaque == 4 and refused.code == ResponseCode.INVALID_PARAMETER
+            assert refused.opaque == 1 and refused.code == ResponseCode.INVALID_PARAMETER
             end = node.store.commitlog_max_offset
             await wait_for(lambda: len(slave.received) >= end - start)  # (pushed to it)
             await slave.report_classic(end - 1)  # one byte short: nobody is answered
             await wait_for(lambda: node.ha_service.transfer.replicated_offset() >= end - 1)
             assert client.answers == [refused]
             await slave.report_classic(end)
-            answers = await client.receive(8)
-        assert [a.opaque for a in answers] == [1, 2, 3, 5, 6, 7, 8, 9]
+            answers = await client.receive(9)
+        assert [a.opaque for a in answers] == list(range(2, 11))  # in order
+        assert answers[3].code == ResponseCode.TOPIC_NOT_EXIST, answers[3].remark
+        del answers[3]
         assert all(a.code == ResponseCode.SUCCESS for a in answers), [a.remark for a in answers]
         assert [int(a.ext_fields["queueId"]) for a in answers] == [i % QUEUES for i in range(8)]
         assert [int(a.ext_fields["queueOffset"]) for a in answers] == [0] * 4 + [1] * 4
@@ -211,16 +215,15 @@ async def test_a_group_whose_slave_does_not_ack_is_answered_flush_slave_timeout_
 ) -> None:
     """No ack within the sync timeout: each send of the group is answered
     FLUSH_SLAVE_TIMEOUT (stored on the master), each with its own offset."""
-    secret = SECRET
     async with running_broker(
         tmp_path / "store",
         broker_name="g",
         store={"role": "SYNC_MASTER"},
         ha_listen_port=0,
-        ha={"secret": secret, "sync_timeout_s": 0.5},
+        ha={"secret": SECRET, "sync_timeout_s": 0.5},
     ) as node:
         await create_topic(namesrv(node), TOPIC, QUEUES)
-        async with in_sync_fake_slave(node, secret, "g"):
+        async with in_sync_fake_slave(node, SECRET, "g"):
             client = await RawClient.connect(node)
             requests = [send_request(TOPIC, b"t%d" % i, queue_id=0) for i in range(5)]
             await client.stream.send_all(client.frames(requests))

@@ -181,7 +181,11 @@ class PutEncoder:
                 queue_id=queue_id,
                 body=message.body,
                 flag=message.flag,
-                properties=encode_properties(properties),
+                properties=(
+                    message.properties_text
+                    if message.properties_text is not None and properties is message.properties
+                    else encode_properties(properties)
+                ),
                 sys_flag=message.sys_flag,
                 born_timestamp=message.born_timestamp,
                 born_host=pack_host(*message.born_host),

@@ -58,9 +58,9 @@ class MessageToStore:
     store_host: tuple[str, int] = ("127.0.0.1", 10911)
     reconsume_times: int = 0
     prepared_transaction_offset: int = 0
-    #: ``properties`` as text, when the caller has it (a batch entry's own text, the
-    #: pairs added since appended: it decodes to ``properties``); a batch's records then
-    #: take it as it is, not encoded again. Whoever changes ``properties`` sets it None.
+    #: ``properties`` as text, when the caller has it (the text a client sent, the pairs
+    #: added since appended: it decodes to ``properties``); the record then takes it as
+    #: it is, not encoded again. Whoever changes ``properties`` sets it None.
     properties_text: str | None = None
 
     @property

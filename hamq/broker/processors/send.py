@@ -7,7 +7,10 @@ stay ordered). The sends of one group of requests (the complete frames of one re
 ``Connection.at_group_end``) are finished together: their puts are announced to the
 store once (a master's slaves get the group's bytes in one write and ack it once), and
 those that wait share one durability ticket and one wait, for the group's end, and are
-answered together, in one write — each with its own answer, as before. Before it puts, a send asks the store for its durability ticket
+answered together, in one write — each with its own answer, in the order the requests
+came (an answer decided after the group's first waiting send waits behind it).
+
+Before it puts, a send asks the store for its durability ticket
 (hamq/store/durability.py decides, in ``Durability.ticket``: its fsync with SYNC_FLUSH,
 its replicas on a SYNC_MASTER, unless the message's WAIT is "false"); with one, the send
 takes its place in flight before it is stored and is answered when the ticket calls
@@ -178,8 +181,11 @@ class _Group:
     def __init__(self) -> None:
         self.ticket: Ticket | None = None
         self.end_offset = -1
-        #: (answer to send, its responder, when its request came) of each send that waits
-        self.waiting: list[tuple[RemotingCommand, Responder, float]] = []
+        #: the answers given once the group's wait is over, in the order the requests
+        #: came: (answer, its responder, when its request came, decided already) — the
+        #: sends that wait, and every answer decided after the first of them (a refusal,
+        #: a send that waits for nothing), so that a connection's answers keep its order
+        self.waiting: list[tuple[RemotingCommand, Responder, float, bool]] = []
 
 
 class SendProcessor:
@@ -206,17 +212,28 @@ class SendProcessor:
 
     def send(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
         started = trio.current_time()
-        fresh = self._group is None
-        if fresh:
-            self._group = _Group()
+        group = self._group
+        fresh = group is None
+        if group is None:
+            group = self._group = _Group()
         try:
-            return self._send(request, conn, started)
+            response = self._send(request, conn, started)
         except RequestError as exc:
             self.ctx.stats.refused(code_name(exc.code))
-            raise
+            if not group.waiting:
+                raise
+            response = request.response_to(exc.code, str(exc))
         finally:
             if fresh:  # (at once when no group is being dispatched)
                 conn.at_group_end(self._end_group)
+        if response is not None and group.waiting:  # (behind the answers it follows)
+            try:
+                responder = conn.defer(request)
+            except RequestError:
+                return response  # (no place in flight to wait in: answered now)
+            group.waiting.append((response, responder, started, True))
+            return None
+        return response
 
     def _end_group(self) -> None:
         """The group's sends are all stored: wait once for the durability of those that
@@ -235,11 +252,12 @@ class SendProcessor:
 
     def _answer(
         self,
-        waiting: list[tuple[RemotingCommand, Responder, float]],
+        waiting: list[tuple[RemotingCommand, Responder, float, bool]],
         status: PutMessageStatus,
         remark: str,
     ) -> None:
-        """Answer a group's waiting sends with their ticket's status."""
+        """Answer a group's waiting sends with their ticket's status, and the answers
+        decided already that followed them, in order."""
         code = _STATUS_CODES[status]
         roles = self.ctx.roles
         if roles.controlled and status in _REPLICA_STATUSES:
@@ -249,13 +267,14 @@ class SendProcessor:
             if why is not None:
                 code, remark = ResponseCode.SERVICE_NOT_AVAILABLE, why
         connections = set()
-        for response, responder, started in waiting:
-            if code != ResponseCode.SUCCESS:
+        for response, responder, started, decided in waiting:
+            if not decided and code != ResponseCode.SUCCESS:
                 response.code = code
                 response.remark = remark
             responder.send(response, flush=False)
             connections.add(responder.connection)
-            self._answered(response, started)
+            if not decided:
+                self._answered(response, started)
         for conn in connections:  # (one write of a connection's answers)
             conn.flush()
 
@@ -501,8 +520,12 @@ class SendProcessor:
             )
             if responder is None:
                 raise refusal
-            responder.send(request.response_to(refusal.code, str(refusal)))
             stats.refused(code_name(refusal.code))
+            answer = request.response_to(refusal.code, str(refusal))
+            if group.waiting:  # (behind the answers it follows)
+                group.waiting.append((answer, responder, started, True))
+            else:
+                responder.send(answer)
             return None
         response = self._response(request, messages, results, queue_id)
         if responder is None or ticket is None:
@@ -510,7 +533,7 @@ class SendProcessor:
             return response
         group.ticket = ticket
         group.end_offset = max(group.end_offset, last.append.end_offset)
-        group.waiting.append((response, responder, started))
+        group.waiting.append((response, responder, started, False))
         return None
 
     def _response(
