@@ -138,6 +138,17 @@ class BrokerCollector:
             for name, family in families.items():
                 family.add_metric([topic], getattr(counters, name))
         yield from families.values()
+        remoting = self.node.server.statistics()
+        yield CounterMetricFamily(
+            "hamq_broker_requests_received",
+            "Requests received on the remoting port",
+            remoting.requests_received,
+        )
+        yield CounterMetricFamily(
+            "hamq_broker_request_groups",
+            "Groups the received requests were handled in (the complete frames of a read)",
+            remoting.request_groups,
+        )
         latency = HistogramMetricFamily(
             "hamq_broker_send_latency_seconds",
             "Time from a send's arrival to its answer, by SendStatus (stored sends)",

@@ -169,6 +169,8 @@ class ServerStatistics:
     #: connections closed at once for being over max_connections
     connections_refused: int = 0
     tls_handshake_failures: int = 0
+    #: the groups the requests were dispatched in (requests / groups: the mean group)
+    request_groups: int = 0
 
 
 class RemotingServer:
@@ -189,6 +191,7 @@ class RemotingServer:
         self._connections: set[Connection] = set()
         self._accepted = 0
         self._closed_requests = 0
+        self._closed_groups = 0
         self._connect_listeners: list[Callable[[Connection], None]] = []
         self._close_listeners: list[Callable[[Connection], None]] = []
         self._shutdown = trio.Event()
@@ -223,6 +226,7 @@ class RemotingServer:
             in_flight=sum(s.in_flight for s in stats),
             connections_refused=self._acceptor.refused,
             tls_handshake_failures=self._acceptor.handshake_failures,
+            request_groups=self._closed_groups + sum(s.request_groups for s in stats),
         )
 
     def shutdown(self, grace_s: float = DEFAULT_SHUTDOWN_GRACE_S) -> None:
@@ -298,4 +302,6 @@ class RemotingServer:
             log.exception("connection from %s failed", peer)
         finally:
             self._connections.discard(conn)
-            self._closed_requests += conn.statistics().requests_received
+            closed = conn.statistics()
+            self._closed_requests += closed.requests_received
+            self._closed_groups += closed.request_groups
