@@ -390,6 +390,44 @@ async def test_a_burst_of_requests_lets_other_tasks_run_as_it_is_handled() -> No
     assert seen.index("other task") <= 2 * YIELD_EVERY_COMMANDS < 64, seen
 
 
+async def test_the_requests_of_one_loop_turn_after_the_first_leave_in_one_write(
+    deferred: list[Responder],
+) -> None:
+    """Tasks that send in the same loop turn (64 senders woken by one chunk of answers):
+    the first request is written by its caller, the rest together by the writer, whole
+    and in the order they were sent; the server answers each."""
+    left, right = trio.socket.socketpair()
+    client = Connection(
+        TrioByteStream(trio.SocketStream(left)),
+        peer="server",
+        dispatcher=Dispatcher(),
+        config=RemotingConfig(),
+    )
+    server = Connection(
+        TrioByteStream(trio.SocketStream(right)),
+        peer="client",
+        dispatcher=server_dispatcher(deferred),
+        config=RemotingConfig(),
+    )
+    answers: list[bytes] = []
+
+    async def echo(i: int) -> None:
+        response = await client.invoke(RemotingCommand.request(ECHO, body=b"%d" % i), 5.0)
+        answers.append(response.body)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(client.run)
+        await nursery.start(server.run)
+        writes = client.statistics().writes
+        async with trio.open_nursery() as senders:
+            for i in range(20):
+                senders.start_soon(echo, i)
+        assert sorted(answers) == sorted(b"%d" % i for i in range(20))
+        assert client.statistics().requests_sent == 20
+        assert client.statistics().writes - writes == 2  # the first, then the other 19
+        nursery.cancel_scope.cancel()
+
+
 async def test_requests_and_later_answers_leave_from_the_caller_not_the_writers_turn(
     deferred: list[Responder],
 ) -> None:
