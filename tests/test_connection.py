@@ -6,6 +6,7 @@ real time, and nothing depends on how fast the machine is.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 
 import attrs
@@ -28,6 +29,7 @@ from hamq.remoting import (
     RemotingTimeoutError,
     Responder,
 )
+from hamq.remoting.pending import Pending, RequestDeadlines
 from hamq.remoting.trio_stream import TrioByteStream
 from tests.support.timing import wait_for
 
@@ -103,6 +105,50 @@ async def test_client_timeout_names_the_request(
     response = await pair.client.invoke(RemotingCommand.request(ECHO, body=b"x"), timeout_s=3)
     assert response.body == b"x"
     assert pair.client.statistics().pending == 0
+
+
+async def test_requests_with_other_timeouts_each_time_out_at_their_own_deadline(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, deferred: list[Responder]
+) -> None:
+    """Waits are timed by the connection's expiry task, not a scope each: requests with
+    long, short and middle timeouts in flight at once each end at their own deadline,
+    the answered ones are not touched, and nothing is kept once all are over."""
+    pair = await open_pair(nursery, deferred)
+    start = trio.current_time()
+    ended: dict[float, float] = {}
+
+    async def never(timeout_s: float) -> None:
+        with pytest.raises(RemotingTimeoutError, match=f"within {timeout_s:g}s"):
+            await pair.client.invoke(RemotingCommand.request(NEVER), timeout_s=timeout_s)
+        ended[timeout_s] = trio.current_time() - start
+
+    async with trio.open_nursery() as waits:
+        for timeout_s in (9.0, 2.0, 5.0):
+            waits.start_soon(never, timeout_s)
+        answered = await pair.client.invoke(RemotingCommand.request(ECHO, body=b"y"), 1.0)
+        assert answered.body == b"y"
+    assert ended == pytest.approx({9.0: 9.0, 2.0: 2.0, 5.0: 5.0})
+    assert pair.client.statistics().pending == 0
+    assert len(pair.client._deadlines) == 0
+
+
+def test_request_deadlines_give_what_is_due_in_order_and_drop_what_is_over() -> None:
+    deadlines = RequestDeadlines()
+    waits = [Pending(trio.Event) for _ in range(4)]
+    deadlines.add(waits[0], 10.0)
+    deadlines.add(waits[1], 12.0)
+    assert deadlines.earliest() == 10.0
+    deadlines.add(waits[2], 5.0)  # a shorter timeout: out of order, the earliest
+    deadlines.add(waits[3], 11.0)
+    assert deadlines.earliest() == 5.0
+    waits[2].settled = True  # answered
+    deadlines.drop_settled()
+    assert deadlines.earliest() == 10.0
+    assert deadlines.due(10.5) == [waits[0]]
+    assert deadlines.due(11.5) == [waits[3]]
+    waits[1].settled = True
+    assert deadlines.due(100.0) == []
+    assert len(deadlines) == 0 and deadlines.earliest() == math.inf
 
 
 async def test_idle_connection_closes_after_the_idle_timeout(

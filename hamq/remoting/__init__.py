@@ -24,7 +24,7 @@ from hamq.remoting.address import (
 )
 from hamq.remoting.client import RemotingClient
 from hamq.remoting.config import RemotingConfig
-from hamq.remoting.connection import Connection, ConnectionStatistics, Responder
+from hamq.remoting.connection import Connection, ConnectionStatistics
 from hamq.remoting.dispatch import AsyncProcessor, Dispatcher, InlineProcessor
 from hamq.remoting.errors import (
     RemotingConnectError,
@@ -33,6 +33,7 @@ from hamq.remoting.errors import (
     RemotingFrameTooLarge,
     RemotingTimeoutError,
 )
+from hamq.remoting.responder import Responder
 from hamq.remoting.server import RemotingServer, ServerStatistics
 
 __all__ = [

@@ -21,14 +21,15 @@ Tasks and invariants (all inside ``run``'s nursery):
 - everyone else appends whole frames to the output buffer, then writes what the
   socket takes at once the same way (no waiting for the writer task's turn) and the
   writer task sends the rest; a write never awaits, so a caller that is cancelled
-  never leaves half a frame on the wire. Our own requests: the first of a loop turn
-  is written so; the turn's later ones wait for the writer, whose turn comes once the
-  tasks of this one have run, and leave in one write (64 tasks woken by one chunk of
-  answers send their next requests in two writes, not 64). At most one send is in progress at a time
-  (``_send_busy``); whoever finishes a send hands frames queued meanwhile to the
-  writer. A send is only ever cancelled when the whole connection is torn down.
+  never leaves half a frame on the wire. Of our requests, only the first of a loop
+  turn is written so; the turn's later ones leave together when the writer's turn
+  comes (64 tasks woken by one chunk of answers: two writes, not 64). At most one
+  send is in progress at a time (``_send_busy``); whoever finishes a send hands
+  frames queued meanwhile to the writer. A send is only ever cancelled when the
+  whole connection is torn down.
 - our own requests wait while the output is above its high-water mark: backpressure
-  for the side that produces.
+  for the side that produces. Otherwise a request's wait has no cancel scope: the
+  expiry task of hamq/remoting/pending.py ends the waits whose deadline passed.
 - requests answered later (async processors, ``defer``) are "in flight"; past
   ``max_in_flight_per_connection`` a new one is answered SYSTEM_BUSY at once.
 - a watchdog task closes the connection once nothing has been received for
@@ -62,7 +63,6 @@ from typing import TYPE_CHECKING, Any, cast
 import anyio
 import anyio.abc
 import attrs
-from anyio.streams.tls import TLSAttribute
 
 from hamq.protocol import (
     FLAG_ONEWAY,
@@ -80,8 +80,12 @@ from hamq.remoting.errors import (
     RemotingConnectionClosed,
     RemotingFrameTooLarge,
     RemotingTimeoutError,
+    describe_failure,
 )
 from hamq.remoting.loop import EventLike, current_loop
+from hamq.remoting.pending import Pending, RequestDeadlines
+from hamq.remoting.responder import Responder
+from hamq.remoting.trio_stream import direct_socket
 
 if TYPE_CHECKING:
     from hamq.remoting.dispatch import Dispatcher
@@ -120,57 +124,6 @@ class ConnectionStatistics:
     writes: int = 0
 
 
-class _Pending:
-    __slots__ = ("done", "error", "response")
-
-    def __init__(self, event: Callable[[], EventLike]) -> None:
-        self.done = event()
-        self.response: RemotingCommand | None = None
-        self.error: Exception | None = None
-
-
-class Responder:
-    """The promise to answer one received request later (``Connection.defer``).
-
-    ``send`` answers it once; ``discard`` gives it up without an answer. Either one
-    frees the request's in-flight place. Both are safe after the connection closed.
-    """
-
-    __slots__ = ("_conn", "_done", "request")
-
-    def __init__(self, conn: Connection, request: RemotingCommand) -> None:
-        self._conn = conn
-        self.request = request
-        self._done = False
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    @property
-    def connection(self) -> Connection:
-        return self._conn
-
-    def send(self, response: RemotingCommand, *, flush: bool = True) -> bool:
-        """Answer the request; False if it was already answered or the connection closed.
-        ``flush=False``: the answer waits in the output for the caller's ``flush()`` of
-        the connection (answers to many requests, one write)."""
-        if self._done:
-            return False
-        self._done = True
-        self._conn._release()
-        if self._conn.closed:
-            return False
-        self._conn.respond(self.request, response, flush=flush)
-        return True
-
-    def discard(self) -> None:
-        """Give the request up without answering it."""
-        if not self._done:
-            self._done = True
-            self._conn._release()
-
-
 class Connection:
     def __init__(
         self,
@@ -200,7 +153,7 @@ class Connection:
         self._loop = current_loop()
         self._event = self._loop.event
         # the socket, and its descriptor (non-blocking under Trio) for the reader's writes
-        self._socket = _direct_socket(stream, self._loop.name)
+        self._socket = direct_socket(stream, self._loop.name)
         self._fd = self._socket.fileno() if self._socket is not None else -1
         self._dispatcher = dispatcher
         self._config = config
@@ -220,9 +173,10 @@ class Connection:
         self._group_end: list[Callable[[], None]] = []
         self._writer_wakeup: EventLike | None = None
         self._write_progress: EventLike | None = None
-        # our requests, by opaque
-        self._pending: dict[int, _Pending] = {}
+        # our requests, by opaque, and the deadlines of their waits (the expiry task's)
+        self._pending: dict[int, Pending] = {}
         self._next_opaque = 0
+        self._deadlines = RequestDeadlines()
         # received requests answered later
         self._in_flight = 0
         self._idle: EventLike | None = None
@@ -296,6 +250,7 @@ class Connection:
             async with anyio.create_task_group() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write_loop)
+                nursery.start_soon(self._deadlines.expire, self._loop)
                 idle_s, frame_s = self._config.idle_timeout_s, self._config.frame_timeout_s
                 if idle_s is not None or frame_s is not None:
                     nursery.start_soon(self._watchdog, idle_s, frame_s)
@@ -395,7 +350,7 @@ class Connection:
             except anyio.EndOfStream:
                 data = b""
             except self._receive_errors as exc:
-                return f"receive failed: {_describe(exc)}"
+                return f"receive failed: {describe_failure(exc)}"
             if data is None:
                 break  # drain() cancelled the receive before anything arrived
             if not data:
@@ -467,12 +422,10 @@ class Connection:
         return f"protocol error: {exc}"
 
     def at_group_end(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` once the requests of the group being dispatched have all
-        been handled: the complete frames of one read, at most YIELD_EVERY_COMMANDS of
-        them, before any other task runs; at once when no group is being dispatched. A
-        processor that gathers work per group (one store announcement, one durability
-        wait: hamq/broker/processors/send.py) finishes it there. Answers given from the
-        callback leave with the group's answers, in one write."""
+        """Call ``callback()`` once the group being dispatched (the complete frames of
+        one read, at most YIELD_EVERY_COMMANDS) was handled, before any other task runs;
+        at once outside a group. Processors finish work gathered per group there
+        (hamq/broker/processors/send.py); its answers leave with the group's."""
         if self._in_read_batch:
             self._group_end.append(callback)
         else:
@@ -533,9 +486,7 @@ class Connection:
             self._write_soon()
 
     def flush(self) -> None:
-        """Send what answers wait in the output (``respond(..., flush=False)``): what the
-        socket takes now, the writer the rest. Within the reader's batch, the reader's
-        own write at its end sends them."""
+        """Send the answers given with ``flush=False`` (in the reader's batch: its write)."""
         if not self._in_read_batch and not self._closed:
             self._write_soon()
 
@@ -578,12 +529,22 @@ class Connection:
         request.flag &= ~FLAG_ONEWAY
         frame = self._request_frame(request)
         opaque = request.opaque
-        pending = _Pending(self._event)
+        pending = Pending(self._event)
         self._pending[opaque] = pending
         try:
-            with self._loop.move_on_after(timeout_s):
-                await self._send_request(frame)
+            high_water = self._config.write_buffer_high_water_bytes
+            if (
+                self._deadlines.expiring
+                and len(self._out) + self._sending + len(frame) <= high_water
+            ):
+                # the usual case: no cancel scope, the expiry task times the wait out
+                self._queue_request(frame)
+                self._deadlines.add(pending, self._loop.current_time() + timeout_s)
                 await pending.done.wait()
+            else:  # (it may wait for room in the output: a scope around it all)
+                with self._loop.move_on_after(timeout_s):
+                    await self._send_request(frame)
+                    await pending.done.wait()
             if pending.response is not None:
                 return pending.response
             if pending.error is not None:
@@ -592,7 +553,10 @@ class Connection:
                 self.peer, f"no response to {request.describe()} within {timeout_s:g}s"
             )
         finally:
+            pending.settled = True
+            pending.response = None  # (the waits kept until their turn hold no bodies)
             self._pending.pop(opaque, None)
+            self._deadlines.drop_settled()
 
     async def invoke_oneway(self, request: RemotingCommand, timeout_s: float) -> None:
         """Send ``request`` with the oneway bit; waits only for room in the send buffer."""
@@ -610,11 +574,13 @@ class Connection:
             )
 
     async def _send_request(self, frame: bytes) -> None:
-        """Queue a request frame for the writer; wait while the buffer is over high water.
+        """Queue a request frame; wait while the buffer is over high water. Callers may be
+        cancelled at any point here: a frame's bytes only ever leave whole."""
+        self._queue_request(frame)
+        await self._wait_flushed(self._config.write_buffer_high_water_bytes)
 
-        Callers may be cancelled (timeouts) at any point here without harm: the bytes
-        of a frame only ever leave through the writer, whole.
-        """
+    def _queue_request(self, frame: bytes) -> None:
+        """Queue a request frame (the turn's first is written now, later ones together)."""
         if self._closed:
             raise RemotingConnectionClosed(self.peer, f"connection closed ({self._close_reason})")
         self._out += frame
@@ -625,7 +591,6 @@ class Connection:
                 self._write_soon()
                 self._requests_this_turn = True
                 self._kick_writer()  # (its turn comes after this one's: it ends the turn)
-        await self._wait_flushed(self._config.write_buffer_high_water_bytes)
 
     def _request_frame(self, request: RemotingCommand) -> bytes:
         if self._closed:
@@ -730,23 +695,4 @@ class Connection:
                     continue
                 await self._send_out()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            self._abort(f"send failed: {_describe(exc)}")
-
-
-def _direct_socket(stream: anyio.abc.ByteStream, loop: str) -> socket.socket | None:
-    """The socket the reader may write to directly: a plain TCP stream under Trio (whose
-    sockets are non-blocking and unbuffered), else None."""
-    if loop != "trio":
-        return None
-    sock = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
-    if sock is None or stream.extra(TLSAttribute.ssl_object, None) is not None:
-        return None
-    return sock
-
-
-def _describe(exc: BaseException) -> str:
-    """A failed receive or send in words; the cause when the stream wrapped it."""
-    text = str(exc)
-    if not text and exc.__cause__ is not None:
-        text = str(exc.__cause__) or type(exc.__cause__).__name__
-    return text or type(exc).__name__
+            self._abort(f"send failed: {describe_failure(exc)}")

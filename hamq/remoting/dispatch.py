@@ -25,7 +25,8 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from hamq.protocol import RemotingCommand, RequestError, ResponseCode, code_name
-from hamq.remoting.connection import Connection, Responder
+from hamq.remoting.connection import Connection
+from hamq.remoting.responder import Responder
 
 log = logging.getLogger(__name__)
 

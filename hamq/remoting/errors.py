@@ -29,3 +29,11 @@ class RemotingTimeoutError(RemotingError):
 
 class RemotingFrameTooLarge(RemotingError):
     """A command that would exceed the configured maximum frame length; nothing was sent."""
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A failed receive or send in words; the cause when the stream wrapped it."""
+    text = str(exc)
+    if not text and exc.__cause__ is not None:
+        text = str(exc.__cause__) or type(exc.__cause__).__name__
+    return text or type(exc).__name__

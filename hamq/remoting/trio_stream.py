@@ -20,6 +20,7 @@ from typing import Any, cast
 import anyio
 import anyio.abc
 import trio
+from anyio.streams.tls import TLSAttribute
 
 
 class TrioByteStream(anyio.abc.ByteStream):
@@ -67,3 +68,14 @@ class TrioByteStream(anyio.abc.ByteStream):
         # Trio's socket offers what a Connection uses of one (fileno, shutdown)
         sock = cast(socket.socket, self.stream.socket)
         return {anyio.abc.SocketAttribute.raw_socket: lambda: sock}
+
+
+def direct_socket(stream: anyio.abc.ByteStream, loop: str) -> socket.socket | None:
+    """The socket a connection's reader may write to directly: a plain TCP stream under
+    Trio (whose sockets are non-blocking and unbuffered), else None."""
+    if loop != "trio":
+        return None
+    sock = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+    if sock is None or stream.extra(TLSAttribute.ssl_object, None) is not None:
+        return None
+    return sock
