@@ -5,7 +5,7 @@ chunks of ``--group`` frames, as the connection's reader feeds them: decoded,
 dispatched, stored, answered (into a socket pair this script drains), dispatched to
 the consume queues and the index. The figure is this process's CPU time (every thread:
 the fsyncs too) over the sends; a stable figure to compare changes of the send path by
-(2 % between runs here, where the peers harness moves 10-30 %).
+(a few per cent between runs here, where the peers harness moves 10-30 %).
 
 Run by hand: ``python benchmarks/send_cpu.py [--sends N] [--group G] [--profile]``
 (about 2 s; ``--profile``: cProfile's 30 costliest functions, which it slows 3x).
