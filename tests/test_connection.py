@@ -436,12 +436,8 @@ async def test_a_burst_of_requests_lets_other_tasks_run_as_it_is_handled() -> No
     assert seen.index("other task") <= 2 * YIELD_EVERY_COMMANDS < 64, seen
 
 
-async def test_the_requests_of_one_loop_turn_after_the_first_leave_in_one_write(
-    deferred: list[Responder],
-) -> None:
-    """Tasks that send in the same loop turn (64 senders woken by one chunk of answers):
-    the first request is written by its caller, the rest together by the writer, whole
-    and in the order they were sent; the server answers each."""
+def socket_pair(deferred: list[Responder]) -> tuple[Connection, Connection]:
+    """A client and a server connection over a real socket pair (not yet running)."""
     left, right = trio.socket.socketpair()
     client = Connection(
         TrioByteStream(trio.SocketStream(left)),
@@ -455,6 +451,16 @@ async def test_the_requests_of_one_loop_turn_after_the_first_leave_in_one_write(
         dispatcher=server_dispatcher(deferred),
         config=RemotingConfig(),
     )
+    return client, server
+
+
+async def test_the_requests_of_one_loop_turn_after_the_first_leave_in_one_write(
+    deferred: list[Responder],
+) -> None:
+    """Tasks that send in the same loop turn (64 senders woken by one chunk of answers):
+    the first request is written by its caller, the rest together by the writer, whole
+    and in the order they were sent; the server answers each."""
+    client, server = socket_pair(deferred)
     answers: list[bytes] = []
 
     async def echo(i: int) -> None:
@@ -480,19 +486,7 @@ async def test_requests_and_later_answers_leave_from_the_caller_not_the_writers_
     """Over a socket, a request and an answer given outside the reader's batch (a
     slave's ack answering SYNC_MASTER sends) are with the kernel when the call returns:
     no waiting for the writer task's turn, which under load comes rounds later."""
-    left, right = trio.socket.socketpair()
-    client = Connection(
-        TrioByteStream(trio.SocketStream(left)),
-        peer="server",
-        dispatcher=Dispatcher(),
-        config=RemotingConfig(),
-    )
-    server = Connection(
-        TrioByteStream(trio.SocketStream(right)),
-        peer="client",
-        dispatcher=server_dispatcher(deferred),
-        config=RemotingConfig(),
-    )
+    client, server = socket_pair(deferred)
     async with trio.open_nursery() as nursery:
         await nursery.start(client.run)
         await nursery.start(server.run)
