@@ -7,15 +7,19 @@ import struct
 
 import msgpack
 from hypothesis import given
+from hypothesis import strategies as st
 
 from hamq.protocol import (
     FrameDecoder,
     LanguageCode,
+    ProtocolError,
     RemotingCommand,
     SerializeType,
     encode_frame,
 )
 from hamq.protocol.serialization import (
+    _JSON_DECODER,
+    _from_mapping,
     decode_json_header,
     decode_msgpack_header,
     decode_rocketmq_header,
@@ -124,6 +128,38 @@ def test_json_decode_accepts_numbers_booleans_and_nulls_in_ext_fields() -> None:
     cmd = decode_json_header(header, b"")
     assert cmd.ext_fields == {"a": "5", "b": "true", "d": "2", "e": "x"}
     assert cmd.language is LanguageCode.JAVA  # RocketMQ's default when none is given
+
+
+_ANY_VALUE = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**33), 2**33)
+    | st.sampled_from([0, 1, 2**31 - 1, 2**31, -1])
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5)
+    | st.sampled_from(["JAVA", "CPP", "GO", "COBOL"])
+)
+_JSON_HEADER_MAPS = st.dictionaries(
+    st.sampled_from(["code", "opaque", "flag", "language", "version", "remark", "extFields", "x"]),
+    _ANY_VALUE | st.dictionaries(st.text(max_size=3), _ANY_VALUE | st.lists(st.integers())),
+)
+
+
+@given(_JSON_HEADER_MAPS)
+def test_a_json_header_decodes_as_its_map_reads(header: dict[str, object]) -> None:
+    """The typed decode (the usual shape, checked by msgspec while it parses) gives what
+    reading the header as a map gives, for any shape: the command, or the same error."""
+    data = json.dumps(header).encode()
+
+    def outcome(decode: object) -> object:
+        try:
+            return decode()  # type: ignore[operator]
+        except ProtocolError as exc:
+            return str(exc)
+
+    typed = outcome(lambda: decode_json_header(data, b"body"))
+    as_map = outcome(lambda: _from_mapping(_JSON_DECODER.decode(data), SerializeType.JSON, b"body"))
+    assert typed == as_map
 
 
 def test_unknown_language_names_count_as_other() -> None:

@@ -12,6 +12,7 @@ from hamq.protocol import HeaderError, decode_header, encode_header
 from hamq.protocol.headers import SendMessageRequestHeader, SendMessageResponseHeader
 from hamq.protocol.send_fields import (
     SEND_V2_KEYS,
+    broker_send_answer_fields,
     decode_send_header,
     decode_send_response,
     from_v2_fields,
@@ -87,6 +88,28 @@ def test_send_answers_encode_and_decode_as_the_converter_does(
     assert decode_send_response(fields) == header
     generic = _outcome(lambda f: decode_header(SendMessageResponseHeader, f), junk)
     assert _outcome(decode_send_response, junk) == generic
+
+
+@given(
+    msg_id=st.text(max_size=40),
+    queue_id=st.integers(0, 2**31 - 1),
+    queue_offset=st.integers(0, 2**63 - 1),
+    transaction_id=st.none() | st.text(max_size=40),
+)
+def test_the_broker_answers_a_send_with_its_header_s_fields(
+    msg_id: str, queue_id: int, queue_offset: int, transaction_id: str | None
+) -> None:
+    header = SendMessageResponseHeader(
+        msg_id=msg_id,
+        queue_id=queue_id,
+        queue_offset=queue_offset,
+        transaction_id=transaction_id,
+        msg_region="DefaultRegion",
+        trace_on="true",
+    )
+    fields = broker_send_answer_fields(msg_id, queue_id, queue_offset, transaction_id)
+    assert fields == encode_header(header)
+    assert list(fields) == list(send_response_fields(header))  # (the binary header's order)
 
 
 def test_every_send_field_has_one_short_key() -> None:

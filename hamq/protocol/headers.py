@@ -196,11 +196,12 @@ class DeleteTopicRequestHeader:
 # ====================================================================== producer
 
 
-@attrs.frozen
+@attrs.define
 class SendMessageRequestHeader:
     """SEND_MESSAGE (10); SEND_MESSAGE_V2 (310) and SEND_BATCH_MESSAGE (320) carry the
     same fields under one-letter keys (send_fields.py's ``from_v2_fields`` /
-    ``to_v2_fields``)."""
+    ``to_v2_fields``). Not frozen, as the send's answer is not: one of each is built for
+    every send, and a frozen class's ``__init__`` costs four times as much."""
 
     producer_group: str
     topic: str
@@ -219,7 +220,7 @@ class SendMessageRequestHeader:
     broker_name: str | None = attrs.field(default=None, metadata=_wire("bname"))
 
 
-@attrs.frozen
+@attrs.define
 class SendMessageResponseHeader:
     """Reply to a send: the offset msg id (docs/PROTOCOL.md#message-ids), queue and queue offset."""
 

@@ -285,6 +285,7 @@ def make_record_templates(
     return templates
 
 
+@functools.lru_cache(maxsize=1024)  # (every message encodes its topic: a few topics, mostly)
 def _topic_part(topic: str) -> tuple[bytes, int]:
     """(TOPIC length + topic, as a record holds them; the MAGICCODE they need: V2 for a
     topic over MAX_TOPIC_LENGTH_V1 bytes); MessageFormatError for a topic empty or over

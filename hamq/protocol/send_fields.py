@@ -183,6 +183,20 @@ def send_response_fields(header: SendMessageResponseHeader) -> dict[str, str]:
     return fields
 
 
+def broker_send_answer_fields(
+    msg_id: str, queue_id: int, queue_offset: int, transaction_id: str | None
+) -> dict[str, str]:
+    """``send_response_fields`` of the header a broker answers a stored send with (region
+    DefaultRegion, trace on, as Java's), from its values: no header object in between
+    (one per send)."""
+    fields = {"msgId": msg_id, "queueId": str(queue_id), "queueOffset": str(queue_offset)}
+    if transaction_id is not None:
+        fields["transactionId"] = transaction_id
+    fields["MSG_REGION"] = "DefaultRegion"
+    fields["TRACE_ON"] = "true"
+    return fields
+
+
 def decode_send_response(fields: Mapping[str, object]) -> SendMessageResponseHeader:
     """A send's answer as a header; HeaderError names every bad field."""
     get = fields.get

@@ -63,7 +63,6 @@ from hamq.protocol.bodies import PERM_WRITE
 from hamq.protocol.headers import (
     ConsumerSendMsgBackRequestHeader,
     SendMessageRequestHeader,
-    SendMessageResponseHeader,
 )
 from hamq.protocol.message import (
     DEFAULT_TOPIC,
@@ -86,7 +85,7 @@ from hamq.protocol.message import (
     retry_topic,
     topic_error,
 )
-from hamq.protocol.send_fields import decode_send_header, send_response_fields
+from hamq.protocol.send_fields import broker_send_answer_fields, decode_send_header
 from hamq.remoting import Connection, Dispatcher, Responder, parse_address
 from hamq.store import (
     MessageToStore,
@@ -174,11 +173,13 @@ def _reconsume_times(
 class _Group:
     """The sends of one group of requests (``Connection.at_group_end``: the complete
     frames of one read): their puts are announced to the store once, and those that
-    wait for their durability share one ticket and one wait, for the group's end."""
+    wait for their durability share one ticket and one wait, for the group's end. Its
+    requests came in one read: ``started`` is when, for each of them."""
 
-    __slots__ = ("end_offset", "ticket", "waiting")
+    __slots__ = ("end_offset", "started", "ticket", "waiting")
 
-    def __init__(self) -> None:
+    def __init__(self, started: float) -> None:
+        self.started = started
         self.ticket: Ticket | None = None
         self.end_offset = -1
         #: the answers given once the group's wait is over, in the order the requests
@@ -204,18 +205,18 @@ class SendProcessor:
         dispatcher.register(RequestCode.CONSUMER_SEND_MSG_BACK, self.send_back)
 
     # ------------------------------------------------------------------ send
-    def _refuse_unless_taken(self) -> None:
+    def _refuse_unless_taken(self, now: float) -> None:
         """RequestError unless this broker takes sends now (hamq/broker/roles.py says)."""
-        refusal = self.ctx.roles.refusal(trio.current_time())
+        refusal = self.ctx.roles.refusal(now)
         if refusal is not None:
             raise RequestError(refusal.code, refusal.why)
 
     def send(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
-        started = trio.current_time()
         group = self._group
         fresh = group is None
         if group is None:
-            group = self._group = _Group()
+            group = self._group = _Group(trio.current_time())
+        started = group.started
         try:
             response = self._send(request, conn, started)
         except RequestError as exc:
@@ -281,7 +282,7 @@ class SendProcessor:
     def _send(
         self, request: RemotingCommand, conn: Connection, started: float
     ) -> RemotingCommand | None:
-        self._refuse_unless_taken()
+        self._refuse_unless_taken(started)
         header = decode_send_header(request.ext_fields, v2=request.code != RequestCode.SEND_MESSAGE)
         batch = request.code == RequestCode.SEND_BATCH_MESSAGE or bool(header.batch)
         topic, queue_id = self._check(header)
@@ -472,7 +473,7 @@ class SendProcessor:
 
     def _answered(self, response: RemotingCommand, started: float) -> None:
         """Count an answer to a send that stored its message(s), by its SendStatus."""
-        status = _SEND_STATUSES.get(response.code, code_name(response.code))
+        status = _SEND_STATUSES.get(response.code) or code_name(response.code)
         self.ctx.stats.answered(status, trio.current_time() - started)
 
     def _store(
@@ -549,21 +550,20 @@ class SendProcessor:
         transaction id, as Java answers."""
         first = results[0].append
         assert first is not None
-        header = SendMessageResponseHeader(
-            msg_id=",".join(r.append.offset_msg_id for r in results if r.append is not None),
-            queue_id=queue_id,
-            queue_offset=first.queue_offset,
-            transaction_id=messages[0].properties.get(PROPERTY_UNIQ_KEY),
-            msg_region="DefaultRegion",
-            trace_on="true",
+        if len(results) == 1:
+            msg_id = first.offset_msg_id
+        else:
+            msg_id = ",".join(r.append.offset_msg_id for r in results if r.append is not None)
+        fields = broker_send_answer_fields(
+            msg_id, queue_id, first.queue_offset, messages[0].properties.get(PROPERTY_UNIQ_KEY)
         )
-        return request.response_to(ResponseCode.SUCCESS, ext_fields=send_response_fields(header))
+        return request.response_to(ResponseCode.SUCCESS, ext_fields=fields)
 
     # ------------------------------------------------------------------ send back
     def send_back(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         """A push consumer could not consume a message: store a copy in its group's retry
         topic, delayed by level, or in its dead-letter topic past its retries."""
-        self._refuse_unless_taken()
+        self._refuse_unless_taken(trio.current_time())
         header = request.header(ConsumerSendMsgBackRequestHeader)
         group = self.ctx.subscriptions.find(header.group)
         if group is None:
