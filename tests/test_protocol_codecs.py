@@ -135,7 +135,7 @@ _ANY_VALUE = (
     | st.booleans()
     | st.integers(-(2**33), 2**33)
     | st.sampled_from([0, 1, 2**31 - 1, 2**31, -1])
-    | st.floats(allow_nan=False)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=5)
     | st.sampled_from(["JAVA", "CPP", "GO", "COBOL"])
 )

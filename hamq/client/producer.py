@@ -104,7 +104,7 @@ from hamq.client.message import (
     check_timeout,
 )
 from hamq.client.route_cache import LatencyFaultTolerance, TimedOutAddresses
-from hamq.client.send_attempts import Attempts, Selector, SendRequest
+from hamq.client.send_attempts import Attempts, Selector, SendRequest, Try
 from hamq.protocol import (
     RemotingCommand,
     RequestCode,
@@ -591,7 +591,7 @@ class Producer(InstanceOwner):
         attempt = attempts.first()
         if attempt is not None:
             try:
-                result = await self._send_to(attempt.target, request, attempt.wait_s, oneway)
+                result = await self._send_to(attempt, request, oneway)
             except NETWORK_ERRORS as exc:
                 attempts.failed(attempt, exc)  # (raises SendError if that ends the send)
             else:
@@ -599,7 +599,7 @@ class Producer(InstanceOwner):
                     return result
         async for attempt in attempts:
             try:
-                result = await self._send_to(attempt.target, request, attempt.wait_s, oneway)
+                result = await self._send_to(attempt, request, oneway)
             except NETWORK_ERRORS as exc:
                 attempts.failed(attempt, exc)  # (raises SendError if that ends the send)
                 continue
@@ -607,13 +607,8 @@ class Producer(InstanceOwner):
                 return result
         raise attempts.exhausted() from attempts.last_error
 
-    async def _send_to(
-        self,
-        target: MessageQueue,
-        request: SendRequest,
-        timeout_s: float,
-        oneway: bool,
-    ) -> SendResult | None:
+    async def _send_to(self, attempt: Try, request: SendRequest, oneway: bool) -> SendResult | None:
+        target, timeout_s = attempt.target, attempt.wait_s
         instance = self.instance
         addr = await instance.find_master_addr(target)
         command = self._command(target, request)
@@ -621,7 +616,7 @@ class Producer(InstanceOwner):
             await instance.remoting.invoke_oneway(addr, command, timeout_s)
             return None
         watch = self.master_watch
-        key = watch.started(addr, instance.loop.current_time(), target)
+        key = watch.started(addr, attempt.started, target)
         try:
             response = await instance.invoke(addr, command, max(timeout_s, 0.001))
         finally:
@@ -644,20 +639,21 @@ class Producer(InstanceOwner):
     def _command(self, target: MessageQueue, request: SendRequest) -> RemotingCommand:
         """The request for ``target``: SEND_BATCH_MESSAGE for a batch, else
         SEND_MESSAGE_V2 (a new command per try: each gets its own opaque)."""
-        header = SendMessageRequestHeader(
-            producer_group=self.group,
-            topic=request.topic,
-            default_topic=DEFAULT_TOPIC,
-            default_topic_queue_nums=self.default_topic_queue_nums,
-            queue_id=target.queue_id,
-            sys_flag=request.sys_flag,
-            born_timestamp=int(time.time() * 1000),
-            flag=0 if request.batch else request.message.flag,
-            properties=encode_properties(request.properties),
-            reconsume_times=0,
-            unit_mode=False,
-            batch=request.batch,
-            broker_name=target.broker_name,
+        header = SendMessageRequestHeader(  # (by position: one per send, keywords cost more)
+            self.group,  # producer_group
+            request.topic,
+            DEFAULT_TOPIC,  # default_topic
+            self.default_topic_queue_nums,
+            target.queue_id,
+            request.sys_flag,
+            int(time.time() * 1000),  # born_timestamp
+            0 if request.batch else request.message.flag,
+            encode_properties(request.properties),
+            0,  # reconsume_times
+            False,  # unit_mode
+            request.batch,
+            None,  # max_reconsume_times
+            target.broker_name,
         )
         return RemotingCommand.request(
             RequestCode.SEND_BATCH_MESSAGE if request.batch else RequestCode.SEND_MESSAGE_V2,

@@ -152,6 +152,7 @@ class Attempts:
     """
 
     __slots__ = (
+        "began",
         "clock",
         "deadline",
         "last_broker",
@@ -189,7 +190,9 @@ class Attempts:
         self.oneway = oneway
         #: the loop's clock (AnyIO's costs a backend lookup per call)
         self.clock = producer.instance.loop.current_time
-        self.deadline = self.clock() + timeout_s
+        #: when the send began (``first`` starts its first try then: no time passed)
+        self.began = self.clock()
+        self.deadline = self.began + timeout_s
         self.tries = 1 if oneway else 1 + producer.retry_times_when_send_failed
         #: the try under way (0 for the first)
         self.number = -1
@@ -213,7 +216,7 @@ class Attempts:
             target = await self._target(remaining)
             if target is None:
                 continue
-            attempt = self._start(target)
+            attempt = self._start(target, self.clock())
             if attempt is not None:
                 return attempt
 
@@ -222,12 +225,12 @@ class Attempts:
         cached): what ``__anext__`` would give, without its coroutine. None otherwise:
         ``async for`` then goes on with whichever try is next."""
         info = self.producer.instance.cached_publish_info(self.request.topic)
-        if info is None or self.deadline <= self.clock():
+        if info is None or self.deadline <= self.began:
             return None
         self.number = 0
         target = self._choose(info)
         self.last_broker = target.broker_name
-        return self._start(target)
+        return self._start(target, self.began)
 
     @property
     def retries_left(self) -> bool:
@@ -300,13 +303,12 @@ class Attempts:
 
         return info.select(self.last_broker, available)
 
-    def _start(self, target: MessageQueue) -> Try | None:
-        """The try to ``target``, or None when its broker's address timed out before
-        and is still avoided: the route still names a hung broker, so wait for a
-        failover to name another master (the route is looked up again) or for that
-        time out to pass."""
+    def _start(self, target: MessageQueue, started: float) -> Try | None:
+        """The try to ``target``, starting at ``started`` (now), or None when its
+        broker's address timed out before and is still avoided: the route still names a
+        hung broker, so wait for a failover to name another master (the route is looked
+        up again) or for that time out to pass."""
         producer = self.producer
-        started = self.clock()
         addr = producer.instance.broker_addr(target.broker_name, only_this=True)
         if (
             producer.timed_out

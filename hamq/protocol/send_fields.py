@@ -152,16 +152,19 @@ def send_v2_fields(header: SendMessageRequestHeader) -> dict[str, str]:
         "g": str(header.born_timestamp),
         "h": str(header.flag),
     }
-    for key, value in (
-        ("i", header.properties),
-        ("j", header.reconsume_times),
-        ("k", header.unit_mode),
-        ("l", header.max_reconsume_times),
-        ("m", header.batch),
-        ("n", header.broker_name),
-    ):
-        if value is not None:
-            fields[key] = ("true" if value else "false") if type(value) is bool else str(value)
+    # (one test each, no loop: a producer encodes one of these per send)
+    if header.properties is not None:
+        fields["i"] = header.properties
+    if header.reconsume_times is not None:
+        fields["j"] = str(header.reconsume_times)
+    if header.unit_mode is not None:
+        fields["k"] = "true" if header.unit_mode else "false"
+    if header.max_reconsume_times is not None:
+        fields["l"] = str(header.max_reconsume_times)
+    if header.batch is not None:
+        fields["m"] = "true" if header.batch else "false"
+    if header.broker_name is not None:
+        fields["n"] = header.broker_name
     return fields
 
 

@@ -108,9 +108,12 @@ class RemotingClient:
         when ``timeout_s`` (connecting included) passes, RemotingConnectionClosed when
         the connection drops first.
         """
-        deadline = self._loop.current_time() + timeout_s
         if self._rpc_hook is not None:
             self._rpc_hook(addr, request)
+        conn = self._connections.get(addr)
+        if conn is not None and not conn.closed:  # (the usual case: no time to take off)
+            return await conn.invoke(request, timeout_s)
+        deadline = self._loop.current_time() + timeout_s
         conn = await self.connection(addr, timeout_s=timeout_s)
         remaining = deadline - self._loop.current_time()
         if remaining <= 0:
