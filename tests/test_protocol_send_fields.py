@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hamq.protocol import HeaderError, decode_header, encode_header
@@ -88,6 +89,75 @@ def test_send_answers_encode_and_decode_as_the_converter_does(
     assert decode_send_response(fields) == header
     generic = _outcome(lambda f: decode_header(SendMessageResponseHeader, f), junk)
     assert _outcome(decode_send_response, junk) == generic
+
+
+_NEAR_USUAL_VALUES = st.sampled_from(
+    [None, "", "0", "7", "-1", "-2", "007", "9" * 18, "9" * 19, "1|2", "true", "false", "True"]
+) | st.integers(-3, 2**63)
+
+
+_NUMBER = st.integers(0, 10**18 - 1)
+#: headers as producers send them (numbers of up to 18 digits, no max_reconsume_times)
+_USUAL_HEADERS = st.builds(
+    SendMessageRequestHeader,
+    st.text(max_size=5),
+    st.text(max_size=5),
+    st.text(max_size=5),
+    _NUMBER,
+    _NUMBER | st.just(-1),
+    _NUMBER,
+    _NUMBER,
+    _NUMBER,
+    st.none() | st.text(max_size=5),
+    st.none() | _NUMBER,
+    st.none() | st.booleans(),
+    st.none() | st.booleans(),
+    st.none(),
+    st.none() | st.text(max_size=5),
+)
+
+
+_EDGE_TEXTS = ["", "0", "-1", "-2", "+5", "007", "9" * 18, "9" * 19, "1|2", "²", "true", "True"]
+
+
+@pytest.mark.parametrize("key", ["a", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n"])
+def test_each_field_at_its_edges_is_taken_as_the_converter_takes_it(key: str) -> None:
+    """A producer's usual fields with one set to each edge value (or left out)."""
+    usual = {"a": "PG", "b": "T", "c": "TBW102", "d": "4", "e": "3", "f": "0", "g": "17"}
+    usual |= {"h": "0", "i": "WAIT\x01true\x02", "j": "0", "k": "false", "m": "false"}
+    for value in [None, *_EDGE_TEXTS]:
+        fields = {k: v for k, v in usual.items() if k != key}
+        if value is not None:
+            fields[key] = value
+        generic = _outcome(
+            lambda f: decode_header(SendMessageRequestHeader, from_v2_fields(f)), fields
+        )
+        assert _outcome(lambda f: decode_send_header(f, v2=True), fields) == generic, value
+
+
+@settings(max_examples=500)  # (half a second: the edges are a few values among many)
+@given(
+    header=_USUAL_HEADERS,
+    changes=st.dictionaries(
+        st.sampled_from(["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n"]),
+        _NEAR_USUAL_VALUES,
+        max_size=2,
+    ),
+)
+def test_the_usual_send_shape_is_taken_as_the_converter_takes_it(
+    header: SendMessageRequestHeader, changes: dict[str, Any]
+) -> None:
+    """A producer's fields with one or two changed to a value at the edge of what is
+    taken (None: left out) are decoded by the one-pass check as the converter decodes
+    them, or refused alike."""
+    fields: dict[str, Any] = send_v2_fields(header)
+    for key, value in changes.items():
+        if value is None:
+            fields.pop(key, None)
+        else:
+            fields[key] = value
+    generic = _outcome(lambda f: decode_header(SendMessageRequestHeader, from_v2_fields(f)), fields)
+    assert _outcome(lambda f: decode_send_header(f, v2=True), fields) == generic
 
 
 @given(

@@ -14,8 +14,9 @@ not take) goes through the converter, so errors read exactly the same (HeaderErr
 every bad field).
 """
 
-from collections.abc import Mapping
-from typing import TypeVar
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from hamq.protocol.converter import decode_header
 from hamq.protocol.headers import SendMessageRequestHeader, SendMessageResponseHeader
@@ -89,14 +90,29 @@ _BOOLS: dict[object, bool] = {
 }
 
 
+#: the optional booleans' texts (k, m) that ``_usual_v2`` takes, absence included
+_OPTIONAL_BOOLS = (None, "true", "false")
+
+
 def _opt_bool(value: object) -> bool | None:
     return None if value is None else _BOOLS[value]
+
+
+#: SEND_MESSAGE_V2's numbers as its usual senders write them, "|"-joined in the order
+#: e (queue id: -1 lets the broker choose), d, f, g, h, j: decimals of at most 18 digits
+#: (what ``_int`` takes). An absent or non-text field cannot match: it formats as "None"
+#: or as no digits, and a "|" within one makes a part too many.
+_USUAL_V2_NUMBERS = re.compile(r"(?:-1|\d{1,18})(?:\|\d{1,18}){5}", re.ASCII)
 
 
 def decode_send_header(fields: Mapping[str, object], *, v2: bool) -> SendMessageRequestHeader:
     """SEND_MESSAGE (``v2`` False) or SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE ext fields as
     a header; HeaderError names every bad field."""
     get = fields.get
+    if v2:
+        header = _usual_v2(get)
+        if header is not None:
+            return header
     try:
         if v2:
             return SendMessageRequestHeader(
@@ -133,6 +149,41 @@ def decode_send_header(fields: Mapping[str, object], *, v2: bool) -> SendMessage
         )
     except (ValueError, KeyError, TypeError):
         return decode_header(SendMessageRequestHeader, from_v2_fields(fields) if v2 else fields)
+
+
+def _usual_v2(get: Callable[[str], Any]) -> SendMessageRequestHeader | None:
+    """SEND_MESSAGE_V2's fields as every producer sends them (a to h, and i, j, k, m, n or
+    not), checked in one pass; None for anything else (``decode_send_header`` then
+    checks each field and names what is wrong)."""
+    e, d, f, g, h, j = get("e"), get("d"), get("f"), get("g"), get("h"), get("j")
+    if not _USUAL_V2_NUMBERS.fullmatch(f"{e}|{d}|{f}|{g}|{h}|{0 if j is None else j}"):
+        return None
+    a, b, c, i, k, m, n = get("a"), get("b"), get("c"), get("i"), get("k"), get("m"), get("n")
+    if not (
+        type(a) is type(b) is type(c) is str
+        and (i is None or type(i) is str)
+        and (n is None or type(n) is str)
+        and k in _OPTIONAL_BOOLS  # (a tuple: compared, never hashed)
+        and m in _OPTIONAL_BOOLS
+        and get("l") is None
+    ):
+        return None
+    return SendMessageRequestHeader(
+        a,
+        b,
+        c,
+        int(d),
+        int(e),
+        int(f),
+        int(g),
+        int(h),
+        i,
+        None if j is None else int(j),
+        None if k is None else k == "true",
+        None if m is None else m == "true",
+        None,
+        n,
+    )
 
 
 def _queue_id(value: object) -> int:
