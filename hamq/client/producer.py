@@ -625,15 +625,19 @@ class Producer(InstanceOwner):
         if status is None:
             raise BrokerError(response.code, response.remark, addr)
         answer = decode_send_response(response.ext_fields)
-        queue = MessageQueue(target.topic, target.broker_name, answer.queue_id)
-        return SendResult(
-            status=status,
-            msg_id=",".join(request.ids),
-            offset_msg_id=answer.msg_id,
-            queue=queue,
-            queue_offset=answer.queue_offset,
-            transaction_id=answer.transaction_id,
-            region_id=answer.msg_region,
+        queue = (  # (the broker names the queue sent to: a new one only if it names another)
+            target
+            if answer.queue_id == target.queue_id
+            else MessageQueue(target.topic, target.broker_name, answer.queue_id)
+        )
+        return SendResult(  # (by position: one per send)
+            status,
+            request.ids[0] if len(request.ids) == 1 else ",".join(request.ids),  # msg_id
+            answer.msg_id,  # offset_msg_id
+            queue,
+            answer.queue_offset,
+            answer.transaction_id,
+            answer.msg_region,  # region_id
         )
 
     def _command(self, target: MessageQueue, request: SendRequest) -> RemotingCommand:
