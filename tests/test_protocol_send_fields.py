@@ -13,10 +13,10 @@ from hamq.protocol import HeaderError, decode_header, encode_header
 from hamq.protocol.headers import SendMessageRequestHeader, SendMessageResponseHeader
 from hamq.protocol.send_fields import (
     SEND_V2_KEYS,
-    broker_send_answer_fields,
     decode_send_header,
     decode_send_response,
     from_v2_fields,
+    send_answer_fields,
     send_response_fields,
     send_v2_fields,
     to_v2_fields,
@@ -177,7 +177,9 @@ def test_the_broker_answers_a_send_with_its_header_s_fields(
         msg_region="DefaultRegion",
         trace_on="true",
     )
-    fields = broker_send_answer_fields(msg_id, queue_id, queue_offset, transaction_id)
+    fields = send_answer_fields(
+        msg_id, queue_id, queue_offset, transaction_id, None, "DefaultRegion", "true"
+    )
     assert fields == encode_header(header)
     assert list(fields) == list(send_response_fields(header))  # (the binary header's order)
 

@@ -221,33 +221,37 @@ def send_v2_fields(header: SendMessageRequestHeader) -> dict[str, str]:
 
 def send_response_fields(header: SendMessageResponseHeader) -> dict[str, str]:
     """The ext fields of a send's answer (what ``encode_header`` gives)."""
-    fields = {
-        "msgId": header.msg_id,
-        "queueId": str(header.queue_id),
-        "queueOffset": str(header.queue_offset),
-    }
-    for key, value in (
-        ("transactionId", header.transaction_id),
-        ("batchUniqId", header.batch_uniq_id),
-        ("MSG_REGION", header.msg_region),
-        ("TRACE_ON", header.trace_on),
-    ):
-        if value is not None:
-            fields[key] = value
-    return fields
+    return send_answer_fields(
+        header.msg_id,
+        header.queue_id,
+        header.queue_offset,
+        header.transaction_id,
+        header.batch_uniq_id,
+        header.msg_region,
+        header.trace_on,
+    )
 
 
-def broker_send_answer_fields(
-    msg_id: str, queue_id: int, queue_offset: int, transaction_id: str | None
+def send_answer_fields(
+    msg_id: str,
+    queue_id: int,
+    queue_offset: int,
+    transaction_id: str | None = None,
+    batch_uniq_id: str | None = None,
+    msg_region: str | None = None,
+    trace_on: str | None = None,
 ) -> dict[str, str]:
-    """``send_response_fields`` of the header a broker answers a stored send with (region
-    DefaultRegion, trace on, as Java's), from its values: no header object in between
-    (one per send)."""
+    """``send_response_fields`` from the header's values, without a header object in
+    between (a broker answers every stored send so); one test per optional field."""
     fields = {"msgId": msg_id, "queueId": str(queue_id), "queueOffset": str(queue_offset)}
     if transaction_id is not None:
         fields["transactionId"] = transaction_id
-    fields["MSG_REGION"] = "DefaultRegion"
-    fields["TRACE_ON"] = "true"
+    if batch_uniq_id is not None:
+        fields["batchUniqId"] = batch_uniq_id
+    if msg_region is not None:
+        fields["MSG_REGION"] = msg_region
+    if trace_on is not None:
+        fields["TRACE_ON"] = trace_on
     return fields
 
 

@@ -85,7 +85,7 @@ from hamq.protocol.message import (
     retry_topic,
     topic_error,
 )
-from hamq.protocol.send_fields import broker_send_answer_fields, decode_send_header
+from hamq.protocol.send_fields import decode_send_header, send_answer_fields
 from hamq.remoting import Connection, Dispatcher, Responder, parse_address
 from hamq.store import (
     MessageToStore,
@@ -554,8 +554,14 @@ class SendProcessor:
             msg_id = first.offset_msg_id
         else:
             msg_id = ",".join(r.append.offset_msg_id for r in results if r.append is not None)
-        fields = broker_send_answer_fields(
-            msg_id, queue_id, first.queue_offset, messages[0].properties.get(PROPERTY_UNIQ_KEY)
+        fields = send_answer_fields(
+            msg_id,
+            queue_id,
+            first.queue_offset,
+            messages[0].properties.get(PROPERTY_UNIQ_KEY),  # transaction_id
+            None,  # batch_uniq_id
+            "DefaultRegion",  # msg_region
+            "true",  # trace_on
         )
         return request.response_to(ResponseCode.SUCCESS, ext_fields=fields)
 
