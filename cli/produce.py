@@ -18,16 +18,20 @@ large for the broker (``max_message_size``) is refused before anything is sent.
 ``--transaction commit|rollback|unknown`` sends each message in a transaction whose
 local state is that (a TransactionProducer); with ``unknown`` the command then stays
 until the broker has checked every message back (answering ``--check-answer``) or
-``--check-wait`` has passed. It draws its count and rate live on stderr when that is a
-terminal (LiveCount).
+``--check-wait`` has passed. ``--deliver-at`` (an ISO 8601 time) or ``--deliver-after``
+(500ms, 30s, 5m, 2h, 1d) makes them timer messages, delivered then (RocketMQ 5's
+delivery time). It draws its count and rate live on stderr when that is a terminal
+(LiveCount).
 """
 
 from __future__ import annotations
 
 import enum
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -131,6 +135,9 @@ class _Messages:
     delay_level: int
     count: int
     batch: int
+    #: seconds since the epoch (--deliver-at), or from the send (--deliver-after)
+    deliver_at: float | None = None
+    deliver_after: float | None = None
 
     def message(self, i: int) -> Message:
         return Message(
@@ -139,7 +146,13 @@ class _Messages:
             tags=self.tags,
             keys=self.keys.replace("{i}", str(i)) if self.keys else None,
             delay_level=self.delay_level,
+            deliver_at=self.deliver_at,
+            deliver_after=self.deliver_after,
         )
+
+    @property
+    def timed(self) -> bool:
+        return self.deliver_at is not None or self.deliver_after is not None
 
     @property
     def requests(self) -> range:
@@ -219,6 +232,10 @@ def _checked_producer(
     TransactionProducer."""
     if messages.batch > 1 and messages.delay_level > 0:
         raise fail("--batch cannot be used with --delay-level (a batch has no delay level)", 2)
+    if messages.batch > 1 and messages.timed:
+        raise fail("--batch cannot be used with --deliver-at/--deliver-after", 2)
+    if messages.delay_level > 0 and messages.timed:
+        raise fail("--delay-level cannot be used with --deliver-at/--deliver-after", 2)
     if listener is not None and messages.batch > 1:
         raise fail("--transaction cannot be used with --batch: each is sent on its own", 2)
     if listener is not None and messages.delay_level > 0:
@@ -366,6 +383,24 @@ DelayLevelOption = Annotated[
         help=f"Deliver later: 1=1s 2=5s 3=10s ... {MAX_DELAY_LEVEL}=2h (0: at once).",
     ),
 ]
+DeliverAtOption = Annotated[
+    str | None,
+    typer.Option(
+        "--deliver-at",
+        help="Deliver at this time: ISO 8601 (2026-12-01T09:30:00, local time unless it "
+        "names a zone: ...Z, ...+01:00), up to the broker's timer_max_delay_s (3 days).",
+        show_default=False,
+    ),
+]
+DeliverAfterOption = Annotated[
+    str | None,
+    typer.Option(
+        "--deliver-after",
+        help="Deliver this long after the broker stores it: 500ms, 30s, 5m, 2h, 1d (a bare "
+        "number: seconds).",
+        show_default=False,
+    ),
+]
 SendTimeoutOption = Annotated[
     float,
     typer.Option(
@@ -467,6 +502,8 @@ def produce(
         str | None, typer.Option("--keys", help="Space-separated keys ('{i}' numbered).")
     ] = None,
     delay_level: DelayLevelOption = 0,
+    deliver_at: DeliverAtOption = None,
+    deliver_after: DeliverAfterOption = None,
     group: Annotated[str, typer.Option("--group", "-g", help="Producer group.")] = "hamq-cli",
     send_timeout_s: SendTimeoutOption = SEND_TIMEOUT_S,
     attempt_timeout_s: AttemptTimeoutOption = ATTEMPT_TIMEOUT_S,
@@ -483,7 +520,21 @@ def produce(
     The body is BODY, the content of --body-file, or stdin's ('-'). Every message is
     checked before the first is sent."""
     bodies, count = read_bodies(body, body_file, whole, count)
-    messages = _Messages(topic, bodies, tags, keys, delay_level, count, batch)
+    if deliver_at is not None and deliver_after is not None:
+        raise fail("give --deliver-at or --deliver-after, not both", 2)
+    messages = _Messages(
+        topic,
+        bodies,
+        tags,
+        keys,
+        delay_level,
+        count,
+        batch,
+        deliver_at=None if deliver_at is None else parse_instant("--deliver-at", deliver_at),
+        deliver_after=(
+            None if deliver_after is None else parse_duration("--deliver-after", deliver_after)
+        ),
+    )
     listener = None
     if transaction is not None:
         listener = _Listener(
@@ -508,6 +559,36 @@ def produce(
             f"{count - tally.acknowledged} of {count} message(s) stored short of "
             f"SEND_OK: {tally.short_of_ok()}"
         )
+
+
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(option: str, text: str) -> float:
+    """Seconds from '500ms', '30s', '5m', '2h', '1d' or a bare number of seconds; a
+    usage error (exit 2) naming ``option`` for anything else, or for no time at all."""
+    found = _DURATION.fullmatch(text.strip())
+    if found is None:
+        raise fail(f"{option} {text!r} is not a duration: write 500ms, 30s, 5m, 2h or 1d", 2)
+    seconds = float(found[1]) * _UNIT_S[found[2] or "s"]
+    if not seconds > 0:
+        raise fail(f"{option} {text!r} is not a positive duration", 2)
+    return seconds
+
+
+def parse_instant(option: str, text: str) -> float:
+    """Seconds since the epoch from an ISO 8601 time (local time unless it names a
+    zone); a usage error (exit 2) naming ``option`` for anything else."""
+    try:
+        instant = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise fail(
+            f"{option} {text!r} is not an ISO 8601 time (e.g. 2026-12-01T09:30:00+01:00)", 2
+        ) from None
+    if instant.tzinfo is None:
+        instant = instant.astimezone()  # (the local zone)
+    return instant.timestamp()
 
 
 def _echo_sent(meter: LiveCount, result: SendResult, numbers: range) -> None:

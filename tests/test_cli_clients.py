@@ -20,7 +20,9 @@ import signal
 import struct
 import subprocess
 import termios
+import time
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -244,6 +246,31 @@ async def test_consume_count_prints_and_commits_exactly_that_many(namesrv: str) 
         "consume", "-t", "Counted", "-g", "counted", "--idle-exit", "1", "-n", namesrv
     )
     assert rest.returncode == 0 and rest.stdout == b"", rest.stdout
+
+
+async def test_produce_deliver_after_and_at_are_consumed_at_their_time(namesrv: str) -> None:
+    """Timer messages from the command line: each comes once, never before its time
+    (the copy's store time against the delivery time the broker was asked for)."""
+    at = time.time() + 2
+    at_text = datetime.fromtimestamp(at, UTC).isoformat()
+    for flags in (["--deliver-after", "1500ms"], ["--deliver-at", at_text]):
+        produced = await hamq_as_run("produce", "-t", "Timed", *flags, "-n", namesrv, "t")
+        assert produced.returncode == 0, produced.stderr
+        assert "1 acknowledged (SEND_OK)" in produced.stdout.decode()
+    got = await hamq_as_run(
+        "consume", "-t", "Timed", "-g", "timed", "-c", "2", "--idle-exit", "20", "-n", namesrv
+    )
+    assert got.returncode == 0, got.stderr
+    assert printed_bodies(got.stdout) == ["t", "t"]
+    messages = await topic_messages(namesrv, "Timed")
+    assert len(messages) == 2
+    for message in messages:
+        due = int(message.properties["TIMER_OUT_MS"])
+        assert message.store_timestamp >= due
+    after, at_ = sorted(messages, key=lambda m: "TIMER_DELIVER_MS" in m.properties)
+    assert after.properties["TIMER_DELAY_MS"] == "1500"
+    assert int(at_.properties["TIMER_DELIVER_MS"]) == pytest.approx(at * 1000, abs=1)
+    assert int(at_.properties["TIMER_OUT_MS"]) == int(at_.properties["TIMER_DELIVER_MS"])
 
 
 # ---------------------------------------------------------------- loading a broker
@@ -665,6 +692,12 @@ async def test_a_negative_delay_level_is_refused_by_the_producer() -> None:
         (["--transaction", "unknown", "--delay-level", "2"], "cannot be used with --delay-level"),
         (["--transaction", "maybe"], "'maybe' is not one of 'commit', 'rollback', 'unknown'"),
         (["--transaction", "unknown", "--check-answer", "unknown"], "--check-answer"),
+        (["--deliver-after", "soon"], "--deliver-after 'soon' is not a duration"),
+        (["--deliver-after", "0s"], "--deliver-after '0s' is not a positive duration"),
+        (["--deliver-at", "tomorrow"], "--deliver-at 'tomorrow' is not an ISO 8601 time"),
+        (["--deliver-at", "2030-01-01", "--deliver-after", "5s"], "not both"),
+        (["--batch", "2", "--deliver-after", "5s"], "--batch cannot be used with --deliver"),
+        (["--delay-level", "2", "--deliver-after", "5s"], "--delay-level cannot be used"),
     ],
 )
 async def test_bad_produce_flags_are_refused(flags: list[str], error: str) -> None:

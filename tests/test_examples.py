@@ -117,6 +117,14 @@ def test_delayed_example_delivers_after_its_level(broker_namesrv: str) -> None:
 
 
 @pytest.mark.slow
+def test_timer_example_delivers_at_its_time(broker_namesrv: str) -> None:
+    out = run_example("timer.py", broker_namesrv)
+    match = re.search(r"delivered at \S+, ([\d.]+)s after sending", out)
+    assert match, out
+    assert float(match.group(1)) >= 2.9
+
+
+@pytest.mark.slow
 def test_transaction_example_delivers_the_committed_and_the_checked_back_order(
     broker_namesrv: str,
 ) -> None:

@@ -195,16 +195,19 @@ async def test_a_broker_shows_messages_in_and_out_sends_pulls_lag_and_its_store(
             for i in range(10):
                 result = await producer.send(Message("M", b"x" * 100, keys=[f"k{i}"]))
                 assert result.status is SendStatus.SEND_OK
+            await producer.send(Message("Later", b"x", deliver_after=600))  # (a timer waits)
+        await node.store.wait_dispatched()
         before = await scrape(node.metrics_port)
         assert value(before, "hamq_broker_messages_in", "_total", topic="M") == 10
         assert value(before, "hamq_broker_bytes_in", "_total", topic="M") > 10 * 100
-        assert value(before, "hamq_broker_send_latency_seconds", "_count", status="SEND_OK") == 10
+        assert value(before, "hamq_broker_send_latency_seconds", "_count", status="SEND_OK") == 11
         assert value(before, "hamq_broker_master") == 1
         requests = value(before, "hamq_broker_requests_received", "_total")
         assert requests >= 10  # the sends, and the clients' other requests
         assert 1 <= value(before, "hamq_broker_request_groups", "_total") <= requests
         assert value(before, "hamq_broker_info", role="ASYNC_MASTER", broker_name="broker-a") == 1
         assert value(before, "hamq_broker_commitlog_offset", which="max") > 0
+        assert value(before, "hamq_broker_timer_messages", state="waiting") == 1
         disk = "hamq_broker_store_disk_bytes"
         # measured in a worker thread, from the start on
         reserved = shows(node.metrics_port, disk, lambda v: v > 0, kind="reserved")

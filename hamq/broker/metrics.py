@@ -275,6 +275,14 @@ class BrokerCollector:
         ):
             offsets.add_metric([which], value)
         yield offsets
+        timers = GaugeMetricFamily(
+            "hamq_broker_timer_messages",
+            "Timer messages: waiting for their time, delivered (since this broker became master)",
+            labels=["state"],
+        )
+        timers.add_metric(["waiting"], stats.timers_waiting)
+        timers.add_metric(["delivered"], stats.timers_delivered)
+        yield timers
         disk = GaugeMetricFamily(
             "hamq_broker_store_disk_bytes",
             "The store's files: reserved (their sizes) and used (blocks on disk)",

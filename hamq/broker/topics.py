@@ -6,7 +6,8 @@ listeners (the registration service re-registers with the nameservers at once).
 System topics exist from the start: TBW102 (the template auto-created topics copy;
 inheritable while auto-creation is on), SCHEDULE_TOPIC_XXXX (one queue per delay
 level), and the transactions' RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF_TOPIC and
-TRANS_CHECK_MAX_TIME_TOPIC (one queue each; hamq/broker/transactions.py). Retry
+TRANS_CHECK_MAX_TIME_TOPIC (one queue each; hamq/broker/transactions.py), and
+rmq_sys_wheel_timer (timer messages wait in queue 0, hamq/store/timer.py). Retry
 (``%RETRY%group``) and dead-letter (``%DLQ%group``) topics are created when first
 needed, with one queue.
 
@@ -39,6 +40,7 @@ from hamq.protocol.bodies import (
 from hamq.protocol.message import (
     DEFAULT_TOPIC,
     SCHEDULE_TOPIC,
+    TIMER_TOPIC,
     TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
@@ -87,6 +89,7 @@ class TopicConfigManager(StateFile[TopicConfigSerializeWrapper]):
                 PERM_READ | PERM_WRITE | (PERM_INHERIT if auto_create else 0),
             ),
             SCHEDULE_TOPIC: TopicConfig(SCHEDULE_TOPIC, delay_levels, delay_levels),
+            TIMER_TOPIC: TopicConfig(TIMER_TOPIC, 1, 1),
             **{
                 topic: TopicConfig(topic, 1, 1, PERM_READ | PERM_WRITE)
                 for topic in (TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC)

@@ -1,17 +1,19 @@
 """The values users handle: Message to send, SendResult, received messages, PullResult.
 
-A ``Message`` carries its tags, keys and delay level as fields; on the wire they are
-the TAGS, KEYS and DELAY properties (docs/PROTOCOL.md#properties), next to the user's own
-properties. Received messages are ``hamq.protocol.message.StoredMessage`` values
-(exported here as ``MessageExt``) with the body already inflated when the producer
-compressed it.
+A ``Message`` carries its tags, keys, delay level and delivery time as fields; on the
+wire they are the TAGS, KEYS, DELAY and TIMER_DELIVER_MS / TIMER_DELAY_MS properties
+(docs/PROTOCOL.md#properties), next to the user's own properties. Received messages are
+``hamq.protocol.message.StoredMessage`` values (exported here as ``MessageExt``) with
+the body already inflated when the producer compressed it.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import zlib
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 
 import attrs
 
@@ -24,6 +26,10 @@ from hamq.protocol.message import (
     PROPERTY_KEYS,
     PROPERTY_SEPARATOR,
     PROPERTY_TAGS,
+    PROPERTY_TIMER_DELAY_MS,
+    PROPERTY_TIMER_DELAY_SEC,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_SOURCE,
     PROPERTY_WAIT,
     SYSFLAG_COMPRESSED,
     MessageFormatError,
@@ -42,7 +48,18 @@ _COMPRESSION_NAMES = {0x100: "LZ4", 0x200: "ZSTD"}
 #: the largest body RocketMQ accepts by default (maxMessageSize)
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 #: properties the client sets itself; a user's properties may not use them
-RESERVED_PROPERTIES = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_DELAY, PROPERTY_WAIT})
+RESERVED_PROPERTIES = frozenset(
+    {
+        PROPERTY_TAGS,
+        PROPERTY_KEYS,
+        PROPERTY_DELAY,
+        PROPERTY_WAIT,
+        PROPERTY_TIMER_DELIVER_MS,
+        PROPERTY_TIMER_DELAY_MS,
+        PROPERTY_TIMER_DELAY_SEC,
+        PROPERTY_TIMER_SOURCE,
+    }
+)
 
 
 def _body(value: bytes | bytearray | memoryview | str) -> bytes:
@@ -51,6 +68,38 @@ def _body(value: bytes | bytearray | memoryview | str) -> bytes:
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     raise InvalidArgumentError(f"a message body is bytes or str, not {type(value).__name__}")
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidArgumentError(f"{name} must be a number of seconds, not {value!r}")
+    return float(value)
+
+
+def _deliver_at(value: datetime | float | None) -> float | None:
+    """An aware datetime or seconds since the epoch, as seconds since the epoch."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InvalidArgumentError(
+                f"deliver_at {value.isoformat()} has no time zone: give one "
+                "(datetime.now(UTC) + ...), or seconds since the epoch"
+            )
+        return value.timestamp()
+    return _seconds("deliver_at", value)
+
+
+def _deliver_after(value: timedelta | float | None) -> float | None:
+    """A timedelta or seconds, as seconds (positive)."""
+    if value is None:
+        return None
+    seconds = (
+        value.total_seconds() if isinstance(value, timedelta) else _seconds("deliver_after", value)
+    )
+    if not seconds > 0:
+        raise InvalidArgumentError(f"deliver_after {value!r} is not a positive time")
+    return seconds
 
 
 def _keys(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -67,6 +116,10 @@ class Message:
 
     ``keys`` are what QUERY_MESSAGE finds it by (space-separated on the wire);
     ``delay_level`` 1-18 delivers it later (1s 5s 10s 30s 1m ... 2h), 0 at once;
+    ``deliver_at`` (an aware datetime, or seconds since the epoch) or ``deliver_after``
+    (a timedelta, or seconds) delivers it at any time up to the broker's
+    ``timer_max_delay_s`` (3 days by default; RocketMQ 5's timer messages), to the
+    millisecond: never before, within a second after (docs/ARCHITECTURE.md#timers);
     ``wait_store_msg_ok`` False lets a SYNC_FLUSH broker answer before the fsync.
     """
 
@@ -78,9 +131,13 @@ class Message:
     delay_level: int = 0
     wait_store_msg_ok: bool = True
     properties: dict[str, str] = attrs.field(factory=dict)
+    deliver_at: float | None = attrs.field(default=None, converter=_deliver_at)
+    deliver_after: float | None = attrs.field(default=None, converter=_deliver_after)
 
     def wire_properties(self) -> dict[str, str]:
-        """Every property as sent: the user's, then TAGS, KEYS, DELAY and WAIT."""
+        """Every property as sent: the user's, then TAGS, KEYS, DELAY, the delivery time
+        (TIMER_DELIVER_MS, or TIMER_DELAY_MS: the broker counts from its own clock) and
+        WAIT."""
         props = dict(self.properties)
         if self.tags:
             props[PROPERTY_TAGS] = self.tags
@@ -88,6 +145,10 @@ class Message:
             props[PROPERTY_KEYS] = KEY_SEPARATOR.join(self.keys)
         if self.delay_level > 0:
             props[PROPERTY_DELAY] = str(self.delay_level)
+        if self.deliver_at is not None:
+            props[PROPERTY_TIMER_DELIVER_MS] = str(round(self.deliver_at * 1000))
+        if self.deliver_after is not None:
+            props[PROPERTY_TIMER_DELAY_MS] = str(round(self.deliver_after * 1000))
         if not self.wait_store_msg_ok:
             props[PROPERTY_WAIT] = "false"
         return props
@@ -136,6 +197,10 @@ def check_message(message: Message, max_size: int) -> None:
         )
     if message.delay_level > 255:
         raise InvalidArgumentError(f"delay_level {message.delay_level} is not in 0..255")
+    if message.deliver_at is not None and message.deliver_after is not None:
+        raise InvalidArgumentError("give deliver_at or deliver_after, not both")
+    if message.delay_level > 0 and (message.deliver_at or message.deliver_after) is not None:
+        raise InvalidArgumentError("give a delay_level or a delivery time, not both")
     if not -(2**31) <= message.flag < 2**31:
         raise InvalidArgumentError(f"flag {message.flag} does not fit in 32 bits")
     for text in (message.tags or "", *message.keys):

@@ -504,8 +504,8 @@ class Producer(InstanceOwner):
         timeout_s: float | None = None,
     ) -> SendResult:
         """Messages of one topic in one request; each is stored as its own message, in
-        one queue, in order. No delay levels; the batch's total size counts against
-        ``max_message_size``. InvalidArgumentError, before anything is sent, for a
+        one queue, in order. No delay levels or delivery times; the batch's total size
+        counts against ``max_message_size``. InvalidArgumentError, before anything is sent, for a
         batch ``check_batch`` refuses (and for ``timeout_s`` as ``send``'s)."""
         timeout = self._timeout(timeout_s)
         return await self._send_alone(self._batch_request(messages), None, None, queue, timeout)
@@ -530,6 +530,8 @@ class Producer(InstanceOwner):
                 )
             if message.delay_level > 0:
                 raise InvalidArgumentError("messages of a batch cannot have a delay level")
+            if (message.deliver_at or message.deliver_after) is not None:
+                raise InvalidArgumentError("messages of a batch cannot have a delivery time")
             properties = message.wire_properties()
             ids.append(properties.setdefault(PROPERTY_UNIQ_KEY, self._ids.next_id()))
             entries.append(BatchEntry(message.body, message.flag, encode_properties(properties)))

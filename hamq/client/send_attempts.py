@@ -32,7 +32,13 @@ from hamq.client.message import Message, SendResult, SendStatus
 from hamq.client.route_cache import LatencyFaultTolerance, PublishInfo, TimedOutAddresses
 from hamq.protocol import RequestError, ResponseCode
 from hamq.protocol.bodies import MessageQueue
-from hamq.protocol.message import PROPERTY_DELAY, PROPERTY_TRANSACTION_PREPARED, is_retry_topic
+from hamq.protocol.message import (
+    PROPERTY_DELAY,
+    PROPERTY_TIMER_DELAY_MS,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TRANSACTION_PREPARED,
+    is_retry_topic,
+)
 from hamq.remoting import RemotingTimeoutError
 
 log = logging.getLogger(__name__)
@@ -100,12 +106,15 @@ class SendRequest:
     @property
     def batchable(self) -> bool:
         """Whether this single message may go in an automatic batch: not compressed,
-        no delay level, not transactional, not to a retry topic (RocketMQ's canBatch)."""
+        no delay level or delivery time, not transactional, not to a retry topic
+        (RocketMQ's canBatch)."""
         properties = self.properties
         return (
             not self.batch
             and not self.sys_flag
             and PROPERTY_DELAY not in properties
+            and PROPERTY_TIMER_DELIVER_MS not in properties
+            and PROPERTY_TIMER_DELAY_MS not in properties
             and PROPERTY_TRANSACTION_PREPARED not in properties
             and not is_retry_topic(self.topic)
         )

@@ -76,6 +76,21 @@ PROPERTY_CLUSTER = "CLUSTER"
 #: log (hamq/store/queue_check.py writes it at recovery, with an empty body; pulls pass
 #: over it). Its value says where the lost record was.
 PROPERTY_LOST = "HAMQ_LOST"
+# timer messages (RocketMQ 5: any delivery time, hamq/store/timer.py): a producer sets
+# one of the first three; the broker adds TIMER_OUT_MS (when it is due) to the record
+# it keeps in TIMER_TOPIC, and ENQUEUE/DEQUEUE (store time of that record, delivery
+# time) to the copy it delivers
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
+PROPERTY_TIMER_OUT_MS = "TIMER_OUT_MS"
+PROPERTY_TIMER_ENQUEUE_MS = "TIMER_ENQUEUE_MS"
+PROPERTY_TIMER_DEQUEUE_MS = "TIMER_DEQUEUE_MS"
+PROPERTY_TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
+#: hamq's own: on a timer message's delivered copy (or a record saying it can never be
+#: delivered), the queue offset in TIMER_TOPIC of the record it was delivered from: what
+#: every broker counts as delivered (hamq/store/timer.py). Producers cannot set it.
+PROPERTY_TIMER_SOURCE = "HAMQ_TIMER_SOURCE"
 KEY_SEPARATOR = " "
 
 
@@ -128,10 +143,14 @@ TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 #: transactions: half messages no producer settled after transaction_check_max checks
 TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+#: timer messages wait here (queue 0) until their delivery time (RocketMQ's name);
+#: queue 1 holds hamq's records of timer messages that can never be delivered
+TIMER_TOPIC = "rmq_sys_wheel_timer"
 SYSTEM_TOPICS = frozenset(
     {
         DEFAULT_TOPIC,
         SCHEDULE_TOPIC,
+        TIMER_TOPIC,
         TRANS_HALF_TOPIC,
         TRANS_OP_HALF_TOPIC,
         TRANS_CHECK_MAX_TIME_TOPIC,

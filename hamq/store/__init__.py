@@ -21,6 +21,7 @@ No network code here; the broker drives it through ``MessageStore``
 - durability.py     the durability ticket: what a put waits for, and its status
 - role.py           the broker's role as the store and the HA service read it
 - schedule.py       delay levels
+- timer.py          timer messages (any delivery time): what waits, and their delivery
 - retention.py      deleting old segments
 - encoding.py       a put's checks and its record
 - values.py         what puts and reads take and answer
@@ -32,6 +33,7 @@ from hamq.protocol.message import SCHEDULE_TOPIC
 from hamq.store.commitlog import AppendResult
 from hamq.store.config import BrokerRole, FlushDiskType, StoreConfig, parse_delay_levels
 from hamq.store.durability import PutMessageStatus, ReplicaGate, Ticket
+from hamq.store.encoding import is_timer_message
 from hamq.store.message_store import MessageStore
 from hamq.store.reput import DispatchRequest
 from hamq.store.role import ConfiguredRole, RoleReader
@@ -66,5 +68,6 @@ __all__ = [
     "StoreStatistics",
     "Ticket",
     "copy_to_store",
+    "is_timer_message",
     "parse_delay_levels",
 ]

@@ -84,6 +84,12 @@ class StoreConfig:
     message_delay_level: str = attrs.field(default=DEFAULT_DELAY_LEVELS, validator=_delay_levels)
     #: how often delay offsets are persisted (the slave copies them every 10 s)
     delay_offset_persist_interval_s: float = attrs.field(default=10.0, validator=v.gt(0.0))
+    #: the latest delivery time a timer message may ask for, from now (RocketMQ
+    #: timerMaxDelaySec: 3 days); later ones are refused
+    timer_max_delay_s: float = attrs.field(default=3 * 86_400.0, validator=v.gt(0.0))
+    #: most timer messages waiting at once (each costs about 100 bytes of memory until
+    #: delivered); a send past it is refused (RocketMQ's WHEEL_TIMER_FLOW_CONTROL)
+    timer_max_pending: int = attrs.field(default=1_000_000, validator=v.ge(1))
     #: most bytes and messages one get_message returns (RocketMQ: 256 KiB in memory)
     max_transfer_bytes: int = attrs.field(default=256 * 1024, validator=v.ge(1))
     max_transfer_count: int = attrs.field(default=32, validator=v.ge(1))

@@ -4,7 +4,9 @@
 deletion topic refused), queue id, body size, a DELAY property that is not a level, a
 transaction committed after its topic was deleted, properties too long — and encodes
 its CommitLog record (hamq/protocol/message.py's templates): a delayed message goes to
-SCHEDULE_TOPIC_XXXX at its level's queue, its real topic and queue in its properties.
+SCHEDULE_TOPIC_XXXX at its level's queue, its real topic and queue in its properties;
+a timer message (a delivery time in the future: ``timer_transform``) to
+rmq_sys_wheel_timer queue 0, likewise, with the time it is due in TIMER_OUT_MS.
 ``prepare_batch`` does the same once for a batch whose entries share all but body,
 flag and properties. A refusal is a ``PutMessageResult`` with the status and a remark
 naming what was wrong; nothing here touches the log (message_store.py appends).
@@ -12,16 +14,23 @@ naming what was wrong; nothing here touches the log (message_store.py appends).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 
 from hamq.protocol.message import (
     PROPERTY_DELAY,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_DEL_UNIQKEY,
+    PROPERTY_TIMER_DELAY_MS,
+    PROPERTY_TIMER_DELAY_SEC,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_OUT_MS,
     SCHEDULE_TOPIC,
     SYSFLAG_TRANSACTION_COMMIT,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_NOT_TYPE,
+    TIMER_TOPIC,
     TOPIC_DELETION_TOPIC,
     MessageFormatError,
     PropertiesTooLong,
@@ -43,19 +52,69 @@ from hamq.store.values import MessageToStore, PutMessageResult
 Prepared = tuple[str, RecordTemplate, Mapping[str, str]]
 #: topic names remembered as valid (a bounded cache: checking a name costs a regex)
 VALID_TOPICS_KEPT = 100_000
+#: the properties that ask for a delivery time, the first found deciding (RocketMQ's order)
+TIMER_PROPERTIES = (PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELIVER_MS)
+#: a timer property's value: a whole number (Java's Long.parseLong, 18 digits at most)
+_WHOLE = re.compile(r"[+-]?[0-9]{1,18}")
 
 
 def _refuse(status: PutMessageStatus, remark: str) -> PutMessageResult:
     return PutMessageResult(status, None, remark)
 
 
+def is_timer_message(topic: str, properties: Mapping[str, str]) -> bool:
+    """Whether a put asks for a delivery time (RocketMQ's ``checkIfTimerMessage``): a
+    timer property, and neither the timer topic nor TIMER_OUT_MS (a record made from a
+    timer message already: a delivered copy sent again is not delayed again). A delay
+    level, when there is one, wins (``prepare`` drops the timer properties then)."""
+    return (
+        (
+            PROPERTY_TIMER_DELIVER_MS in properties
+            or PROPERTY_TIMER_DELAY_MS in properties
+            or PROPERTY_TIMER_DELAY_SEC in properties
+        )
+        and PROPERTY_TIMER_OUT_MS not in properties
+        and topic != TIMER_TOPIC
+    )
+
+
+def timer_due_ms(properties: Mapping[str, str], now_ms: int) -> int | str:
+    """When a timer message is due (ms since the epoch), or why its properties do not
+    say: TIMER_DELAY_SEC and TIMER_DELAY_MS count from ``now_ms``, TIMER_DELIVER_MS is
+    the time itself."""
+    for key in TIMER_PROPERTIES:
+        text = properties.get(key)
+        if text is None:
+            continue
+        if not _WHOLE.fullmatch(text):
+            return f"timer message illegal: {key} {text[:40]!r} is not a whole number"
+        value = int(text)
+        if key == PROPERTY_TIMER_DELAY_SEC:
+            return now_ms + value * 1000
+        if key == PROPERTY_TIMER_DELAY_MS:
+            return now_ms + value
+        return value
+    return "timer message illegal: no delivery time"
+
+
 class PutEncoder:
     """Checks and encodes the messages of a store's puts."""
 
-    def __init__(self, config: StoreConfig, deletions: TopicDeletions) -> None:
+    def __init__(
+        self,
+        config: StoreConfig,
+        deletions: TopicDeletions,
+        *,
+        clock: Callable[[], int],
+        timer_room: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.config = config
         self.deletions = deletions
         self._delay_levels = len(config.delay_levels_ms)
+        self._clock = clock
+        #: whether one more timer message may wait (``timer_max_pending``)
+        self._timer_room = timer_room
+        self._timer_max_delay_ms = int(config.timer_max_delay_s * 1000)
         self._valid_topics: set[str] = set()  # names already checked (a bounded cache)
 
     def prepare_batch(self, messages: list[MessageToStore]) -> list[Prepared] | None:
@@ -87,6 +146,7 @@ class PutEncoder:
                 and message.prepared_transaction_offset == transaction_offset
                 and len(message.body) <= most
                 and not message.properties.get(PROPERTY_DELAY)
+                and not is_timer_message(topic, message.properties)
             ):
                 return None
         if self.refusal(first) is not None:
@@ -161,13 +221,16 @@ class PutEncoder:
                 f"topic {topic} was deleted after this transaction's half message was stored",
             )
         delay = properties.get(PROPERTY_DELAY)
-        if delay and transaction in (SYSFLAG_TRANSACTION_NOT_TYPE, SYSFLAG_TRANSACTION_COMMIT):
+        delayable = transaction in (SYSFLAG_TRANSACTION_NOT_TYPE, SYSFLAG_TRANSACTION_COMMIT)
+        if delay and delayable:
             if not delay.strip().lstrip("-").isdigit():
                 return _refuse(
                     PutMessageStatus.MESSAGE_ILLEGAL, f"DELAY property {delay!r} is not a level"
                 )
             level = min(int(delay), self._delay_levels)
             if level > 0:
+                if is_timer_message(topic, properties):  # (a level wins, as in RocketMQ)
+                    properties = {k: v for k, v in properties.items() if k not in TIMER_PROPERTIES}
                 properties = {
                     **properties,
                     PROPERTY_DELAY: str(level),
@@ -175,6 +238,11 @@ class PutEncoder:
                     PROPERTY_REAL_QUEUE_ID: str(queue_id),
                 }
                 topic, queue_id = SCHEDULE_TOPIC, level - 1
+        if delayable and topic != SCHEDULE_TOPIC and is_timer_message(topic, properties):
+            timed = self.timer_transform(topic, queue_id, properties)
+            if isinstance(timed, PutMessageResult):
+                return timed
+            topic, queue_id, properties = timed
         try:
             template = make_record_template(
                 topic=topic,
@@ -198,3 +266,54 @@ class PutEncoder:
         except MessageFormatError as exc:
             return _refuse(PutMessageStatus.MESSAGE_ILLEGAL, str(exc))
         return topic, template, properties
+
+    def timer_transform(
+        self, topic: str, queue_id: int, properties: Mapping[str, str]
+    ) -> tuple[str, int, Mapping[str, str]] | PutMessageResult:
+        """Where a timer message goes: rmq_sys_wheel_timer queue 0, with TIMER_OUT_MS (when
+        it is due), REAL_TOPIC and REAL_QID, when its delivery time is in the future
+        (RocketMQ's ``transformTimerMessage``, without its rounding down to the timer's
+        precision: hamq never delivers before the time asked for); its own topic and
+        queue when the time has come already. Refused (WHEEL_TIMER_MSG_ILLEGAL) when the
+        time is not a number or further than ``timer_max_delay_s`` away, or a deletion
+        (TIMER_DEL_UNIQKEY, not supported) names a time past; refused for now
+        (WHEEL_TIMER_FLOW_CONTROL) when ``timer_max_pending`` messages wait."""
+        now = self._clock()
+        due = timer_due_ms(properties, now)
+        if isinstance(due, str):
+            return _refuse(PutMessageStatus.WHEEL_TIMER_MSG_ILLEGAL, due)
+        if due <= now:
+            if PROPERTY_TIMER_DEL_UNIQKEY in properties:
+                return _refuse(
+                    PutMessageStatus.WHEEL_TIMER_MSG_ILLEGAL,
+                    "timer message illegal: a deletion's delivery time must be in the future",
+                )
+            return topic, queue_id, properties
+        if due - now > self._timer_max_delay_ms:
+            return _refuse(
+                PutMessageStatus.WHEEL_TIMER_MSG_ILLEGAL,
+                f"timer message illegal: its delivery time is {(due - now) / 1000:.3f}s from "
+                f"now, past the broker's timer_max_delay_s {self.config.timer_max_delay_s:g}s",
+            )
+        if PROPERTY_TIMER_DEL_UNIQKEY in properties:
+            return _refuse(
+                PutMessageStatus.WHEEL_TIMER_MSG_ILLEGAL,
+                f"timer message illegal: {PROPERTY_TIMER_DEL_UNIQKEY} (deleting a timer "
+                "message) is not supported by this broker",
+            )
+        if not self._timer_room():
+            return _refuse(
+                PutMessageStatus.WHEEL_TIMER_FLOW_CONTROL,
+                f"timer message is under flow control: timer_max_pending "
+                f"{self.config.timer_max_pending} messages wait already; retry later",
+            )
+        return (
+            TIMER_TOPIC,
+            0,
+            {
+                **properties,
+                PROPERTY_TIMER_OUT_MS: str(due),
+                PROPERTY_REAL_TOPIC: topic,
+                PROPERTY_REAL_QUEUE_ID: str(queue_id),
+            },
+        )

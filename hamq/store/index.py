@@ -189,15 +189,23 @@ class IndexService:
             return self.files[-1].end_offset  # the newest file holds the newest entries
         return max((f.end_offset for f in self.files if f.count > 1), default=-1)
 
-    def add(self, topic: str, keys: list[str], physical_offset: int, store_timestamp: int) -> None:
-        """Index one record's keys (KEYS and UNIQ_KEY); records already indexed are skipped.
+    def add(
+        self,
+        topic: str,
+        keys: list[str],
+        physical_offset: int,
+        store_timestamp: int,
+        marks: tuple[str, ...] = (),
+    ) -> None:
+        """Index one record's keys (KEYS and UNIQ_KEY) under its topic, and ``marks``
+        (whole index keys, ``index_key``'s); records already indexed are skipped.
 
         A record's keys go into one file when they fit in an empty one: a new file is
         started first when the current one lacks room for all of them, so that a
         failure to create it (a full disk) leaves the record wholly unindexed, and
         dispatching it again indexes it whole.
         """
-        if not keys:
+        if not keys and not marks:
             return
         current = self.files[-1] if self.files else None
         # (indexed_offset, read off the newest file when it holds any entry)
@@ -206,12 +214,15 @@ class IndexService:
                 return
         elif physical_offset <= self.indexed_offset:
             return
-        if current is None or not current.room_for(len(keys)):  # (most records: it has room)
+        count = len(keys) + len(marks)
+        if current is None or not current.room_for(count):  # (most records: it has room)
             current = self._writable(store_timestamp)
-            if not current.room_for(len(keys)) and current.count > 1:
+            if not current.room_for(count) and current.count > 1:
                 current = self._new_file(store_timestamp)
-        for key in keys:
-            full_key = f"{topic}#{key}"
+        full_keys = [f"{topic}#{key}" for key in keys]
+        if marks:
+            full_keys.extend(marks)
+        for full_key in full_keys:
             if not current.put(full_key, physical_offset, store_timestamp):
                 current = self._new_file(store_timestamp)
                 current.put(full_key, physical_offset, store_timestamp)

@@ -55,6 +55,7 @@ from hamq.store.retention import RetentionService
 from hamq.store.role import ConfiguredRole, RoleReader
 from hamq.store.schedule import ScheduleService, encode_delay_offsets
 from hamq.store.segment import StoreCorruptionError, StoreError
+from hamq.store.timer import TimerService, TimerWaits
 from hamq.store.values import (
     MessageToStore,
     PutMessageResult,
@@ -131,7 +132,18 @@ class MessageStore(StoreReader):
         #: the scheduler's (cancelled: none runs)
         self._schedule_scope = trio.CancelScope()
         self._schedule_scope.cancel()
-        self._encoder = PutEncoder(config, self.deletions)
+        #: the timer messages waiting (hamq/store/timer.py), followed on every broker
+        self.timers = TimerWaits(
+            queues=self.queues,
+            index=self.index,
+            read_message=self.look_message_by_offset,
+            log_end=lambda: self.commitlog.max_offset,
+            floors_path=config.config_dir / "timerFloor.json",
+            max_pending=config.timer_max_pending,
+        )
+        #: their delivery, while this store is a master's (None: none runs)
+        self.timer_service: TimerService | None = None
+        self._encoder = PutEncoder(config, self.deletions, clock=clock, timer_room=self.timers.room)
         #: where the log ended when records were left undispatched (a full disk at
         #: start or at promotion): sends wait until they are, then take their queue
         #: offsets afresh
@@ -173,6 +185,9 @@ class MessageStore(StoreReader):
             )
             if self.recovery.paused is not None:
                 self._undispatched_end = self.recovery.commitlog_end
+            self.timers.load_floors(self.commitlog.max_offset)
+            await trio.to_thread.run_sync(self.timers.build)
+            self.reput.listeners.append(self.timers.on_dispatch)
             await trio.to_thread.run_sync(self._mark_running)
             if self._on_recovered is not None:
                 await self._on_recovered()
@@ -192,7 +207,7 @@ class MessageStore(StoreReader):
                 index=self.index,
                 reput=self.reput,
                 clock=self._clock,
-                floor=self._retention_floor,
+                floor=self._retention_floor_with_timers,
                 reserved_ms=int(config.file_reserved_time_h * 3_600_000),
                 interval_s=config.clean_interval_s,
                 exclusive=self.flush.exclusive,
@@ -202,6 +217,7 @@ class MessageStore(StoreReader):
                 await nursery.start(self.flush.run)
                 await nursery.start(self.retention.run)
                 await nursery.start(self.durability.replica_acks.run)
+                nursery.start_soon(self._timer_floors_loop)
                 self._running = True
                 self._nursery = nursery
                 if self.role.is_master:
@@ -242,6 +258,7 @@ class MessageStore(StoreReader):
                 await self.flush.flush_queues_and_checkpoint()
                 if self.schedule is not None:
                     await self.schedule.persist()  # now that the delivered copies are flushed
+                await self._save_timer_floors()
                 extents = QueueExtents.of(self.queues.queues.values(), self.reput.offset)
                 await trio.to_thread.run_sync(save_extents, self._extents_path, extents)
                 self._abort_path.unlink(missing_ok=True)
@@ -333,16 +350,50 @@ class MessageStore(StoreReader):
         self.commitlog.queue_offsets = {k: q.max_offset for k, q in self.queues.queues.items()}
 
     async def _run_schedule(self, *, task_status: trio.TaskStatus[None]) -> None:
-        """The delayed-message scheduler, while this store is a master's."""
+        """The delayed-message scheduler and the timer messages' delivery, while this
+        store is a master's."""
         schedule = self.schedule = self._schedule_service()
+        self.timer_service = TimerService(
+            self.timers,
+            clock=self._clock,
+            read_message=self.look_message_by_offset,
+            put=lambda message: self.put_message_nowait(message, announce=False),
+            announce=self.announce_appends,
+            deletions=self.deletions,
+        )
         self.reput.listeners.append(schedule.on_dispatch)
         try:
             with trio.CancelScope() as self._schedule_scope:
-                await schedule.run(task_status=task_status)  # (persists its offsets at the end)
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(self.timer_service.run)
+                    await nursery.start(schedule.run)  # (persists its offsets at the end)
+                    task_status.started()
         finally:
             self.reput.listeners.remove(schedule.on_dispatch)
             if not self.role.is_master:  # demoted (at shutdown _stop persists it after the flush)
                 self.schedule = None
+                self.timer_service = None
+
+    def _retention_floor_with_timers(self) -> int:
+        """The broker's retention floor, lowered to the oldest timer message waiting."""
+        floor = self._retention_floor()
+        oldest = self.timers.oldest_offset()
+        return floor if oldest is None else min(floor, oldest)
+
+    async def _timer_floors_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.delay_offset_persist_interval_s)
+            try:
+                await self._save_timer_floors()
+            except OSError:
+                log.exception("saving the timer floors failed; retrying")
+
+    async def _save_timer_floors(self) -> None:
+        """Note the timer floor as of what is dispatched, and save those on disk now."""
+        self.timers.sample(self.reput.offset)
+        floors = self.timers.durable_floors(self.flush.flushed_offset if self.flush else 0)
+        if floors is not None:
+            await trio.to_thread.run_sync(self.timers.save_floors, floors)
 
     def _schedule_service(self) -> ScheduleService:
         return ScheduleService(
@@ -558,6 +609,8 @@ class MessageStore(StoreReader):
             self.flush.reset(offset)
             if self.schedule is not None:
                 self.schedule.correct_offsets()
+            self.timers.truncated(offset)
+            await trio.to_thread.run_sync(self.timers.save_floors, list(self.timers.floors))
         await self.flush.flush_queues_and_checkpoint()
         return dropped
 
@@ -647,4 +700,6 @@ class MessageStore(StoreReader):
             dispatch_failure=self.reput.failure,
             damaged_records_dispatched=self.reput.damaged.count,
             damaged_records_read=self.commitlog.damaged.count,
+            timers_waiting=len(self.timers.pending),
+            timers_delivered=self.timer_service.delivered if self.timer_service else 0,
         )

@@ -11,7 +11,9 @@ and for each one adds a consume-queue entry and index keys, then tells the liste
   before its deletion, and a deletion record destroys its topic's queues
   (hamq/store/deletions.py);
 - for SCHEDULE_TOPIC_XXXX the tags code is the delivery time: store time + the delay
-  of the message's level;
+  of the message's level; for rmq_sys_wheel_timer queue 0 its TIMER_OUT_MS (when the
+  timer message is due); a record with HAMQ_TIMER_SOURCE (a timer message's delivery)
+  is also indexed under ``rmq_sys_wheel_timer#<that queue offset>`` (hamq/store/timer.py);
 - dispatching a record twice is harmless (consume queues and index skip what they have);
 - every record dispatched was read whole (``read_summary``): its entry is marked in its
   queue's ``checked`` (with ``check_crc``, only if this process appended it, computing
@@ -52,11 +54,14 @@ from hamq.protocol.message import (
     PROPERTY_KEYS,
     PROPERTY_LOST,
     PROPERTY_TAGS,
+    PROPERTY_TIMER_OUT_MS,
+    PROPERTY_TIMER_SOURCE,
     PROPERTY_UNIQ_KEY,
     SCHEDULE_TOPIC,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
+    TIMER_TOPIC,
     TOPIC_DELETION_TOPIC,
     MessageFormatError,
     decode_properties,
@@ -67,7 +72,7 @@ from hamq.protocol.record import BLANK_MAGIC, SIZE_MAGIC, decode_message, read_s
 from hamq.store.commitlog import AppendResult, CommitLog
 from hamq.store.consume_queue import ConsumeQueue, ConsumeQueueTable
 from hamq.store.deletions import TopicDeletions
-from hamq.store.index import IndexService
+from hamq.store.index import IndexService, index_key
 from hamq.store.records import (
     MIN_RECORD_BYTES,
     DamageLog,
@@ -333,10 +338,14 @@ class ReputService:
         )
 
     def _code(self, topic: str, store_timestamp: int, properties: Mapping[str, str]) -> int:
-        """A consume-queue entry's tag code: a delayed message's due time, else the
-        hash of its tags."""
+        """A consume-queue entry's tag code: a delayed or timer message's due time (a
+        timer record whose TIMER_OUT_MS does not read: its store time), else the hash of
+        its tags."""
         if topic == SCHEDULE_TOPIC:
             return store_timestamp + self._delay_ms(properties)
+        if topic == TIMER_TOPIC:
+            due = properties.get(PROPERTY_TIMER_OUT_MS, "")
+            return int(due) if due.isdigit() and len(due) <= 18 else store_timestamp
         return tags_code(properties.get(PROPERTY_TAGS))
 
     def _pass_over(self, segment: Segment, pos: int, problem: str, final: bool) -> int | None:
@@ -570,11 +579,18 @@ class ReputService:
                 log.exception("topic deletion listener failed for %s", topic)
 
     def _index(self, request: DispatchRequest) -> None:
-        """Index a record's keys (KEYS and UNIQ_KEY)."""
+        """Index a record's keys (KEYS and UNIQ_KEY), and a timer delivery's mark."""
         properties = request.properties
         keys_text = properties.get(PROPERTY_KEYS)
         keys = [k for k in keys_text.split(" ") if k] if keys_text else []
         uniq_key = properties.get(PROPERTY_UNIQ_KEY)
         if uniq_key:
             keys.append(uniq_key)
-        self.index.add(request.topic, keys, request.physical_offset, request.store_timestamp)
+        source = properties.get(PROPERTY_TIMER_SOURCE)
+        self.index.add(
+            request.topic,
+            keys,
+            request.physical_offset,
+            request.store_timestamp,
+            marks=() if source is None else (index_key(TIMER_TOPIC, source),),
+        )

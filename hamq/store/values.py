@@ -136,6 +136,10 @@ class StoreStatistics:
     #: damaged records dispatching passed over (each once), and pulls skipped (each time)
     damaged_records_dispatched: int = 0
     damaged_records_read: int = 0
+    #: timer messages waiting for their time, and delivered since this broker became
+    #: master (hamq/store/timer.py)
+    timers_waiting: int = 0
+    timers_delivered: int = 0
 
 
 def copy_to_store(

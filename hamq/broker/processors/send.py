@@ -74,6 +74,7 @@ from hamq.protocol.message import (
     PROPERTY_RECONSUME_TIME,
     PROPERTY_RETRY_TOPIC,
     PROPERTY_SEPARATOR,
+    PROPERTY_TIMER_SOURCE,
     PROPERTY_UNIQ_KEY,
     RETRY_GROUP_TOPIC_PREFIX,
     SYSTEM_TOPICS,
@@ -93,6 +94,7 @@ from hamq.store import (
     PutMessageStatus,
     StoreError,
     Ticket,
+    is_timer_message,
 )
 
 log = logging.getLogger(__name__)
@@ -106,6 +108,8 @@ _STATUS_CODES = {
     PutMessageStatus.CREATE_MAPPED_FILE_FAILED: ResponseCode.SYSTEM_ERROR,
     PutMessageStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
     PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
+    PutMessageStatus.WHEEL_TIMER_MSG_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
+    PutMessageStatus.WHEEL_TIMER_FLOW_CONTROL: ResponseCode.SYSTEM_ERROR,
 }
 #: the statuses a send's replicas decide (a controller-mode master may have to take them
 #: back: Roles.answer_refusal)
@@ -168,6 +172,17 @@ def _reconsume_times(
             f"property {PROPERTY_RECONSUME_TIME} {text!r} is not a count",
         )
     return times
+
+
+def _batch_entry_properties(topic: str, shared: dict[str, str], text: str) -> dict[str, str]:
+    """A batch entry's properties: the request's, then its own. RequestError if they ask
+    for a delivery time (a batch goes to one queue at once); hamq's timer mark is
+    dropped (only the broker's deliveries carry it)."""
+    properties = {**shared, **decode_properties(text)} if shared else decode_properties(text)
+    if is_timer_message(topic, properties):
+        raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "a batch cannot hold timer messages")
+    properties.pop(PROPERTY_TIMER_SOURCE, None)
+    return properties
 
 
 class _Group:
@@ -287,6 +302,7 @@ class SendProcessor:
         batch = request.code == RequestCode.SEND_BATCH_MESSAGE or bool(header.batch)
         topic, queue_id = self._check(header)
         properties = decode_properties(header.properties or "")
+        forged = properties.pop(PROPERTY_TIMER_SOURCE, None) is not None
         transactional = is_transactional(properties, header.sys_flag)
         if transactional:
             self._check_half(properties, batch)
@@ -308,16 +324,14 @@ class SendProcessor:
                     topic,
                     queue_id,
                     entry.body,
-                    (
-                        {**properties, **decode_properties(entry.properties)}
-                        if properties
-                        else decode_properties(entry.properties)
-                    ),
+                    _batch_entry_properties(topic, properties, entry.properties),
                     born_host,
                     store_host,
                     reconsume_times,
                     flag=entry.flag,
-                    text=None if properties else entry.properties,
+                    text=None
+                    if properties or PROPERTY_TIMER_SOURCE in entry.properties
+                    else entry.properties,
                 )
                 for entry in entries
             ]
@@ -334,7 +348,7 @@ class SendProcessor:
                     reconsume_times,
                     # (the text the properties came from, unless they were changed since)
                     text=None
-                    if transactional or is_retry_topic(header.topic)
+                    if transactional or forged or is_retry_topic(header.topic)
                     else header.properties,
                 )
             ]
