@@ -229,7 +229,10 @@ def sample_command(rng: random.Random, serialize_type: SerializeType) -> Remotin
     if rng.random() < 0.3:
         fields[sample_text(rng, min_size=1)] = sample_text(rng, min_size=1)
     cmd = RemotingCommand(
-        code=rng.choice(list(RequestCode)),
+        # (ROCKETMQ's binary header holds a 16-bit code: pop's 200050... go as JSON)
+        code=rng.choice(
+            [c for c in RequestCode if serialize_type is not SerializeType.ROCKETMQ or c < 2**15]
+        ),
         opaque=sample_int(rng, 32),
         flag=rng.choice([0, 1, 2]),
         remark=rng.choice([None, sample_text(rng, min_size=1)]),

@@ -123,6 +123,8 @@ class BrokerConfig:
     client_channel_expired_s: float = attrs.field(default=120.0, validator=v.gt(0.0))
     #: how long a long-polling pull may wait at most, whatever the client asks
     long_polling_max_s: float = attrs.field(default=30.0, validator=v.gt(0.0))
+    #: most pops held waiting for messages at once (more: POLLING_FULL)
+    pop_max_held: int = attrs.field(default=10_000, validator=v.ge(1))
     consumer_offset_persist_interval_s: float = attrs.field(default=5.0, validator=v.gt(0.0))
     #: transactions (hamq/broker/transactions.py): a half message is first checked back
     #: this long after it was stored (transactionTimeOut)

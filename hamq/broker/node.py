@@ -50,8 +50,10 @@ from hamq.broker.context import BrokerContext
 from hamq.broker.long_polling import PullHoldService
 from hamq.broker.metrics import BrokerCollector
 from hamq.broker.offsets import ConsumerOffsetManager
+from hamq.broker.pop import PopService
 from hamq.broker.processors.admin import AdminProcessor
 from hamq.broker.processors.clients import ClientProcessor
+from hamq.broker.processors.pop import PopProcessor
 from hamq.broker.processors.pull import PullProcessor
 from hamq.broker.processors.send import SendProcessor
 from hamq.broker.processors.transaction import EndTransactionProcessor
@@ -147,10 +149,23 @@ class BrokerNode:
             store_host=lambda: self.ctx.store_host,
         )
         self.roles.master_services.append(self.transactions)
+        pop = PopProcessor(self.ctx, lambda: self.pops)
+        #: pop consumption's state, held pops and revive (hamq/broker/pop.py)
+        self.pops = PopService(
+            self.store,
+            self.ctx.topics,
+            cluster=config.cluster_name,
+            max_retries=self._max_retries,
+            store_host=lambda: self.ctx.store_host,
+            answer_held=pop.answer_held,
+            max_held=config.pop_max_held,
+        )
+        self.roles.master_services.append(self.pops)
         for processor in (
             SendProcessor(self.ctx),
             EndTransactionProcessor(self.ctx, self.transactions),
             self.pull,
+            pop,
             ClientProcessor(self.ctx),
             AdminProcessor(self.ctx),
         ):
@@ -205,6 +220,11 @@ class BrokerNode:
                 remoting=config.remoting,  # TLS to the master's HA port
             )
         return service, client
+
+    def _max_retries(self, group: str) -> int:
+        """How many times a group's popped message comes back before its DLQ."""
+        config = self.ctx.subscriptions.table.get(group)
+        return config.retry_max_times if config is not None else 16
 
     def _context(self, consumers: ConsumerManager) -> BrokerContext:
         config = self.config
@@ -388,6 +408,7 @@ class BrokerNode:
         await nursery.start(ctx.pull_holds.run)
         await nursery.start(self.notifier.run)
         await nursery.start(self.transactions.run)
+        await nursery.start(self.pops.run)
         nursery.start_soon(self._housekeeping)
         nursery.start_soon(self._persist_loop)
 

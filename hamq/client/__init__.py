@@ -16,6 +16,7 @@ The modules, one job each:
 - push_consumer.py    PushConsumer: a consumer group member's settings and counters
 - push_run.py         one run of a PushConsumer: rebalancing, pulling, handling, offsets
 - send_back.py        a push consumer's failed messages sent back for a retry
+- simple_consumer.py  SimpleConsumer: pop consumption (receive, ack, invisible time)
 - rebalance.py        queue allocation among a group's members (pure)
 - admin.py            AdminClient: topics, routes, clusters, groups, messages, brokers
 - admin_views.py      the values admin calls return, and their JSON
@@ -62,6 +63,7 @@ from hamq.client.message import (
 )
 from hamq.client.producer import Producer, hash_selector
 from hamq.client.push_consumer import ConsumeFrom, PushConsumer, PushConsumerStatistics
+from hamq.client.simple_consumer import SimpleConsumer
 from hamq.client.transaction import (
     LocalTransactionState,
     TransactionListener,
@@ -101,6 +103,7 @@ __all__ = [
     "SendError",
     "SendResult",
     "SendStatus",
+    "SimpleConsumer",
     "TlsConfig",
     "TransactionListener",
     "TransactionProducer",

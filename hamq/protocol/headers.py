@@ -537,6 +537,76 @@ class QueryDataVersionResponseHeader:
     changed: bool = False
 
 
+@attrs.frozen
+class PopMessageRequestHeader:
+    """POP_MESSAGE (200050): up to ``max_msg_nums`` (at most 32) messages of ``topic``
+    (``queue_id`` -1: any queue) and of the group's pop retry topic, invisible to the
+    group for ``invisible_time`` ms unless acked; ``poll_time`` ms of long polling;
+    ``init_mode`` 0 starts a new group at the queue's first message, 1 at its end;
+    ``exp_type``/``exp`` filter by tags; ``order``: FIFO (the queue locked until acked)."""
+
+    consumer_group: str
+    topic: str
+    queue_id: int
+    max_msg_nums: int
+    invisible_time: int
+    poll_time: int
+    born_time: int
+    init_mode: int
+    exp_type: str | None = None
+    exp: str | None = None
+    order: bool | None = None
+    attempt_id: str | None = None
+
+
+@attrs.frozen
+class PopMessageResponseHeader:
+    """POP_MESSAGE's answer: body, the messages' records back to back (as a pull's);
+    ``start_offset_info`` and ``msg_offset_info`` say which queue offsets each came from
+    (the client builds each message's receipt handle from them: hamq/protocol/pop.py)."""
+
+    pop_time: int
+    invisible_time: int
+    revive_qid: int
+    rest_num: int
+    start_offset_info: str | None = None
+    msg_offset_info: str | None = None
+    order_count_info: str | None = None
+
+
+@attrs.frozen
+class AckMessageRequestHeader:
+    """ACK_MESSAGE (200051): the message at ``offset`` of ``topic``/``queue_id`` popped
+    with the receipt handle ``extra_info`` is done with."""
+
+    consumer_group: str
+    topic: str
+    queue_id: int
+    extra_info: str
+    offset: int
+
+
+@attrs.frozen
+class ChangeInvisibleTimeRequestHeader:
+    """CHANGE_MESSAGE_INVISIBLETIME (200053): the popped message comes back
+    ``invisible_time`` ms from now unless acked (a new receipt handle: the answer's
+    pop time and invisible time, the message's offset as the handle's first field)."""
+
+    consumer_group: str
+    topic: str
+    queue_id: int
+    extra_info: str
+    offset: int
+    invisible_time: int
+
+
+@attrs.frozen
+class ChangeInvisibleTimeResponseHeader:
+    pop_time: int
+    invisible_time: int
+    revive_qid: int
+
+
 #: Every header class, for tests and tooling: each attrs class defined above (kept last,
 #: so that a header added anywhere in this module is in it).
 ALL_HEADERS: tuple[type, ...] = tuple(

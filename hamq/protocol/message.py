@@ -91,6 +91,25 @@ PROPERTY_TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
 #: delivered), the queue offset in TIMER_TOPIC of the record it was delivered from: what
 #: every broker counts as delivered (hamq/store/timer.py). Producers cannot set it.
 PROPERTY_TIMER_SOURCE = "HAMQ_TIMER_SOURCE"
+#: hamq's own: index marks of a record (space-separated), indexed as ``HAMQ_MARKS#<mark>``
+#: so that the broker can find the record by them (pop acks and revives: hamq/broker/pop.py)
+PROPERTY_MARKS = "HAMQ_MARKS"
+#: hamq's own properties of a pop's records (hamq/broker/pop.py)
+PROPERTY_POP_CK = "HAMQ_POP_CK"
+PROPERTY_POP_ACK = "HAMQ_POP_ACK"
+PROPERTY_POP_REVIVED = "HAMQ_POP_REVIVED"
+#: the properties only the broker writes: a producer's are dropped (each says something
+#: the broker acts on: a timer delivery, a pop's ack, a lost record)
+INTERNAL_PROPERTIES = (
+    PROPERTY_LOST,
+    PROPERTY_TIMER_SOURCE,
+    PROPERTY_MARKS,
+    PROPERTY_POP_CK,
+    PROPERTY_POP_ACK,
+    PROPERTY_POP_REVIVED,
+)
+#: what every internal property's name starts with (a cheap test of a properties text)
+INTERNAL_PREFIX = "HAMQ_"
 KEY_SEPARATOR = " "
 
 

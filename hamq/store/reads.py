@@ -17,6 +17,7 @@ from collections.abc import Callable, Collection
 
 from hamq.protocol.message import (
     PROPERTY_KEYS,
+    PROPERTY_MARKS,
     PROPERTY_UNIQ_KEY,
     SYSFLAG_BORNHOST_V6,
     TOPIC_DELETION_TOPIC,
@@ -368,6 +369,20 @@ class StoreReader:
                 and begin_ms <= message.store_timestamp <= end_ms
             ):
                 found.append(record)
+        return found
+
+    def query_marks(self, mark: str, max_num: int = 8) -> list[StoredMessage]:
+        """Records whose HAMQ_MARKS hold ``mark``, newest first (decoded; candidates the
+        index gives whose record cannot be read are left out: the caller checks the
+        properties that matter)."""
+        found: list[StoredMessage] = []
+        for physical_offset in self.index.query(PROPERTY_MARKS, mark, max_num, 0, 2**62):
+            if not self.commitlog.min_offset <= physical_offset < self.commitlog.max_offset:
+                continue
+            try:
+                found.append(decode_message(self.record_at(physical_offset), check_crc=False))
+            except (StoreError, MessageFormatError):
+                continue
         return found
 
     def query_message(

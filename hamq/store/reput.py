@@ -13,7 +13,8 @@ and for each one adds a consume-queue entry and index keys, then tells the liste
 - for SCHEDULE_TOPIC_XXXX the tags code is the delivery time: store time + the delay
   of the message's level; for rmq_sys_wheel_timer queue 0 its TIMER_OUT_MS (when the
   timer message is due); a record with HAMQ_TIMER_SOURCE (a timer message's delivery)
-  is also indexed under ``rmq_sys_wheel_timer#<that queue offset>`` (hamq/store/timer.py);
+  is also indexed under ``rmq_sys_wheel_timer#<that queue offset>`` (hamq/store/timer.py),
+  and each of a record's HAMQ_MARKS under ``HAMQ_MARKS#<mark>`` (hamq/broker/pop.py);
 - dispatching a record twice is harmless (consume queues and index skip what they have);
 - every record dispatched was read whole (``read_summary``): its entry is marked in its
   queue's ``checked`` (with ``check_crc``, only if this process appended it, computing
@@ -53,6 +54,7 @@ from hamq.protocol.message import (
     PROPERTY_DELAY,
     PROPERTY_KEYS,
     PROPERTY_LOST,
+    PROPERTY_MARKS,
     PROPERTY_TAGS,
     PROPERTY_TIMER_OUT_MS,
     PROPERTY_TIMER_SOURCE,
@@ -587,10 +589,8 @@ class ReputService:
         if uniq_key:
             keys.append(uniq_key)
         source = properties.get(PROPERTY_TIMER_SOURCE)
-        self.index.add(
-            request.topic,
-            keys,
-            request.physical_offset,
-            request.store_timestamp,
-            marks=() if source is None else (index_key(TIMER_TOPIC, source),),
-        )
+        marks: tuple[str, ...] = () if source is None else (index_key(TIMER_TOPIC, source),)
+        text = properties.get(PROPERTY_MARKS)
+        if text:
+            marks += tuple(index_key(PROPERTY_MARKS, mark) for mark in text.split(" ") if mark)
+        self.index.add(request.topic, keys, request.physical_offset, request.store_timestamp, marks)

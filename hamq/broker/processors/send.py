@@ -66,6 +66,8 @@ from hamq.protocol.headers import (
 )
 from hamq.protocol.message import (
     DEFAULT_TOPIC,
+    INTERNAL_PREFIX,
+    INTERNAL_PROPERTIES,
     NAME_VALUE_SEPARATOR,
     PROPERTY_CLUSTER,
     PROPERTY_DELAY,
@@ -74,7 +76,6 @@ from hamq.protocol.message import (
     PROPERTY_RECONSUME_TIME,
     PROPERTY_RETRY_TOPIC,
     PROPERTY_SEPARATOR,
-    PROPERTY_TIMER_SOURCE,
     PROPERTY_UNIQ_KEY,
     RETRY_GROUP_TOPIC_PREFIX,
     SYSTEM_TOPICS,
@@ -177,12 +178,20 @@ def _reconsume_times(
 def _batch_entry_properties(topic: str, shared: dict[str, str], text: str) -> dict[str, str]:
     """A batch entry's properties: the request's, then its own. RequestError if they ask
     for a delivery time (a batch goes to one queue at once); hamq's timer mark is
-    dropped (only the broker's deliveries carry it)."""
+    dropped (only the broker's deliveries carry it), as are hamq's other own properties."""
     properties = {**shared, **decode_properties(text)} if shared else decode_properties(text)
     if is_timer_message(topic, properties):
         raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "a batch cannot hold timer messages")
-    properties.pop(PROPERTY_TIMER_SOURCE, None)
+    _drop_internal(properties)
     return properties
+
+
+def _drop_internal(properties: dict[str, str]) -> bool:
+    """Drop what only the broker may write (INTERNAL_PROPERTIES); whether there was any."""
+    found = False
+    for key in INTERNAL_PROPERTIES:
+        found = properties.pop(key, None) is not None or found
+    return found
 
 
 class _Group:
@@ -302,7 +311,7 @@ class SendProcessor:
         batch = request.code == RequestCode.SEND_BATCH_MESSAGE or bool(header.batch)
         topic, queue_id = self._check(header)
         properties = decode_properties(header.properties or "")
-        forged = properties.pop(PROPERTY_TIMER_SOURCE, None) is not None
+        forged = INTERNAL_PREFIX in (header.properties or "") and _drop_internal(properties)
         transactional = is_transactional(properties, header.sys_flag)
         if transactional:
             self._check_half(properties, batch)
@@ -330,7 +339,7 @@ class SendProcessor:
                     reconsume_times,
                     flag=entry.flag,
                     text=None
-                    if properties or PROPERTY_TIMER_SOURCE in entry.properties
+                    if properties or INTERNAL_PREFIX in entry.properties
                     else entry.properties,
                 )
                 for entry in entries

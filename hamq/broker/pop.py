@@ -1,0 +1,468 @@
+"""Pop consumption's state: what each group has popped, acked and had revived, kept as
+records in the CommitLog (so every replica has it) and followed from dispatch on every
+broker; the revive of what was not acked in time runs on the master.
+
+**Records** (all stored as puts, flushed and replicated like a send before the request
+that made them is answered):
+
+- a **checkpoint** (CK), one per queue a pop took messages from: a timer message
+  (hamq/store/timer.py) due when the messages' invisible time runs out, property
+  ``HAMQ_POP_CK`` = ``<group> <topic> <queue> <ck offset> <pop time> <invisible ms>
+  <end> <offset>,<offset>...`` (the queue offsets handed out; ``end``: where the pop
+  stopped reading), body empty. When due, the timer delivers it to the revive topic
+  ``rmq_sys_REVIVE_LOG_<cluster>`` queue 0: the master then *revives* it;
+- an **ack**: a record in the revive topic's queue 1, ``HAMQ_POP_ACK`` = ``<ck key>
+  <offset>,<offset>...``;
+- a **changed invisible time**: a new CK for the one message, due then, that carries
+  the ack of its old handle in the same record (``HAMQ_POP_ACK``): one record, so the
+  message is never both or neither;
+- a **revived copy**: the message stored again in the group's pop retry topic
+  (``%RETRY%<group>_<topic>``, reconsume times + 1; past the group's retries its DLQ,
+  ``%DLQ%<group>``), ``HAMQ_POP_REVIVED`` = ``<ck key> <offset>``.
+
+A CK's key is ``<group>@<topic>@<queue>@<ck offset>@<pop time>``, what a receipt handle
+names (hamq/protocol/pop.py). Acks and revived copies are also indexed
+(``HAMQ_MARKS``: ``a@<key>@<offset>``, ``r@<key>@<offset>``), so a broker that did not
+follow a CK from its start (it restarted since) can tell what was acked or revived.
+
+**Following** (``PopState.on_dispatch``, on every broker): a CK joins ``checkpoints``
+and moves the group's pop offset of its queue to its ``end``; an ack or a revived copy
+marks its offsets; a CK all of whose messages are acked or revived is dropped. A CK
+delivered to the revive topic is *due*. At start the CKs still waiting in the timer are
+read back (their acks and revives from the index).
+
+**Revive** (``ReviveService``, while the broker is master): every due CK's messages
+neither acked nor revived are stored again (the revived copy), in due order; the copy
+is the mark, so a new master revives exactly what the old one had not. An ack that
+comes after its CK was revived is refused (the message has come back already).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from hamq.broker.long_polling import HeldPull, PullHoldService
+from hamq.broker.topics import TopicConfigManager
+from hamq.protocol import RemotingCommand
+from hamq.protocol.message import (
+    PROPERTY_MARKS,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_POP_ACK,
+    PROPERTY_POP_CK,
+    PROPERTY_POP_REVIVED,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_WAIT,
+    SYSFLAG_TRANSACTION_MASK,
+    TIMER_TOPIC,
+    dlq_topic,
+    is_retry_topic,
+)
+from hamq.protocol.pop import pop_retry_topic
+from hamq.protocol.record import StoredMessage
+from hamq.remoting import Connection, Responder
+from hamq.store import DispatchRequest, MessageStore, MessageToStore, PutMessageResult, StoreError
+
+log = logging.getLogger(__name__)
+
+#: the revive topic's queues: CKs come due in 0, acks are kept in 1
+DUE_QUEUE, ACK_QUEUE = 0, 1
+#: how long to wait before trying a revive the store refused for now again
+RETRY_REVIVE_S = 1.0
+
+
+def revive_topic(cluster: str) -> str:
+    """RocketMQ's revive topic name (characters a topic may not hold replaced by _)."""
+    return "rmq_sys_REVIVE_LOG_" + re.sub(r"[^%|a-zA-Z0-9_-]", "_", cluster)[:100]
+
+
+def ck_key(group: str, topic: str, queue_id: int, ck_offset: int, pop_time: int) -> str:
+    return f"{group}@{topic}@{queue_id}@{ck_offset}@{pop_time}"
+
+
+@attrs.define
+class Checkpoint:
+    """One pop's messages of one queue."""
+
+    group: str
+    topic: str
+    queue_id: int
+    ck_offset: int
+    pop_time: int
+    invisible_ms: int
+    end: int
+    offsets: list[int]
+    acked: set[int] = attrs.field(factory=set)
+    revived: set[int] = attrs.field(factory=set)
+    #: the timer delivered it to the revive topic: its time is up
+    due: bool = False
+    #: followed from its start (else acks and revives are looked up in the index)
+    whole: bool = True
+    #: offsets whose revived copy this broker stored and has not dispatched yet
+    reviving: set[int] = attrs.field(factory=set)
+
+    @property
+    def key(self) -> str:
+        return ck_key(self.group, self.topic, self.queue_id, self.ck_offset, self.pop_time)
+
+    @property
+    def visible_at(self) -> int:
+        return self.pop_time + self.invisible_ms
+
+    @property
+    def open_offsets(self) -> list[int]:
+        """Those neither acked nor revived."""
+        return [o for o in self.offsets if o not in self.acked and o not in self.revived]
+
+    def encode(self) -> str:
+        return (
+            f"{self.group} {self.topic} {self.queue_id} {self.ck_offset} {self.pop_time} "
+            f"{self.invisible_ms} {self.end} {','.join(map(str, self.offsets))}"
+        )
+
+    @classmethod
+    def decode(cls, text: str) -> Checkpoint:
+        """ValueError if ``text`` is not one."""
+        group, topic, queue, ck, pop_time, invisible, end, offsets = text.split(" ")
+        return cls(
+            group,
+            topic,
+            int(queue),
+            int(ck),
+            int(pop_time),
+            int(invisible),
+            int(end),
+            [int(o) for o in offsets.split(",")],
+        )
+
+
+def ack_value(key: str, offsets: list[int]) -> str:
+    return f"{key} {','.join(map(str, offsets))}"
+
+
+def marks(kind: str, key: str, offsets: list[int]) -> str:
+    """The index marks of acks (``a``) or revives (``r``) of ``offsets`` of CK ``key``."""
+    return " ".join(f"{kind}@{key}@{o}" for o in offsets)
+
+
+class PopState:
+    """Every broker's view of the pops in flight (module docstring, "Following")."""
+
+    def __init__(self, store: MessageStore, cluster: str) -> None:
+        self.store = store
+        self.revive_topic = revive_topic(cluster)
+        self.checkpoints: dict[str, Checkpoint] = {}
+        #: (group, topic, queue) -> the next offset to pop, as far as CKs say
+        self.popped: dict[tuple[str, str, int], int] = {}
+        #: set when a CK comes due
+        self.due_event = trio.Event()
+
+    # ------------------------------------------------------------------ building
+    def waiting_checkpoints(self, timer_offsets: list[int]) -> list[str]:
+        """The CKs among the timer messages at ``timer_offsets`` (those waiting when a
+        broker starts). Blocking: run it in a worker thread; ``join_waiting`` them."""
+        queue = self.store.consume_queue(TIMER_TOPIC, 0)
+        found = []
+        for offset in timer_offsets if queue is not None else ():
+            entry = queue.entry(offset) if queue is not None else None
+            if entry is None:
+                continue
+            try:
+                message = self.store.look_message_by_offset(entry[0], entry[1])
+            except StoreError:
+                continue
+            text = message.properties.get(PROPERTY_POP_CK)
+            if text is not None:
+                found.append(text)
+        return found
+
+    def join_waiting(self, texts: list[str]) -> None:
+        """Follow the CKs ``waiting_checkpoints`` found (their acks and revives looked up
+        in the index when asked)."""
+        for text in texts:
+            self._join(text, whole=False)
+
+    # ------------------------------------------------------------------ following
+    def on_dispatch(self, request: DispatchRequest) -> None:
+        properties = request.properties
+        if PROPERTY_POP_CK in properties:
+            text = properties[PROPERTY_POP_CK]
+            if request.topic == TIMER_TOPIC:
+                self._join(text, whole=True)
+            elif request.topic == self.revive_topic:
+                self._came_due(text)
+        acked = properties.get(PROPERTY_POP_ACK)
+        if acked is not None:
+            key, offsets = acked.split(" ")
+            self._mark(key, [int(o) for o in offsets.split(",")], revived=False)
+        revived = properties.get(PROPERTY_POP_REVIVED)
+        if revived is not None:
+            key, offset = revived.split(" ")
+            self._mark(key, [int(offset)], revived=True)
+
+    def _join(self, text: str, *, whole: bool) -> Checkpoint | None:
+        try:
+            ck = Checkpoint.decode(text)
+        except ValueError:
+            log.error("a pop checkpoint does not read: %r", text[:200])
+            return None
+        ck.whole = whole
+        known = self.checkpoints.setdefault(ck.key, ck)
+        where = (ck.group, ck.topic, ck.queue_id)
+        if ck.end > self.popped.get(where, -1):
+            self.popped[where] = ck.end
+        return known
+
+    def _came_due(self, text: str) -> None:
+        try:
+            key = Checkpoint.decode(text).key
+        except ValueError:
+            return
+        ck = self.checkpoints.get(key)
+        if ck is None:  # (not followed: from before this broker started)
+            ck = self._join(text, whole=False)
+            if ck is None:
+                return
+        ck.due = True
+        self.due_event.set()
+
+    def _mark(self, key: str, offsets: list[int], *, revived: bool) -> None:
+        ck = self.checkpoints.get(key)
+        if ck is None:
+            return
+        (ck.revived if revived else ck.acked).update(offsets)
+        if not ck.open_offsets:
+            del self.checkpoints[key]
+
+    # ------------------------------------------------------------------ asking
+    def known(self, key: str, offset: int) -> tuple[Checkpoint | None, str | None]:
+        """The CK of an ack or a change of ``offset`` under ``key``, or why it cannot be:
+        no such pop (a handle this broker never gave, or one whose pop is all done), the
+        message acked already, or come back already (its time ran out)."""
+        ck = self.checkpoints.get(key)
+        if ck is None or offset not in ck.offsets:
+            return None, "no message in flight has this receipt handle (acked, or never popped)"
+        if not ck.whole:
+            self._look_up(ck)
+        if offset in ck.acked:
+            return None, "the message was acked already"
+        if offset in ck.revived or ck.due:
+            return None, "the message's invisible time ran out: it is delivered again"
+        return ck, None
+
+    def _look_up(self, ck: Checkpoint) -> None:
+        """A CK not followed from its start: its acks and revives from the index."""
+        for offset in ck.offsets:
+            if self._indexed(f"a@{ck.key}@{offset}", PROPERTY_POP_ACK, ck.key):
+                ck.acked.add(offset)
+            elif self._indexed(f"r@{ck.key}@{offset}", PROPERTY_POP_REVIVED, ck.key):
+                ck.revived.add(offset)
+        ck.whole = True
+
+    def _indexed(self, mark: str, prop: str, key: str) -> bool:
+        for found in self.store.query_marks(mark):
+            if found.properties.get(prop, "").startswith(key + " "):
+                return True
+        return False
+
+    def pop_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        return self.popped.get((group, topic, queue_id))
+
+
+@attrs.define
+class ReviveService:
+    """Revives the due CKs while the broker is master (module docstring)."""
+
+    state: PopState
+    store: MessageStore
+    topics: TopicConfigManager
+    max_retries: Callable[[str], int]
+    store_host: Callable[[], tuple[str, int]]
+    revived: int = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            self.state.due_event = event = trio.Event()
+            if not self.revive_due():
+                await trio.sleep(RETRY_REVIVE_S)
+                continue
+            await event.wait()
+
+    def revive_due(self) -> bool:
+        """Revive every due CK; False if the store refused a copy for now."""
+        due = sorted(
+            (ck for ck in self.state.checkpoints.values() if ck.due), key=lambda c: c.visible_at
+        )
+        stored = False
+        try:
+            for ck in due:
+                if not ck.whole:
+                    self.state._look_up(ck)
+                for offset in ck.open_offsets:
+                    if offset in ck.reviving:
+                        continue
+                    result = self._revive(ck, offset)
+                    if result is None:
+                        continue
+                    if not result.stored:
+                        log.warning(
+                            "pop revive of %s/%d waits: %s", ck.topic, offset, result.remark
+                        )
+                        return False
+                    stored = True
+        finally:
+            if stored:
+                self.store.announce_appends()
+        return True
+
+    def _revive(self, ck: Checkpoint, offset: int) -> PutMessageResult | None:
+        """Store the copy of ``ck``'s message at ``offset`` in the retry topic (or the
+        DLQ); None if the message is gone (nothing to revive: logged)."""
+        queue = self.store.consume_queue(ck.topic, ck.queue_id)
+        entry = queue.entry(offset) if queue is not None else None
+        message: StoredMessage | None = None
+        if entry is not None:
+            try:
+                message = self.store.look_message_by_offset(entry[0], entry[1])
+            except StoreError as exc:
+                log.error(
+                    "pop revive: message %s/%d/%d unreadable: %s",
+                    ck.topic,
+                    ck.queue_id,
+                    offset,
+                    exc,
+                )
+        if message is None:
+            # (mark it revived all the same, or it would be tried for ever)
+            return self._put(ck, offset, None)
+        return self._put(ck, offset, message)
+
+    def _put(self, ck: Checkpoint, offset: int, message: StoredMessage | None) -> PutMessageResult:
+        normal = ck.topic
+        if is_retry_topic(ck.topic):
+            normal = (message.properties.get(PROPERTY_RETRY_TOPIC) if message else None) or ck.topic
+        reconsume = (message.reconsume_times if message else 0) + 1
+        if message is None:
+            topic, queue_id, body = self.state.revive_topic, ACK_QUEUE, b"gone"
+        elif reconsume > self.max_retries(ck.group):
+            topic, queue_id, body = dlq_topic(ck.group), 0, message.body
+            self.topics.ensure(topic)
+        else:
+            topic = ck.topic if is_retry_topic(ck.topic) else pop_retry_topic(ck.group, ck.topic)
+            config = self.topics.ensure(topic)
+            queue_id, body = random.randrange(config.write_queue_nums), message.body
+        properties = dict(message.properties) if message else {}
+        properties.pop(PROPERTY_TIMER_DELIVER_MS, None)
+        properties.pop(PROPERTY_POP_CK, None)
+        properties[PROPERTY_WAIT] = "false"
+        properties.setdefault(PROPERTY_RETRY_TOPIC, normal)
+        if message is not None:
+            properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, message.msg_id)
+        properties[PROPERTY_POP_REVIVED] = f"{ck.key} {offset}"
+        properties[PROPERTY_MARKS] = marks("r", ck.key, [offset])
+        result = self.store.put_message_nowait(
+            MessageToStore(
+                topic=topic,
+                queue_id=queue_id,
+                body=body,
+                flag=message.flag if message else 0,
+                properties=properties,
+                sys_flag=message.sys_flag & ~SYSFLAG_TRANSACTION_MASK if message else 0,
+                born_timestamp=message.born_timestamp if message else 0,
+                store_host=self.store_host(),
+                reconsume_times=reconsume,
+            ),
+            announce=False,
+        )
+        if result.stored:
+            self.revived += 1
+            ck.reviving.add(offset)
+        return result
+
+
+def _never(request: RemotingCommand, conn: Connection) -> RemotingCommand:
+    raise AssertionError("held pops are answered by PopHoldService._answer")
+
+
+class PopHoldService(PullHoldService):
+    """Pops that found nothing, held until a message reaches one of their topic's queues
+    (a pop of every queue is held under queue -1) or their poll time runs out; then
+    ``answer`` runs the pop again and answers its responder (maybe later: a pop that
+    finds messages answers once its checkpoints are safe)."""
+
+    def __init__(self, answer: Callable[[Responder], None], most: int) -> None:
+        super().__init__(_never)
+        self._answer_held = answer
+        self.most = most
+
+    def _answer(self, pull: HeldPull) -> None:
+        if not pull.gone:
+            self._answer_held(pull.responder)
+
+    def on_dispatch(self, request: DispatchRequest) -> None:
+        super().on_dispatch(request)
+        key = (request.topic, -1)
+        if key in self._held:
+            self._arrived.setdefault(key, []).append((request.queue_offset, request.tags_code))
+            self._wakeup.set()
+
+
+class PopService:
+    """Pop's state, its holds and its revive (while master), for the broker node."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicConfigManager,
+        *,
+        cluster: str,
+        max_retries: Callable[[str], int],
+        store_host: Callable[[], tuple[str, int]],
+        answer_held: Callable[[Responder], None],
+        max_held: int,
+    ) -> None:
+        self.state = PopState(store, cluster)
+        self.holds = PopHoldService(answer_held, max_held)
+        self._revive = ReviveService(self.state, store, topics, max_retries, store_host)
+        self._reviving = trio.CancelScope()
+        self._nursery: trio.Nursery | None = None
+        self._master = False
+
+    @property
+    def revived(self) -> int:
+        return self._revive.revived
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Follow the pops from the store's dispatch (after reading back those waiting),
+        hold pops that wait; revive while ``set_master`` says so."""
+        state = self.state
+        state.store.on_dispatch(state.on_dispatch)
+        state.store.on_dispatch(self.holds.on_dispatch)
+        waiting = sorted(state.store.timers.pending)
+        state.join_waiting(await trio.to_thread.run_sync(state.waiting_checkpoints, waiting))
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self.holds.run)
+            if self._master:
+                await self.set_master(True)
+            task_status.started()
+
+    async def set_master(self, master: bool) -> None:
+        """Revive while master (roles.py calls this with the store's scheduler; before
+        ``run`` started, ``run`` starts reviving)."""
+        self._reviving.cancel()
+        self._master = master
+        if master and self._nursery is not None:
+            self._reviving = trio.CancelScope()
+            self._nursery.start_soon(self._revive_loop, self._reviving)
+
+    async def _revive_loop(self, scope: trio.CancelScope) -> None:
+        with scope:
+            await self._revive.run()

@@ -1,0 +1,555 @@
+"""Pop consumption over remoting (RocketMQ 5): POP_MESSAGE, ACK_MESSAGE,
+BATCH_ACK_MESSAGE, CHANGE_MESSAGE_INVISIBLETIME (docs/PROTOCOL.md#pop; the state they
+keep: hamq/broker/pop.py).
+
+- **POP_MESSAGE**: up to ``maxMsgNums`` (1-32) messages of the topic's queue, or of every
+  queue (``queueId`` -1, from a random one on), and of the group's pop retry topic (first
+  one time in five, else when the topic leaves room), from the group's pop offset (a new
+  group: the queue's first message, ``initMode`` 1 its end), filtered by tags. Each queue's
+  messages get a checkpoint record, stored (flushed and replicated as a SEND_OK) before
+  the answer, which then names where they came from (``startOffsetInfo``,
+  ``msgOffsetInfo``). Nothing found: held up to ``pollTime`` (at most
+  ``long_polling_max_s``) for a message to arrive, then POLLING_TIMEOUT; too many held:
+  POLLING_FULL. Refused: a slave (the role's refusal), ``maxMsgNums`` out of range,
+  invisible time not in (0, ``timer_max_delay_s``], a topic or group that does not
+  exist or may not be read, a filter that does not parse, FIFO (``order``: not yet).
+- **ACK_MESSAGE** / **BATCH_ACK_MESSAGE**: the message popped with that receipt handle is
+  done with: an ack record, stored before the answer. Refused (nothing changed): a
+  handle that does not read or names another queue or group (INVALID_PARAMETER), one no
+  pop in flight gave (acked already, never popped, or its time ran out: the message was
+  delivered again), NO_MESSAGE.
+- **CHANGE_MESSAGE_INVISIBLETIME**: the message comes back ``invisibleTime`` ms from now
+  instead: one record, the new checkpoint with the old one's ack. The answer's pop time
+  and invisible time, with the message's offset as checkpoint offset, make its new
+  receipt handle.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+from collections.abc import Callable
+
+import trio
+
+from hamq.broker.context import BrokerContext
+from hamq.broker.pop import ACK_QUEUE, Checkpoint, PopService, ack_value, ck_key, marks
+from hamq.broker.processors.pull import tag_filter
+from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
+from hamq.protocol.bodies import PERM_READ
+from hamq.protocol.headers import (
+    AckMessageRequestHeader,
+    ChangeInvisibleTimeRequestHeader,
+    ChangeInvisibleTimeResponseHeader,
+    PopMessageRequestHeader,
+    PopMessageResponseHeader,
+)
+from hamq.protocol.message import (
+    PROPERTY_MARKS,
+    PROPERTY_POP_ACK,
+    PROPERTY_POP_CK,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_WAIT,
+    TagExpressionError,
+    is_retry_topic,
+)
+from hamq.protocol.pop import (
+    MAX_POP_MESSAGES,
+    REVIVE_QUEUE,
+    ReceiptHandle,
+    ReceiptHandleError,
+    msg_offset_info,
+    pop_retry_topic,
+    real_topic,
+    start_offset_info,
+)
+from hamq.remoting import Connection, Dispatcher, Responder
+from hamq.store import MessageToStore, PutMessageStatus, Ticket
+
+#: a pop's queue offset field in a record (QUEUEOFFSET, after TOTALSIZE, MAGIC, BODYCRC,
+#: QUEUEID and FLAG)
+_QUEUE_OFFSET_AT = 20
+#: one pop in five reads the retry topic first (RocketMQ's odds)
+RETRY_FIRST_ONE_IN = 5
+
+
+def _record_queue_offset(record: memoryview) -> int:
+    return int.from_bytes(record[_QUEUE_OFFSET_AT : _QUEUE_OFFSET_AT + 8], "big")
+
+
+class PopProcessor:
+    def __init__(self, ctx: BrokerContext, pops: Callable[[], PopService]) -> None:
+        self.ctx = ctx
+        self._pops = pops
+
+    def install(self, dispatcher: Dispatcher) -> None:
+        dispatcher.register(RequestCode.POP_MESSAGE, self.pop)
+        dispatcher.register(RequestCode.ACK_MESSAGE, self.ack)
+        dispatcher.register(RequestCode.BATCH_ACK_MESSAGE, self.batch_ack)
+        dispatcher.register(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, self.change_invisible_time)
+
+    # ------------------------------------------------------------------ pop
+    def pop(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        return self._pop(request, conn, hold=True)
+
+    def answer_held(self, responder: Responder) -> None:
+        """A held pop, run again (no more waiting) and answered: POLLING_TIMEOUT if
+        still nothing."""
+        request = responder.request
+        try:
+            response = self._pop(request, responder.connection, hold=False, responder=responder)
+        except RequestError as exc:
+            response = request.response_to(exc.code, str(exc))
+        if response is not None:
+            responder.send(response)
+
+    def _pop(
+        self,
+        request: RemotingCommand,
+        conn: Connection,
+        *,
+        hold: bool,
+        responder: Responder | None = None,
+    ) -> RemotingCommand | None:
+        """The answer, or None when it comes later (held, or waiting for the
+        checkpoints' durability: through ``responder`` if given, a held pop's)."""
+        header = request.header(PopMessageRequestHeader)
+        self._refuse_unless_master()
+        self._check_pop(header)
+        codes = self._filter(header)
+        topic = self._readable(header.topic)
+        group = header.consumer_group
+        retry = pop_retry_topic(group, header.topic)
+        if header.queue_id >= 0:
+            if not 0 <= header.queue_id < topic:
+                raise RequestError(
+                    ResponseCode.INVALID_PARAMETER,
+                    f"queueId[{header.queue_id}] is illegal, topic:[{header.topic}] "
+                    f"readQueueNums:[{topic}]",
+                )
+            normal = [(header.topic, header.queue_id)]
+        else:
+            start = random.randrange(topic)
+            normal = [(header.topic, (start + i) % topic) for i in range(topic)]
+        retry_queues = self.ctx.topics.get(retry)
+        retries = [(retry, q) for q in range(retry_queues.read_queue_nums)] if retry_queues else []
+        order = retries + normal if random.randrange(RETRY_FIRST_ONE_IN) == 0 else normal + retries
+        pop_time = self.ctx.clock()
+        taken: list[tuple[str, int, int, list[int], int, list[memoryview]]] = []
+        room = header.max_msg_nums
+        rest = 0
+        for topic_name, queue_id in order:
+            found = self._take(header, topic_name, queue_id, room, codes) if room else None
+            if found is None:
+                continue
+            start, offsets, end, records, left = found
+            rest += left
+            if offsets:
+                taken.append((topic_name, queue_id, start, offsets, end, records))
+                room -= len(offsets)
+            elif end > start:  # (only filtered-out messages: the pop offset moves past them)
+                self._advance(group, topic_name, queue_id, end)
+        if not taken:
+            if hold and header.poll_time > 0 and self._hold(request, conn, header, retry):
+                return None
+            return request.response_to(
+                ResponseCode.POLLING_TIMEOUT,
+                "no new message",
+                header=PopMessageResponseHeader(
+                    pop_time, header.invisible_time, REVIVE_QUEUE, rest
+                ),
+            )
+        return self._store_checkpoints(request, conn, header, pop_time, taken, rest, responder)
+
+    def _take(
+        self,
+        header: PopMessageRequestHeader,
+        topic: str,
+        queue_id: int,
+        most: int,
+        codes: frozenset[int] | None,
+    ) -> tuple[int, list[int], int, list[memoryview], int] | None:
+        """(where it read from, the offsets taken, where it stopped, their records, how
+        many are left) of one queue; None if the queue has nothing from the offset."""
+        store = self.ctx.store
+        queue = store.consume_queue(topic, queue_id)
+        if queue is None:
+            return None
+        offset = self._pop_offset(header, topic, queue_id, queue.min_offset, queue.max_offset)
+        if offset >= queue.max_offset:
+            return None
+        result = store.get_message(
+            header.consumer_group, topic, queue_id, offset, most, tag_codes=codes
+        )
+        records = list(result.messages)
+        offsets = [_record_queue_offset(r) for r in records]
+        end = max(result.next_begin_offset, offset)
+        return offset, offsets, end, records, max(0, queue.max_offset - end)
+
+    def _pop_offset(
+        self, header: PopMessageRequestHeader, topic: str, queue_id: int, low: int, high: int
+    ) -> int:
+        """Where the group pops this queue from: past everything it popped, never below
+        the queue's first message; a group new to it starts at its first message, or with
+        ``initMode`` 1 at its end."""
+        group = header.consumer_group
+        popped = self._pops().state.pop_offset(group, topic, queue_id)
+        committed = self.ctx.offsets.query(group, topic, queue_id)
+        offset = max(popped if popped is not None else -1, committed)
+        if offset < 0:
+            offset = high if header.init_mode == 1 else low
+        return max(offset, low)
+
+    def _advance(self, group: str, topic: str, queue_id: int, end: int) -> None:
+        self._pops().state.popped[(group, topic, queue_id)] = end
+        self.ctx.offsets.commit(group, topic, queue_id, end)
+
+    def _store_checkpoints(
+        self,
+        request: RemotingCommand,
+        conn: Connection,
+        header: PopMessageRequestHeader,
+        pop_time: int,
+        taken: list[tuple[str, int, int, list[int], int, list[memoryview]]],
+        rest: int,
+        responder: Responder | None,
+    ) -> RemotingCommand | None:
+        """One checkpoint record per queue; the answer once they are as safe as a send."""
+        group = header.consumer_group
+        due = str(pop_time + header.invisible_time)
+        store = self.ctx.store
+        ticket = store.durability.ticket(True)
+        end_offset = 0
+        for topic, queue_id, start, offsets, end, _records in taken:
+            ck = Checkpoint(
+                group, topic, queue_id, start, pop_time, header.invisible_time, end, offsets
+            )
+            result = store.put_message_nowait(self._ck_message(ck, due), announce=False)
+            if result.append is None:
+                store.announce_appends()
+                raise RequestError(
+                    ResponseCode.SYSTEM_ERROR
+                    if result.status is not PutMessageStatus.SERVICE_NOT_AVAILABLE
+                    else ResponseCode.SERVICE_NOT_AVAILABLE,
+                    f"the pop's checkpoint was not stored: {result.remark}",
+                )
+            self._advance(group, topic, queue_id, end)
+            end_offset = result.append.end_offset
+        store.announce_appends()
+        response_header = PopMessageResponseHeader(
+            pop_time,
+            header.invisible_time,
+            REVIVE_QUEUE,
+            rest,
+            start_offset_info([(t, q, s) for t, q, s, _o, _e, _r in taken]),
+            msg_offset_info([(t, q, o) for t, q, _s, o, _e, _r in taken]),
+        )
+        body = b"".join(r for *_head, records in taken for r in records)
+        self.ctx.stats.delivered(header.topic, sum(len(t[3]) for t in taken), len(body))
+        answer = request.response_to(header=response_header, body=body)
+        return self._answer_when_safe(request, conn, answer, ticket, end_offset, responder)
+
+    def _ck_message(self, ck: Checkpoint, due: str, *, acks: str | None = None) -> MessageToStore:
+        """A checkpoint's record: a timer message due when the messages come back,
+        delivered then to the revive topic (with the ack of an old handle: ``acks``)."""
+        properties = {
+            PROPERTY_POP_CK: ck.encode(),
+            PROPERTY_TIMER_DELIVER_MS: due,
+            PROPERTY_WAIT: "false",
+        }
+        if acks is not None:
+            properties[PROPERTY_POP_ACK] = acks
+            properties[PROPERTY_MARKS] = marks(
+                "a", acks.split(" ")[0], [int(o) for o in acks.split(" ")[1].split(",")]
+            )
+        return MessageToStore(
+            self._pops().state.revive_topic,
+            0,
+            b"",
+            properties=properties,
+            store_host=self.ctx.store_host,
+        )
+
+    def _answer_when_safe(
+        self,
+        request: RemotingCommand,
+        conn: Connection,
+        answer: RemotingCommand,
+        ticket: Ticket | None,
+        end_offset: int,
+        responder: Responder | None = None,
+    ) -> RemotingCommand | None:
+        """``answer`` once the records up to ``end_offset`` are as durable as a SEND_OK
+        (flushed with SYNC_FLUSH, on the replicas a send waits for); if they are not in
+        time, a SYSTEM_ERROR saying so (the records stand: a pop's messages come back
+        when their time runs out, an ack is taken)."""
+        if ticket is None:
+            return answer
+        if responder is None:
+            responder = conn.defer(request)
+        deferred = responder
+
+        def done(status: PutMessageStatus, remark: str) -> None:
+            if status is PutMessageStatus.PUT_OK:
+                deferred.send(answer)
+            else:
+                deferred.send(
+                    request.response_to(ResponseCode.SYSTEM_ERROR, f"{status.value}: {remark}")
+                )
+
+        ticket.wait(end_offset, done)
+        return None
+
+    def _hold(
+        self,
+        request: RemotingCommand,
+        conn: Connection,
+        header: PopMessageRequestHeader,
+        retry: str,
+    ) -> bool:
+        holds = self._pops().holds
+        if holds.held >= holds.most:
+            raise RequestError(
+                ResponseCode.POLLING_FULL,
+                f"{holds.held} pops wait already (the most a broker holds); try again later",
+            )
+        wait_s = min(header.poll_time / 1000, self.ctx.config.long_polling_max_s)
+        responder = conn.defer(request)
+        holds.hold(responder, header.topic, header.queue_id, 0, wait_s)
+        holds.hold(responder, retry, -1, 0, wait_s)
+        return True
+
+    # ------------------------------------------------------------------ checks
+    def _refuse_unless_master(self) -> None:
+        refusal = self.ctx.roles.refusal(trio.current_time())
+        if refusal is not None:
+            raise RequestError(refusal.code, f"pop: {refusal.why}")
+
+    def _check_pop(self, header: PopMessageRequestHeader) -> None:
+        if not 1 <= header.max_msg_nums <= MAX_POP_MESSAGES:
+            raise RequestError(
+                ResponseCode.INVALID_PARAMETER,
+                f"maxMsgNums {header.max_msg_nums} is not in 1..{MAX_POP_MESSAGES}",
+            )
+        self._check_invisible(header.invisible_time)
+        if header.order:
+            raise RequestError(
+                ResponseCode.INVALID_PARAMETER, "FIFO pop (order=true) is not supported yet"
+            )
+        self._group(header.consumer_group)
+
+    def _check_invisible(self, invisible_ms: int) -> None:
+        most = int(self.ctx.store.config.timer_max_delay_s * 1000)
+        if not 0 < invisible_ms <= most:
+            raise RequestError(
+                ResponseCode.INVALID_PARAMETER,
+                f"invisibleTime {invisible_ms} ms is not in 1..{most} (timer_max_delay_s)",
+            )
+
+    def _group(self, group: str) -> None:
+        config = self.ctx.subscriptions.find(group)
+        if config is None:
+            raise RequestError(
+                ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                f"subscription group [{group}] does not exist",
+            )
+        if not config.consume_enable:
+            raise RequestError(
+                ResponseCode.NO_PERMISSION, f"subscription group no permission, {group}"
+            )
+
+    def _readable(self, topic: str) -> int:
+        """The topic's read queue count; it must exist and be readable."""
+        config = self.ctx.topics.get(topic)
+        if config is None:
+            raise RequestError(
+                ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!"
+            )
+        if not config.perm & PERM_READ:
+            raise RequestError(
+                ResponseCode.NO_PERMISSION, f"the topic[{topic}] peeking message is forbidden"
+            )
+        return config.read_queue_nums
+
+    @staticmethod
+    def _filter(header: PopMessageRequestHeader) -> frozenset[int] | None:
+        if (header.exp_type or "TAG").upper() != "TAG":
+            raise RequestError(
+                ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                f"{header.exp_type} filters are not supported; subscribe by tags",
+            )
+        try:
+            return tag_filter(header.exp)
+        except TagExpressionError as exc:
+            raise RequestError(
+                ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                f"parse the consumer's subscription failed: {exc}",
+            ) from None
+
+    # ------------------------------------------------------------------ ack
+    def _in_flight(
+        self, group: str, topic: str, queue_id: int, extra_info: str, offset: int
+    ) -> tuple[Checkpoint, ReceiptHandle]:
+        """The checkpoint a receipt handle names, with the message at ``offset`` in flight
+        in it; RequestError (nothing changed) otherwise."""
+        try:
+            handle = ReceiptHandle.parse(extra_info)
+        except ReceiptHandleError as exc:
+            raise RequestError(ResponseCode.INVALID_PARAMETER, str(exc)) from None
+        popped_from = topic if is_retry_topic(topic) else real_topic(handle.kind, topic, group)
+        if handle.queue_id != queue_id or handle.offset != offset:
+            raise RequestError(
+                ResponseCode.INVALID_PARAMETER,
+                f"the receipt handle is for queue {handle.queue_id} offset {handle.offset}, "
+                f"not queue {queue_id} offset {offset}",
+            )
+        key = ck_key(group, popped_from, queue_id, handle.ck_offset, handle.pop_time)
+        ck, why = self._pops().state.known(key, offset)
+        if ck is None:
+            raise RequestError(
+                ResponseCode.NO_MESSAGE, f"{why} (group {group}, topic {popped_from})"
+            )
+        return ck, handle
+
+    def ack(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        header = request.header(AckMessageRequestHeader)
+        self._refuse_unless_master()
+        ck, _handle = self._in_flight(
+            header.consumer_group, header.topic, header.queue_id, header.extra_info, header.offset
+        )
+        return self._store_acks(request, conn, [(ck, [header.offset])])
+
+    def batch_ack(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        """BATCH_ACK_MESSAGE: body ``{"acks": [{"c": group, "t": topic, "r": kind, "q":
+        queue, "so": ck offset, "pt": pop time, "it": invisible time, "rq": revive queue,
+        "b": base64 of a Java BitSet (bit i: offset so + i)}], "brokerName": ...}``
+        (RocketMQ's BatchAckMessageRequestBody; long key names read too). As RocketMQ's,
+        entries that name no message in flight are passed over; NO_MESSAGE if none did."""
+        self._refuse_unless_master()
+        try:
+            body = json.loads(request.body or b"{}")
+            entries = [_batch_entry(a) for a in body.get("acks") or ()]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise RequestError(
+                ResponseCode.INVALID_PARAMETER, f"batch ack body does not read: {exc}"
+            ) from None
+        state = self._pops().state
+        found: list[tuple[Checkpoint, list[int]]] = []
+        refused: list[str] = []
+        for group, topic, queue_id, (ck_offset, pop_time), offsets in entries:
+            key = ck_key(group, topic, queue_id, ck_offset, pop_time)
+            taken = []
+            for offset in offsets:
+                ck, why = state.known(key, offset)
+                if ck is None:
+                    refused.append(f"{topic}/{queue_id}/{offset}: {why}")
+                    continue
+                taken.append(offset)
+            if taken and ck is not None:
+                found.append((state.checkpoints[key], taken))
+        if not found:
+            raise RequestError(
+                ResponseCode.NO_MESSAGE,
+                "no ack of the batch names a message in flight"
+                + (f": {'; '.join(refused[:5])}" if refused else ""),
+            )
+        return self._store_acks(request, conn, found)
+
+    def _store_acks(
+        self, request: RemotingCommand, conn: Connection, acks: list[tuple[Checkpoint, list[int]]]
+    ) -> RemotingCommand | None:
+        store = self.ctx.store
+        ticket = store.durability.ticket(True)
+        end_offset = 0
+        revive_topic = self._pops().state.revive_topic
+        for ck, offsets in acks:
+            result = store.put_message_nowait(
+                MessageToStore(
+                    revive_topic,
+                    ACK_QUEUE,
+                    b"",
+                    properties={
+                        PROPERTY_POP_ACK: ack_value(ck.key, offsets),
+                        PROPERTY_MARKS: marks("a", ck.key, offsets),
+                        PROPERTY_WAIT: "false",
+                    },
+                    store_host=self.ctx.store_host,
+                ),
+                announce=False,
+            )
+            if result.append is None:
+                store.announce_appends()
+                raise RequestError(
+                    ResponseCode.SYSTEM_ERROR, f"the ack was not stored: {result.remark}"
+                )
+            ck.acked.update(offsets)  # (at once: a second ack of it is refused)
+            end_offset = result.append.end_offset
+        store.announce_appends()
+        return self._answer_when_safe(request, conn, request.response_to(), ticket, end_offset)
+
+    # ------------------------------------------------------------------ change
+    def change_invisible_time(
+        self, request: RemotingCommand, conn: Connection
+    ) -> RemotingCommand | None:
+        header = request.header(ChangeInvisibleTimeRequestHeader)
+        self._refuse_unless_master()
+        self._check_invisible(header.invisible_time)
+        ck, _handle = self._in_flight(
+            header.consumer_group, header.topic, header.queue_id, header.extra_info, header.offset
+        )
+        pop_time = self.ctx.clock()
+        new = Checkpoint(
+            ck.group,
+            ck.topic,
+            ck.queue_id,
+            header.offset,
+            pop_time,
+            header.invisible_time,
+            ck.end,
+            [header.offset],
+        )
+        store = self.ctx.store
+        ticket = store.durability.ticket(True)
+        message = self._ck_message(
+            new, str(pop_time + header.invisible_time), acks=ack_value(ck.key, [header.offset])
+        )
+        result = store.put_message_nowait(message)
+        if result.append is None:
+            raise RequestError(
+                ResponseCode.SYSTEM_ERROR, f"the change was not stored: {result.remark}"
+            )
+        ck.acked.add(header.offset)
+        answer = request.response_to(
+            header=ChangeInvisibleTimeResponseHeader(pop_time, header.invisible_time, REVIVE_QUEUE)
+        )
+        return self._answer_when_safe(request, conn, answer, ticket, result.append.end_offset)
+
+
+def _batch_entry(ack: dict[str, object]) -> tuple[str, str, int, tuple[int, int], list[int]]:
+    """(group, topic popped from, queue, (ck offset, pop time), offsets) of a BatchAck."""
+
+    def field(short: str, long: str) -> object:
+        return ack[short] if short in ack else ack[long]
+
+    group, topic = str(field("c", "consumerGroup")), str(field("t", "topic"))
+    kind = str(ack.get("r", ack.get("retry", "0")))
+    start = int(field("so", "startOffset"))  # type: ignore[call-overload]
+    bits = field("b", "bitSet")
+    offsets = [start + i for i in _bit_indexes(bits)]
+    return (
+        group,
+        real_topic(kind, topic, group),
+        int(field("q", "queueId")),  # type: ignore[call-overload]
+        (start, int(field("pt", "popTime"))),  # type: ignore[call-overload]
+        offsets,
+    )
+
+
+def _bit_indexes(bits: object) -> list[int]:
+    """The set bits of a Java BitSet as fastjson writes its ``toByteArray()``: base64,
+    little-endian (bit i is bit i % 8 of byte i // 8)."""
+    if not isinstance(bits, str):
+        raise ValueError(f"bitSet {bits!r} is not base64 text")
+    data = base64.b64decode(bits, validate=True)
+    return [8 * i + bit for i, byte in enumerate(data) for bit in range(8) if byte >> bit & 1]
