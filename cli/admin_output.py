@@ -150,7 +150,7 @@ def show_progress(group: str, topic: str | None, progress: ConsumerProgress) -> 
     table = Table(title=f"progress of {group}")
     table.add_column("topic")
     table.add_column("queue", no_wrap=True)
-    for column in ("broker offset", "consumer offset", "lag"):
+    for column in ("broker offset", "consumer offset", "lag", "in flight"):
         table.add_column(column, justify="right")
     table.add_column("last consumed (stored)", no_wrap=True)
     for q in progress.queues:
@@ -160,6 +160,7 @@ def show_progress(group: str, topic: str | None, progress: ConsumerProgress) -> 
             str(q.broker_offset),
             str(q.consumer_offset),
             str(q.lag),
+            str(q.in_flight),
             when(q.last_timestamp_ms),
         )
     console.print(table)

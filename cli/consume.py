@@ -1,7 +1,9 @@
 """``hamq consume``: a push consumer at the terminal.
 
 It prints each message as it is handled, and commits only what it printed: with
-``--count N`` exactly N, the next run of the group starts right after them. A topic no
+``--count N`` exactly N, the next run of the group starts right after them. With
+``--pop`` it pops (a SimpleConsumer) and acks each message it printed; one received and
+not printed (past --count, stdout gone) comes back to the group after ``--invisible``. A topic no
 nameserver knows is said once on stderr; the consumer waits for it. A closed stdout
 ends it (cli/common.py). It ends with a summary line on stderr, and draws its count and
 rate live on stderr when that is a terminal (LiveCount).
@@ -25,9 +27,14 @@ from hamq.client import (
     MessageExt,
     NoRouteError,
     PushConsumer,
+    SimpleConsumer,
 )
+from hamq.protocol.pop import MAX_POP_MESSAGES
 
 log = logging.getLogger(__name__)
+
+#: how long one receive of consume --pop waits for messages
+POP_WAIT_S = 5.0
 
 
 def consume(
@@ -51,10 +58,38 @@ def consume(
         typer.Option("--idle-exit", min=0.1, help="Stop after this many seconds with nothing."),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only a summary.")] = False,
+    pop: Annotated[
+        bool,
+        typer.Option(
+            "--pop",
+            help="Pop the messages (RocketMQ 5's SimpleConsumer): each printed one is acked; "
+            "one not printed comes back to the group after --invisible.",
+        ),
+    ] = False,
+    invisible_s: Annotated[
+        float,
+        typer.Option("--invisible", min=0.1, help="With --pop: seconds a message stays invisible."),
+    ] = 30.0,
     namesrv: NamesrvOption = DEFAULT_NAMESRV,
 ) -> None:
     """Consume TOPIC as a member of GROUP, printing each message (Ctrl-C stops;
-    offsets of the printed messages are committed)."""
+    offsets of the printed messages are committed, or with --pop each is acked)."""
+    if pop:
+        popping = _popping_consumer(topic, group, expression, start, namesrv)
+        runner: _Consuming | _Popping = _Popping(
+            popping,
+            topic=topic,
+            expression=expression,
+            group=group,
+            namesrv=namesrv,
+            quiet=quiet,
+            count=count,
+            idle_exit_s=idle_exit_s,
+            meter=LiveCount(f"consume {topic}", total=count),
+            invisible_s=invisible_s,
+        )
+        _run_and_summarize(runner, topic, group)
+        return
     consumer = _subscribed_consumer(topic, group, expression, start, namesrv)
     consuming = _Consuming(
         consumer,
@@ -67,12 +102,32 @@ def consume(
         idle_exit_s=idle_exit_s,
         meter=LiveCount(f"consume {topic}", total=count),
     )
+    _run_and_summarize(consuming, topic, group)
+
+
+def _run_and_summarize(consuming: _Consuming | _Popping, topic: str, group: str) -> None:
     run(consuming.main, watch_stdout=True)
     typer.echo(
         f"consumed {consuming.printed} message(s) from {topic} as {group} in "
         f"{consuming.meter.elapsed_s:.2f}s ({consuming.meter.rate():,.0f} msgs/s)",
         err=True,
     )
+
+
+def _popping_consumer(
+    topic: str, group: str, expression: str, start: str, namesrv: str
+) -> SimpleConsumer:
+    """consume --pop's consumer, subscribed: bad input ends the command here (exit 2)."""
+    if start not in ("first", "last"):
+        raise fail(f"--from {start!r}: use first or last", 2)
+    try:
+        consumer = SimpleConsumer(
+            group, namesrv, from_last=start == "last", await_s=POP_WAIT_S, **client_options()
+        )
+        consumer.subscribe(topic, expression)
+    except InvalidArgumentError as exc:
+        raise fail(str(exc), 2) from None
+    return consumer
 
 
 def _subscribed_consumer(
@@ -159,16 +214,66 @@ class _Consuming:
 
     async def _print(self, message: MessageExt) -> None:
         """One line for ``message``; with stdout closed, the run ends and this waits."""
-        body = message.body.decode(errors="replace")
         try:
-            self.meter.echo(
-                f"{message.topic} q{message.queue_id} #{message.queue_offset} "
-                f"tags={message.tags or '-'} id={message.msg_id} {body}"
-            )
+            _echo(self.meter, message)
         except BrokenPipeError:
             self.stdout_closed = True
             self.done.set()
             await trio.sleep_forever()
+
+
+@attrs.define(kw_only=True)
+class _Popping:
+    """consume --pop's run: receive, print, ack, until ``count`` were printed, stdout's
+    reader left (what was received and not printed is not acked: it comes back to the
+    group), or ``idle_exit_s`` passed with nothing received."""
+
+    consumer: SimpleConsumer = attrs.field(kw_only=False)
+    topic: str
+    expression: str
+    group: str
+    namesrv: str
+    quiet: bool
+    count: int | None
+    idle_exit_s: float | None
+    meter: LiveCount
+    invisible_s: float
+    printed: int = 0
+
+    async def main(self) -> None:
+        if not await _topic_known(self.namesrv, self.topic, client_options()):
+            typer.echo(f"topic {self.topic} does not exist (yet); waiting for it", err=True)
+        idle_since = trio.current_time()
+        with self.meter:
+            async with self.consumer:
+                while self.count is None or self.printed < self.count:
+                    wait = POP_WAIT_S
+                    if self.idle_exit_s is not None:
+                        wait = min(wait, idle_since + self.idle_exit_s - trio.current_time())
+                        if wait <= 0:
+                            return
+                    most = min(MAX_POP_MESSAGES, (self.count or 1 << 30) - self.printed)
+                    try:
+                        messages = await self.consumer.receive(most, self.invisible_s, await_s=wait)
+                    except NoRouteError:
+                        await trio.sleep(min(wait, 1.0))  # (the topic does not exist yet)
+                        continue
+                    if messages:
+                        idle_since = trio.current_time()
+                    for message in messages:
+                        if not self.quiet:
+                            _echo(self.meter, message)  # (BrokenPipeError: not acked)
+                        await self.consumer.ack(message)
+                        self.printed += 1
+                        self.meter.add()
+
+
+def _echo(meter: LiveCount, message: MessageExt) -> None:
+    body = message.body.decode(errors="replace")
+    meter.echo(
+        f"{message.topic} q{message.queue_id} #{message.queue_offset} "
+        f"tags={message.tags or '-'} id={message.msg_id} {body}"
+    )
 
 
 async def _topic_known(namesrv: str, topic: str, options: dict[str, Any]) -> bool:

@@ -10,6 +10,7 @@ import trio
 from typer.testing import CliRunner
 
 from cli.main import app
+from hamq.client import MessageExt, SimpleConsumer
 from tests.support.brokers import SMALL_STORE, small_store_toml
 from tests.support.metrics import scrape, value
 from tests.support.processes import (
@@ -253,3 +254,41 @@ def test_an_unreachable_nameserver_is_named() -> None:
     result = runner.invoke(app, ["topic", "list", "-n", "127.0.0.1:1"])
     assert result.exit_code == 1
     assert "no nameserver answered: 127.0.0.1:1" in result.output
+
+
+async def test_pop_from_the_command_line_and_across_a_kill(tmp_path: Path) -> None:
+    """``hamq consume --pop`` acks what it prints; messages popped and not acked when
+    the broker is killed (-9) come back once after a restart, acked ones never."""
+    store = str(tmp_path / "store")
+    config = str(small_store_toml(tmp_path))
+    broker = ("broker", "-c", config, "--port", "0", "--namesrv-port", "0", "--store-dir", store)
+    pop = ("consume", "--pop", "--topic", "popped", "--group", "g")
+    async with hamq_server(*broker) as (proc, line):
+        _, ns = ready_addresses(line)
+        sent = await hamq_command("produce", "-t", "popped", "-c", "20", "-n", ns, "p{i}")
+        assert sent.returncode == 0, sent.stderr
+        got = await hamq_command(*pop, "--count", "5", "-n", ns)
+        assert got.returncode == 0, got.stderr
+        printed = [line.rsplit(" ", 1)[1] for line in got.stdout.decode().splitlines()]
+        assert len(printed) == 5
+        async with SimpleConsumer("g", ns) as consumer:
+            consumer.subscribe("popped")
+            held: list[MessageExt] = []
+            with trio.fail_after(20):
+                while len(held) < 15:
+                    held += await consumer.receive(32, invisible_s=3, await_s=1)
+            for message in held[:5]:
+                await consumer.ack(message)
+        assert await stop(proc, signal.SIGKILL) == -signal.SIGKILL
+    acked = set(printed) | {m.body.decode() for m in held[:5]}
+    unacked = {m.body.decode() for m in held[5:]}
+    assert len(acked) == 10 and len(unacked) == 10
+
+    async with hamq_server(*broker) as (proc, line):
+        _, ns = ready_addresses(line)
+        back = await hamq_command(*pop, "--count", "10", "--idle-exit", "30", "-n", ns)
+        assert back.returncode == 0, back.stderr
+        again = {line.rsplit(" ", 1)[1] for line in back.stdout.decode().splitlines()}
+        assert again == unacked
+        rest = await hamq_command(*pop, "--idle-exit", "4", "-n", ns)
+        assert b"consumed 0 message(s)" in rest.stderr, rest.stdout

@@ -231,3 +231,24 @@ async def test_a_batch_ack_as_java_sends_it_acks_each_message(tmp_path: Path) ->
             consumer.subscribe("Batched")
             [back] = await receive_all(consumer, 1, invisible_s=30)  # (after its second)
             assert back.body == messages[2].body and attempt(back) == 2
+
+
+async def test_consumer_progress_shows_a_pop_groups_lag_and_messages_in_flight(
+    tmp_path: Path,
+) -> None:
+    from hamq.client import AdminClient
+
+    async with running_broker(tmp_path / "b") as node:
+        ns = namesrv(node)
+        await create_topic(ns, "Watched", 1)
+        await send(ns, "Watched", *(b"w%d" % i for i in range(5)))
+        async with SimpleConsumer("G", ns) as consumer:
+            consumer.subscribe("Watched")
+            held = await receive_all(consumer, 5, invisible_s=60)
+            await consumer.ack(held[0])
+        async with AdminClient(ns) as admin:
+            progress = await admin.consumer_progress("G", "Watched")
+        [queue] = progress.queues
+        assert (queue.broker_offset, queue.consumer_offset, queue.lag) == (5, 5, 0)
+        assert queue.in_flight == 4
+        assert queue.to_json()["inFlight"] == 4

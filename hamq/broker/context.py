@@ -47,6 +47,8 @@ class BrokerContext:
     ha_status: Callable[[], dict[str, Any]] = lambda: {}
     #: what the broker counts (messages in and out, send answers, pulls)
     stats: BrokerStats = attrs.field(factory=BrokerStats)
+    #: (group, topic, queue id) -> messages popped and not acked yet (hamq/broker/pop.py)
+    pops_in_flight: Callable[[str, str, int], int] = lambda _g, _t, _q: 0
 
     @property
     def address(self) -> str:

@@ -161,6 +161,7 @@ class BrokerNode:
             max_held=config.pop_max_held,
         )
         self.roles.master_services.append(self.pops)
+        self.ctx.pops_in_flight = self.pops.state.in_flight
         for processor in (
             SendProcessor(self.ctx),
             EndTransactionProcessor(self.ctx, self.transactions),

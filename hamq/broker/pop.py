@@ -271,6 +271,14 @@ class PopState:
                 return True
         return False
 
+    def in_flight(self, group: str, topic: str, queue_id: int) -> int:
+        """Messages ``group`` popped from the queue and has not acked, not come back."""
+        return sum(
+            len(ck.open_offsets) - len(ck.reviving)
+            for ck in self.checkpoints.values()
+            if ck.group == group and ck.topic == topic and ck.queue_id == queue_id and not ck.due
+        )
+
     def pop_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         return self.popped.get((group, topic, queue_id))
 

@@ -288,7 +288,7 @@ class AdminClient(InstanceOwner):
             stats = decode_body(ConsumeStats, response.body)
             tps += stats.consume_tps
             queues += [
-                QueueProgress(q, w.broker_offset, w.consumer_offset, w.last_timestamp)
+                QueueProgress(q, w.broker_offset, w.consumer_offset, w.last_timestamp, w.in_flight)
                 for q, w in stats.offset_table.items()
             ]
         queues.sort(key=lambda p: queue_order(p.queue))

@@ -85,6 +85,8 @@ class QueueProgress:
     broker_offset: int
     consumer_offset: int
     last_timestamp_ms: int
+    #: popped and not acked yet (pop consumption: a SimpleConsumer's group)
+    in_flight: int = 0
 
     @property
     def lag(self) -> int:
@@ -96,6 +98,7 @@ class QueueProgress:
             "brokerOffset": self.broker_offset,
             "consumerOffset": self.consumer_offset,
             "lag": self.lag,
+            "inFlight": self.in_flight,
             "lastTimestamp": self.last_timestamp_ms,
         }
 

@@ -84,10 +84,13 @@ class SimpleConsumer(InstanceOwner):
         namesrv: str | Sequence[str] | ClientConfig = "127.0.0.1:9876",
         *,
         await_s: float = AWAIT_S,
+        from_last: bool = False,
         **client_options: Any,
     ) -> None:
         check_group(group)
         self.group = group
+        #: a group new to a queue starts at its end (else at its first message)
+        self.from_last = from_last
         self.await_s = check_timeout("await_s", await_s)
         self.config = client_config(namesrv, **client_options)
         #: topic -> tag expression
@@ -166,7 +169,7 @@ class SimpleConsumer(InstanceOwner):
             invisible_time=int(invisible_s * 1000),
             poll_time=int(wait_s * 1000),
             born_time=time.time_ns() // 1_000_000,
-            init_mode=0,
+            init_mode=1 if self.from_last else 0,
             exp_type="TAG",
             exp=expression,
             order=False,

@@ -314,13 +314,16 @@ class SubscriptionGroupWrapper:
 @attrs.define
 class OffsetWrapper:
     """One queue of GET_CONSUME_STATS: the queue's end (``broker_offset``, the next
-    offset to be written), the group's committed offset, and the store time (ms) of the
-    last message it consumed (0: none)."""
+    offset to be written), the group's committed offset (a pop group's: where it pops
+    next), and the store time (ms) of the last message it consumed (0: none)."""
 
     broker_offset: int
     consumer_offset: int
     pull_offset: int = 0
     last_timestamp: int = 0
+    #: hamq's own (other readers pass it over): messages the group popped and has not
+    #: acked yet, their invisible time not run out (pop consumption)
+    in_flight: int = 0
 
 
 @attrs.define

@@ -282,6 +282,7 @@ class ClientProcessor:
                         consumer_offset=consumed,
                         pull_offset=consumed,
                         last_timestamp=max(last, 0),
+                        in_flight=ctx.pops_in_flight(group, topic, queue_id),
                     )
                 )
         return request.response_to(body=encode_body(stats))
