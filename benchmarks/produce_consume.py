@@ -27,6 +27,9 @@ queues:
                        message the round stored (timed from its start to the last one)
                        with an async handler (a coroutine of the loop, no thread hop)
   pull consume         a PullConsumer, one task per queue pulling 32 at a time
+  pop consume          a SimpleConsumer of a fresh group (RocketMQ 5's pop), POP_CONSUMERS
+                       tasks each receiving 32 at a time and acking them in one batch ack
+                       (each pop and ack stored as a record before it is answered)
 
 Latency is from the call to its result. Besides the rates, CPU microseconds per message
 of the broker process and of this (client) process show which side is the bottleneck.
@@ -68,6 +71,7 @@ from hamq.client import (
     PushConsumer,
     SendResult,
     SendStatus,
+    SimpleConsumer,
     TransactionProducer,
 )
 from hamq.protocol import SerializeType
@@ -87,7 +91,20 @@ TX_SEQUENTIAL = "transaction, 1"
 TX_CONCURRENT = f"transaction, {IN_FLIGHT}"
 PUSH = "push consume"
 PULL = "pull consume"
-SCENARIOS = (SEQUENTIAL, CONCURRENT, PLAIN, BATCHED, TX_SEQUENTIAL, TX_CONCURRENT, PUSH, PULL)
+POP = "pop consume"
+SCENARIOS = (
+    SEQUENTIAL,
+    CONCURRENT,
+    PLAIN,
+    BATCHED,
+    TX_SEQUENTIAL,
+    TX_CONCURRENT,
+    PUSH,
+    PULL,
+    POP,
+)
+#: the tasks of the pop scenario, each with a SimpleConsumer of the group
+POP_CONSUMERS = 4
 
 #: --backend: the event loop the clients run on (anyio.run's backend and its options)
 BACKENDS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -244,6 +261,34 @@ async def pull_consume(namesrv: str, topic: str, count: int) -> Outcome:
     return end, []
 
 
+async def pop_consume(namesrv: str, topic: str, group: str, count: int) -> Outcome:
+    """Until the SimpleConsumers of a new group have received and acked ``count``
+    messages of ``topic``, PULL_BATCH a receive, each batch acked at once."""
+    received = 0
+    done = anyio.Event()
+
+    async def member() -> None:
+        nonlocal received
+        async with SimpleConsumer(group, namesrv) as consumer:
+            consumer.subscribe(topic)
+            while not done.is_set():
+                messages = await consumer.receive(PULL_BATCH, 60, await_s=0.5)
+                if messages:
+                    await consumer.ack_many(messages)
+                    received += len(messages)
+                    if received >= count:
+                        done.set()
+
+    async with anyio.create_task_group() as tasks:
+        for _ in range(POP_CONSUMERS):
+            tasks.start_soon(member)
+        await done.wait()
+        end = time.perf_counter()
+    if received != count:
+        raise RuntimeError(f"popped {received} messages of {topic}, expected {count}")
+    return end, []
+
+
 def round_topic(round_no: int) -> str:
     return f"BenchProduceConsume{round_no}"
 
@@ -306,6 +351,7 @@ async def run_round(
     stored = warm_up + 2 * IN_FLIGHT + 2 * sent + sizes.concurrent + BATCH * sizes.batches
     await timed(PUSH, stored, lambda: push_consume(namesrv, topic, f"{topic}-push", stored))
     await timed(PULL, stored, lambda: pull_consume(namesrv, topic, stored))
+    await timed(POP, stored, lambda: pop_consume(namesrv, topic, f"{topic}-pop", stored))
     return figures
 
 
@@ -424,7 +470,8 @@ def main() -> None:
     print(
         f"{IN_FLIGHT} in flight: {rates[CONCURRENT] / rates[SEQUENTIAL]:.1f}x the sends/s of 1 in"
         f" flight; batches of {BATCH}: {rates[BATCHED] / rates[CONCURRENT]:.1f}x the msgs/s of"
-        f" {IN_FLIGHT} in flight; push consumer at {rates[PUSH] / rates[PULL]:.0%} of plain pulls."
+        f" {IN_FLIGHT} in flight; push consumer at {rates[PUSH] / rates[PULL]:.0%} of plain pulls;"
+        f" pop consume at {rates[POP] / rates[PUSH]:.2f}x push consume."
     )
     plain_us = statistics.median(1e6 * f.broker_cpu / f.messages for f in figures[PLAIN])
     own_us = statistics.median(1e6 * f.broker_cpu / f.messages for f in figures[CONCURRENT])

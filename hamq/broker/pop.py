@@ -206,6 +206,11 @@ class PopState:
             key, offset = revived.split(" ")
             self._mark(key, [int(offset)], revived=True)
 
+    def stored(self, ck: Checkpoint) -> None:
+        """A CK this master just stored: followed at once (its acks may come before
+        it is dispatched)."""
+        self._join(ck.encode(), whole=True)
+
     def _join(self, text: str, *, whole: bool) -> Checkpoint | None:
         try:
             ck = Checkpoint.decode(text)

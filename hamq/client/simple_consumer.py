@@ -21,8 +21,10 @@ delivered again), or twice, raises BrokerError (NO_MESSAGE).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import itertools
+import json
 import random
 import time
 from collections.abc import Sequence
@@ -35,7 +37,7 @@ from hamq.client.consumer import check_expression
 from hamq.client.errors import NETWORK_ERRORS, BrokerError, InvalidArgumentError, NoRouteError
 from hamq.client.instance import ClientInstance, InstanceOwner
 from hamq.client.message import MessageExt, check_group, check_timeout, check_topic, inflate
-from hamq.protocol import RequestCode, ResponseCode
+from hamq.protocol import RemotingCommand, RequestCode, ResponseCode, SerializeType
 from hamq.protocol.bodies import MASTER_ID
 from hamq.protocol.headers import (
     AckMessageRequestHeader,
@@ -176,7 +178,7 @@ class SimpleConsumer(InstanceOwner):
         )
         response = await instance.invoke(
             addr,
-            instance.request(RequestCode.POP_MESSAGE, header),
+            self._request(RequestCode.POP_MESSAGE, header),
             wait_s + self.config.request_timeout_s,
         )
         if response.code in (ResponseCode.POLLING_TIMEOUT, ResponseCode.PULL_NOT_FOUND):
@@ -221,11 +223,50 @@ class SimpleConsumer(InstanceOwner):
             extra_info=str(handle),
             offset=handle.offset,
         )
-        response = await self.instance.invoke(
-            addr, self.instance.request(RequestCode.ACK_MESSAGE, header)
-        )
+        response = await self.instance.invoke(addr, self._request(RequestCode.ACK_MESSAGE, header))
         if response.code != ResponseCode.SUCCESS:
             raise BrokerError(response.code, response.remark, addr)
+
+    async def ack_many(self, messages: Sequence[MessageExt]) -> None:
+        """Ack several messages, one BATCH_ACK_MESSAGE per broker (RocketMQ's batch ack:
+        messages no longer in flight are passed over, as the broker does; BrokerError
+        only when none of a broker's were)."""
+        by_broker: dict[str, dict[tuple[str, str, int, int, int], list[int]]] = {}
+        info: dict[tuple[str, str, int, int, int], ReceiptHandle] = {}
+        for message in messages:
+            handle = receipt_handle(message)
+            key = (message.topic, handle.kind, handle.queue_id, handle.ck_offset, handle.pop_time)
+            by_broker.setdefault(handle.broker_name, {}).setdefault(key, []).append(handle.offset)
+            info[key] = handle
+        for broker, groups in by_broker.items():
+            acks = []
+            for key, offsets in groups.items():
+                handle = info[key]
+                bits = 0
+                for offset in offsets:
+                    bits |= 1 << (offset - handle.ck_offset)
+                acks.append(
+                    {
+                        "c": self.group,
+                        "t": key[0],
+                        "r": handle.kind,
+                        "q": handle.queue_id,
+                        "so": handle.ck_offset,
+                        "pt": handle.pop_time,
+                        "it": handle.invisible_time,
+                        "rq": handle.revive_queue,
+                        "b": base64.b64encode(
+                            bits.to_bytes((bits.bit_length() + 7) // 8, "little")
+                        ).decode(),
+                    }
+                )
+            addr = await self._master(next(iter(groups))[0], info[next(iter(groups))])
+            body = json.dumps({"acks": acks, "brokerName": broker}).encode()
+            response = await self.instance.invoke(
+                addr, self._request(RequestCode.BATCH_ACK_MESSAGE, body=body)
+            )
+            if response.code != ResponseCode.SUCCESS:
+                raise BrokerError(response.code, response.remark, addr)
 
     async def change_invisible_duration(self, message: MessageExt, invisible_s: float) -> None:
         """The message comes back ``invisible_s`` from now instead (unless acked before);
@@ -242,7 +283,7 @@ class SimpleConsumer(InstanceOwner):
             invisible_time=int(invisible_s * 1000),
         )
         response = await self.instance.invoke(
-            addr, self.instance.request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, header)
+            addr, self._request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, header)
         )
         if response.code != ResponseCode.SUCCESS:
             raise BrokerError(response.code, response.remark, addr)
@@ -259,6 +300,16 @@ class SimpleConsumer(InstanceOwner):
                 handle.offset,
             )
         )
+
+    def _request(
+        self, code: RequestCode, header: Any = None, *, body: bytes = b""
+    ) -> RemotingCommand:
+        """A pop request: JSON headers when the client's are ROCKETMQ's binary ones (whose
+        16-bit code cannot hold pop's codes)."""
+        kind = self.config.serialize_type
+        if kind is SerializeType.ROCKETMQ:
+            kind = SerializeType.JSON
+        return RemotingCommand.request(code, header, body=body, serialize_type=kind)
 
     async def _master(self, topic: str, handle: ReceiptHandle) -> str:
         instance = self.instance

@@ -235,6 +235,7 @@ class PopProcessor:
                     f"the pop's checkpoint was not stored: {result.remark}",
                 )
             self._advance(group, topic, queue_id, end)
+            self._pops().state.stored(ck)
             end_offset = result.append.end_offset
         store.announce_appends()
         response_header = PopMessageResponseHeader(
@@ -520,6 +521,7 @@ class PopProcessor:
                 ResponseCode.SYSTEM_ERROR, f"the change was not stored: {result.remark}"
             )
         ck.acked.add(header.offset)
+        self._pops().state.stored(new)
         answer = request.response_to(
             header=ChangeInvisibleTimeResponseHeader(pop_time, header.invisible_time, REVIVE_QUEUE)
         )
