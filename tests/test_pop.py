@@ -252,3 +252,52 @@ async def test_consumer_progress_shows_a_pop_groups_lag_and_messages_in_flight(
         assert (queue.broker_offset, queue.consumer_offset, queue.lag) == (5, 5, 0)
         assert queue.in_flight == 4
         assert queue.to_json()["inFlight"] == 4
+
+
+def test_the_simple_consumer_on_asyncio_and_blocking(tmp_path: Path) -> None:
+    import asyncio
+
+    from hamq.client import blocking
+
+    async def main() -> None:
+        async with running_broker(tmp_path / "b") as node:
+            ns = namesrv(node)
+            await create_topic(ns, "Both", 1)
+            await send(ns, "Both", b"one", b"two")
+
+            async def on_asyncio() -> bytes:
+                async with SimpleConsumer("G", ns) as consumer:
+                    consumer.subscribe("Both")
+                    [message] = await consumer.receive(1, 30, await_s=5)
+                    await consumer.ack(message)
+                    return message.body
+
+            def blocking_run() -> bytes:
+                with blocking.SimpleConsumer("G", ns) as consumer:
+                    consumer.subscribe("Both")
+                    [message] = consumer.receive(1, 30, await_s=5)
+                    consumer.change_invisible_duration(message, 60)
+                    consumer.ack(message)
+                    return message.body
+
+            first = await trio.to_thread.run_sync(lambda: asyncio.run(on_asyncio()))
+            second = await trio.to_thread.run_sync(blocking_run)
+            assert sorted([first, second]) == [b"one", b"two"]
+            assert node.pops.state.in_flight("G", "Both", 0) == 0
+
+    trio.run(main)
+
+
+async def test_invisible_times_out_of_range_are_refused_naming_the_limit(tmp_path: Path) -> None:
+    async with running_broker(tmp_path / "b", store={"timer_max_delay_s": 100}) as node:
+        ns = namesrv(node)
+        await create_topic(ns, "Limits", 1)
+        await send(ns, "Limits", b"x")
+        async with SimpleConsumer("G", ns) as consumer:
+            consumer.subscribe("Limits")
+            with pytest.raises(BrokerError, match=r"invisibleTime 101000 ms is not in 1\.\.100000"):
+                await consumer.receive(1, 101, await_s=1)
+            [message] = await consumer.receive(1, 30, await_s=5)
+            with pytest.raises(BrokerError, match="timer_max_delay_s"):
+                await consumer.change_invisible_duration(message, 1000)
+            await consumer.ack(message)  # (the refused change changed nothing)

@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 
 import trio
 
-from hamq.client import admin, consumer, producer, push_consumer, transaction
+from hamq.client import admin, consumer, producer, push_consumer, simple_consumer, transaction
 from hamq.client.admin_views import QueueStatus
 from hamq.client.config import ClientConfig
 from hamq.client.errors import ClientError, InvalidArgumentError
@@ -287,6 +287,36 @@ class PullConsumer(_Blocking[consumer.PullConsumer]):
 
     def search_offset(self, queue: MessageQueue, timestamp_ms: int) -> int:
         return self._call(self._value.search_offset, queue, timestamp_ms)
+
+
+class SimpleConsumer(_Blocking[simple_consumer.SimpleConsumer]):
+    """hamq.client.SimpleConsumer (pop consumption), blocking. Same arguments."""
+
+    def __init__(
+        self,
+        group: str,
+        namesrv: str | Sequence[str] | ClientConfig = "127.0.0.1:9876",
+        **options: Any,
+    ) -> None:
+        self._async = simple_consumer.SimpleConsumer(group, namesrv, **options)
+        self._loop = _LoopThread(f"hamq-pop-{group}", lambda: self._async)
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        self._async.subscribe(topic, expression)
+
+    def receive(
+        self, max_messages: int = 16, invisible_s: float = 30.0, *, await_s: float | None = None
+    ) -> list[MessageExt]:
+        return self._call(self._value.receive, max_messages, invisible_s, await_s=await_s)
+
+    def ack(self, message: MessageExt) -> None:
+        self._call(self._value.ack, message)
+
+    def ack_many(self, messages: Sequence[MessageExt]) -> None:
+        self._call(self._value.ack_many, messages)
+
+    def change_invisible_duration(self, message: MessageExt, invisible_s: float) -> None:
+        self._call(self._value.change_invisible_duration, message, invisible_s)
 
 
 class PushConsumer(_Blocking[push_consumer.PushConsumer]):
