@@ -301,3 +301,66 @@ async def test_invisible_times_out_of_range_are_refused_naming_the_limit(tmp_pat
             with pytest.raises(BrokerError, match="timer_max_delay_s"):
                 await consumer.change_invisible_duration(message, 1000)
             await consumer.ack(message)  # (the refused change changed nothing)
+
+
+async def test_fifo_pop_keeps_order_under_nacks_and_locks_the_queue(tmp_path: Path) -> None:
+    async with running_broker(tmp_path / "b") as node:
+        ns = namesrv(node)
+        await create_topic(ns, "Ordered", 1)
+        await send(ns, "Ordered", *(b"o%d" % i for i in range(8)))
+        group = node.ctx.subscriptions.find("F")
+        assert group is not None
+        node.ctx.subscriptions.update(attrs.evolve(group, retry_max_times=1))
+        acked: list[bytes] = []
+        async with (
+            SimpleConsumer("F", ns, fifo=True) as consumer,
+            SimpleConsumer("F", ns, fifo=True) as other,
+        ):
+            consumer.subscribe("Ordered")
+            other.subscribe("Ordered")
+            first = await consumer.receive(4, 0.8, await_s=2)
+            assert [m.body for m in first] == [b"o0", b"o1", b"o2", b"o3"]
+            for message in first[:2]:
+                await consumer.ack(message)
+                acked.append(message.body)
+            # o2 and o3 are not acked: the queue stays locked to them, for any member
+            assert await other.receive(4, 30, await_s=0.3) == []
+            again = await receive_all(other, 2, invisible_s=30)
+            assert [m.body for m in again] == [b"o2", b"o3"]
+            assert [attempt(m) for m in again] == [2, 2]
+            await other.change_invisible_duration(again[1], 0.5)  # (o3: back soon)
+            await other.ack(again[0])
+            acked.append(again[0].body)
+            # o3 is past the group's one retry when its time runs out: to the DLQ,
+            # and the queue moves on in order
+            rest = await receive_all(consumer, 4, invisible_s=30)
+            assert [m.body for m in rest] == [b"o4", b"o5", b"o6", b"o7"]
+            assert all(attempt(m) == 1 for m in rest)
+            dead = await wait_for(lambda: _found(ns, "%DLQ%F"), 15)
+            assert [m.body for m in dead] == [b"o3"]
+
+
+async def test_a_fifo_pop_asked_again_with_its_attempt_id_gets_the_same_batch(
+    tmp_path: Path,
+) -> None:
+    from hamq.protocol import RemotingCommand
+    from hamq.protocol.record import decode_messages
+
+    async with running_broker(tmp_path / "b") as node:
+        ns = namesrv(node)
+        await create_topic(ns, "Retried", 1)
+        await send(ns, "Retried", b"r0", b"r1", b"r2")
+
+        def pop(attempt_id: str) -> RemotingCommand:
+            header = PopMessageRequestHeader(
+                "F", "Retried", -1, 2, 30_000, 0, 0, 0, order=True, attempt_id=attempt_id
+            )
+            return RemotingCommand.request(RequestCode.POP_MESSAGE, header=header)
+
+        first = await invoke(node.address, pop("a1"))
+        again = await invoke(node.address, pop("a1"))
+        other = await invoke(node.address, pop("a2"))
+        assert first.code == again.code == ResponseCode.SUCCESS
+        assert [m.body for m in decode_messages(first.body)] == [b"r0", b"r1"]
+        assert [m.body for m in decode_messages(again.body)] == [b"r0", b"r1"]
+        assert other.code == ResponseCode.POLLING_TIMEOUT  # (locked to the first attempt)

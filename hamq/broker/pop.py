@@ -55,6 +55,8 @@ from hamq.protocol.message import (
     PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_POP_ACK,
     PROPERTY_POP_CK,
+    PROPERTY_POP_ORDER,
+    PROPERTY_POP_ORDER_VISIBLE,
     PROPERTY_POP_REVIVED,
     PROPERTY_RETRY_TOPIC,
     PROPERTY_TIMER_DELIVER_MS,
@@ -71,8 +73,8 @@ from hamq.store import DispatchRequest, MessageStore, MessageToStore, PutMessage
 
 log = logging.getLogger(__name__)
 
-#: the revive topic's queues: CKs come due in 0, acks are kept in 1
-DUE_QUEUE, ACK_QUEUE = 0, 1
+#: the revive topic's queues: CKs come due in 0, acks are kept in 1, FIFO batches in 2
+DUE_QUEUE, ACK_QUEUE, ORDER_QUEUE = 0, 1, 2
 #: how long to wait before trying a revive the store refused for now again
 RETRY_REVIVE_S = 1.0
 
@@ -151,6 +153,70 @@ def marks(kind: str, key: str, offsets: list[int]) -> str:
     return " ".join(f"{kind}@{key}@{o}" for o in offsets)
 
 
+@attrs.define
+class OrderBatch:
+    """A FIFO pop's messages of one queue: the queue stays locked to the group until
+    each is acked or its invisible time runs out (then the same ones come again, in
+    order, ``counts`` + 1)."""
+
+    group: str
+    topic: str
+    queue_id: int
+    ck_offset: int
+    pop_time: int
+    invisible_ms: int
+    end: int
+    attempt_id: str
+    offsets: list[int]
+    #: how many times each was delivered (1: the first time)
+    counts: list[int]
+    acked: set[int] = attrs.field(factory=set)
+    #: a changed invisible time: when that message comes back (ms)
+    visible_at: dict[int, int] = attrs.field(factory=dict)
+
+    @property
+    def key(self) -> str:
+        return ck_key(self.group, self.topic, self.queue_id, self.ck_offset, self.pop_time)
+
+    @property
+    def open_offsets(self) -> list[int]:
+        return [o for o in self.offsets if o not in self.acked]
+
+    def locked(self, now_ms: int) -> bool:
+        """Whether the queue is still locked: a message not acked whose time is not up."""
+        default = self.pop_time + self.invisible_ms
+        return any(self.visible_at.get(o, default) > now_ms for o in self.open_offsets)
+
+    def encode(self) -> str:
+        return (
+            f"{self.group} {self.topic} {self.queue_id} {self.ck_offset} {self.pop_time} "
+            f"{self.invisible_ms} {self.end} {self.attempt_id or '-'} "
+            f"{','.join(map(str, self.offsets))} {','.join(map(str, self.counts))}"
+        )
+
+    @classmethod
+    def decode(cls, text: str) -> OrderBatch:
+        """ValueError if ``text`` is not one."""
+        group, topic, queue, ck, pop_time, invisible, end, attempt, offsets, counts = text.split(
+            " "
+        )
+        batch = cls(
+            group,
+            topic,
+            int(queue),
+            int(ck),
+            int(pop_time),
+            int(invisible),
+            int(end),
+            "" if attempt == "-" else attempt,
+            [int(o) for o in offsets.split(",")],
+            [int(c) for c in counts.split(",")],
+        )
+        if len(batch.offsets) != len(batch.counts):
+            raise ValueError("offsets and counts differ in number")
+        return batch
+
+
 class PopState:
     """Every broker's view of the pops in flight (module docstring, "Following")."""
 
@@ -160,6 +226,8 @@ class PopState:
         self.checkpoints: dict[str, Checkpoint] = {}
         #: (group, topic, queue) -> the next offset to pop, as far as CKs say
         self.popped: dict[tuple[str, str, int], int] = {}
+        #: (group, topic, queue) -> its last FIFO batch (hamq's FIFO pop)
+        self.orders: dict[tuple[str, str, int], OrderBatch] = {}
         #: set when a CK comes due
         self.due_event = trio.Event()
 
@@ -205,6 +273,27 @@ class PopState:
         if revived is not None:
             key, offset = revived.split(" ")
             self._mark(key, [int(offset)], revived=True)
+        order = properties.get(PROPERTY_POP_ORDER)
+        if order is not None:
+            self.order_stored(OrderBatch.decode(order))
+        visible = properties.get(PROPERTY_POP_ORDER_VISIBLE)
+        if visible is not None:
+            key, offset, at = visible.split(" ")
+            batch = self.order_batch(key)
+            if batch is not None:
+                batch.visible_at[int(offset)] = int(at)
+
+    def order_stored(self, batch: OrderBatch) -> None:
+        """A FIFO batch stored (here, or as dispatched): the queue's current one."""
+        where = (batch.group, batch.topic, batch.queue_id)
+        known = self.orders.get(where)
+        if known is None or (known.pop_time, known.ck_offset) < (batch.pop_time, batch.ck_offset):
+            self.orders[where] = batch  # (the same one again, dispatched: kept as it is)
+
+    def order_batch(self, key: str) -> OrderBatch | None:
+        group, topic, queue, _ck, _pop_time = key.split("@")
+        batch = self.orders.get((group, topic, int(queue)))
+        return batch if batch is not None and batch.key == key else None
 
     def stored(self, ck: Checkpoint) -> None:
         """A CK this master just stored: followed at once (its acks may come before
@@ -240,6 +329,9 @@ class PopState:
     def _mark(self, key: str, offsets: list[int], *, revived: bool) -> None:
         ck = self.checkpoints.get(key)
         if ck is None:
+            batch = self.order_batch(key) if not revived else None
+            if batch is not None:
+                batch.acked.update(offsets)
             return
         (ck.revived if revived else ck.acked).update(offsets)
         if not ck.open_offsets:
@@ -451,6 +543,9 @@ class PopService:
     @property
     def revived(self) -> int:
         return self._revive.revived
+
+    def max_retries(self, group: str) -> int:
+        return self._revive.max_retries(group)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Follow the pops from the store's dispatch (after reading back those waiting),

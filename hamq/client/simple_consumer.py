@@ -27,6 +27,7 @@ import itertools
 import json
 import random
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,7 +55,7 @@ from hamq.protocol.pop import (
     topic_kind,
 )
 from hamq.protocol.record import decode_messages
-from hamq.remoting import RemotingError
+from hamq.remoting import RemotingError, RemotingTimeoutError
 
 #: the property a popped message's receipt handle is kept in (RocketMQ's POP_CK)
 PROPERTY_RECEIPT_HANDLE = "POP_CK"
@@ -87,10 +88,14 @@ class SimpleConsumer(InstanceOwner):
         *,
         await_s: float = AWAIT_S,
         from_last: bool = False,
+        fifo: bool = False,
         **client_options: Any,
     ) -> None:
         check_group(group)
         self.group = group
+        #: FIFO pops: a queue's messages in order, the queue locked to the group until
+        #: they are acked or their time runs out (then the same ones come again)
+        self.fifo = fifo
         #: a group new to a queue starts at its end (else at its first message)
         self.from_last = from_last
         self.await_s = check_timeout("await_s", await_s)
@@ -174,19 +179,26 @@ class SimpleConsumer(InstanceOwner):
             init_mode=1 if self.from_last else 0,
             exp_type="TAG",
             exp=expression,
-            order=False,
+            order=self.fifo,
+            # (a FIFO pop asked again after a lost answer gets the same messages)
+            attempt_id=uuid.uuid4().hex if self.fifo else None,
         )
-        response = await instance.invoke(
-            addr,
-            self._request(RequestCode.POP_MESSAGE, header),
-            wait_s + self.config.request_timeout_s,
-        )
+        request = self._request(RequestCode.POP_MESSAGE, header)
+        timeout_s = wait_s + self.config.request_timeout_s
+        try:
+            response = await instance.invoke(addr, request, timeout_s)
+        except RemotingTimeoutError:
+            if not self.fifo:
+                raise
+            request = self._request(RequestCode.POP_MESSAGE, header)
+            response = await instance.invoke(addr, request, timeout_s)
         if response.code in (ResponseCode.POLLING_TIMEOUT, ResponseCode.PULL_NOT_FOUND):
             return []
         if response.code != ResponseCode.SUCCESS:
             raise BrokerError(response.code, response.remark, addr)
         answer = response.header(PopMessageResponseHeader)
         starts = parse_offset_info(answer.start_offset_info)
+        counts = _order_counts(answer.order_count_info)
         tags = parse_tags(expression)
         messages = []
         for message in decode_messages(response.body):
@@ -203,6 +215,9 @@ class SimpleConsumer(InstanceOwner):
                 message.queue_offset,
             )
             message.properties[PROPERTY_RECEIPT_HANDLE] = str(handle)
+            count = counts.get((kind, message.queue_id, message.queue_offset))
+            if count:
+                message.reconsume_times = count
             if is_retry_topic(message.topic):
                 message.topic = message.properties.get(PROPERTY_RETRY_TOPIC, topic)
             if tags is not None and message.tags not in tags:
@@ -320,6 +335,18 @@ class SimpleConsumer(InstanceOwner):
         if addr is None:
             raise NoRouteError(f"broker {handle.broker_name} has no master now")
         return addr
+
+
+def _order_counts(text: str | None) -> dict[tuple[str, int, int], int]:
+    """(kind, queue, offset) -> earlier deliveries, from a FIFO pop's orderCountInfo
+    (``<kind> qo<queue>%<offset> <count>`` entries; queue-level ones passed over)."""
+    counts = {}
+    for entry in (text or "").split(";") if text else ():
+        parts = entry.split(" ")
+        if len(parts) == 3 and parts[1].startswith("qo") and "%" in parts[1]:
+            queue, offset = parts[1][2:].split("%", 1)
+            counts[(parts[0], int(queue), int(offset))] = int(parts[2])
+    return counts
 
 
 __all__ = ["SimpleConsumer", "attempt", "receipt_handle"]

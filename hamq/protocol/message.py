@@ -98,6 +98,8 @@ PROPERTY_MARKS = "HAMQ_MARKS"
 PROPERTY_POP_CK = "HAMQ_POP_CK"
 PROPERTY_POP_ACK = "HAMQ_POP_ACK"
 PROPERTY_POP_REVIVED = "HAMQ_POP_REVIVED"
+PROPERTY_POP_ORDER = "HAMQ_POP_ORDER"
+PROPERTY_POP_ORDER_VISIBLE = "HAMQ_POP_ORDER_VISIBLE"
 #: the properties only the broker writes: a producer's are dropped (each says something
 #: the broker acts on: a timer delivery, a pop's ack, a lost record)
 INTERNAL_PROPERTIES = (
@@ -107,6 +109,8 @@ INTERNAL_PROPERTIES = (
     PROPERTY_POP_CK,
     PROPERTY_POP_ACK,
     PROPERTY_POP_REVIVED,
+    PROPERTY_POP_ORDER,
+    PROPERTY_POP_ORDER_VISIBLE,
 )
 #: what every internal property's name starts with (a cheap test of a properties text)
 INTERNAL_PREFIX = "HAMQ_"

@@ -34,7 +34,16 @@ from collections.abc import Callable
 import trio
 
 from hamq.broker.context import BrokerContext
-from hamq.broker.pop import ACK_QUEUE, Checkpoint, PopService, ack_value, ck_key, marks
+from hamq.broker.pop import (
+    ACK_QUEUE,
+    ORDER_QUEUE,
+    Checkpoint,
+    OrderBatch,
+    PopService,
+    ack_value,
+    ck_key,
+    marks,
+)
 from hamq.broker.processors.pull import tag_filter
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import PERM_READ
@@ -49,13 +58,18 @@ from hamq.protocol.message import (
     PROPERTY_MARKS,
     PROPERTY_POP_ACK,
     PROPERTY_POP_CK,
+    PROPERTY_POP_ORDER,
+    PROPERTY_POP_ORDER_VISIBLE,
+    PROPERTY_RETRY_TOPIC,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_WAIT,
     TagExpressionError,
+    dlq_topic,
     is_retry_topic,
 )
 from hamq.protocol.pop import (
     MAX_POP_MESSAGES,
+    ORDER_REVIVE_QUEUE,
     REVIVE_QUEUE,
     ReceiptHandle,
     ReceiptHandleError,
@@ -63,6 +77,7 @@ from hamq.protocol.pop import (
     pop_retry_topic,
     real_topic,
     start_offset_info,
+    topic_kind,
 )
 from hamq.remoting import Connection, Dispatcher, Responder
 from hamq.store import MessageToStore, PutMessageStatus, Ticket
@@ -132,6 +147,19 @@ class PopProcessor:
         else:
             start = random.randrange(topic)
             normal = [(header.topic, (start + i) % topic) for i in range(topic)]
+        if header.order:
+            answer = self._pop_fifo(request, conn, header, normal, codes, responder)
+            if answer is not False:
+                return answer  # type: ignore[return-value]
+            if hold and header.poll_time > 0 and self._hold(request, conn, header, retry):
+                return None
+            return request.response_to(
+                ResponseCode.POLLING_TIMEOUT,
+                "no new message (or every queue locked to the group's messages in flight)",
+                header=PopMessageResponseHeader(
+                    self.ctx.clock(), header.invisible_time, ORDER_REVIVE_QUEUE, 0
+                ),
+            )
         retry_queues = self.ctx.topics.get(retry)
         retries = [(retry, q) for q in range(retry_queues.read_queue_nums)] if retry_queues else []
         order = retries + normal if random.randrange(RETRY_FIRST_ONE_IN) == 0 else normal + retries
@@ -251,6 +279,210 @@ class PopProcessor:
         answer = request.response_to(header=response_header, body=body)
         return self._answer_when_safe(request, conn, answer, ticket, end_offset, responder)
 
+    # ------------------------------------------------------------------ FIFO
+    def _pop_fifo(
+        self,
+        request: RemotingCommand,
+        conn: Connection,
+        header: PopMessageRequestHeader,
+        queues: list[tuple[str, int]],
+        codes: frozenset[int] | None,
+        responder: Responder | None,
+    ) -> RemotingCommand | bool | None:
+        """A FIFO pop: the messages of the first queue not locked to the group (its
+        last batch all acked, or its time up: then the same messages again); the same
+        batch again for the same ``attemptId`` while it is locked. False: nothing."""
+        group, now = header.consumer_group, self.ctx.clock()
+        state = self._pops().state
+        for topic, queue_id in queues:
+            batch = state.orders.get((group, topic, queue_id))
+            if batch is not None and batch.open_offsets:
+                if batch.locked(now):
+                    if header.attempt_id and header.attempt_id == batch.attempt_id:
+                        return self._order_answer(request, header, batch, cached=True)
+                    continue
+                again = self._again(header, batch, now)
+                if again is None:
+                    continue
+                return self._store_order(request, conn, header, again, responder)
+            start = batch.end if batch is not None else None
+            found = self._take_fifo(header, topic, queue_id, start, codes)
+            if found is None:
+                continue
+            offsets, end = found
+            new = OrderBatch(
+                group,
+                topic,
+                queue_id,
+                offsets[0],
+                now,
+                header.invisible_time,
+                end,
+                header.attempt_id or "",
+                offsets,
+                [1] * len(offsets),
+            )
+            return self._store_order(request, conn, header, new, responder)
+        return False
+
+    def _take_fifo(
+        self,
+        header: PopMessageRequestHeader,
+        topic: str,
+        queue_id: int,
+        start: int | None,
+        codes: frozenset[int] | None,
+    ) -> tuple[list[int], int] | None:
+        """(offsets taken, where reading stopped) of a queue's next messages; None if
+        none (a filtered-out stretch moves the queue's offset past it)."""
+        queue = self.ctx.store.consume_queue(topic, queue_id)
+        if queue is None:
+            return None
+        if start is None:
+            start = self._pop_offset(header, topic, queue_id, queue.min_offset, queue.max_offset)
+        start = max(start, queue.min_offset)
+        if start >= queue.max_offset:
+            return None
+        result = self.ctx.store.get_message(
+            header.consumer_group, topic, queue_id, start, header.max_msg_nums, tag_codes=codes
+        )
+        offsets = [_record_queue_offset(r) for r in result.messages]
+        end = max(result.next_begin_offset, start)
+        if not offsets:
+            if end > start:
+                self.ctx.offsets.commit(header.consumer_group, topic, queue_id, end)
+            return None
+        return offsets, end
+
+    def _again(
+        self, header: PopMessageRequestHeader, batch: OrderBatch, now: int
+    ) -> OrderBatch | None:
+        """The batch's messages not acked, once more (their counts + 1), in order;
+        those past the group's retries go to its DLQ instead (each copy acks its
+        message in the same record). None if none is left."""
+        counts = dict(zip(batch.offsets, batch.counts, strict=True))
+        most = self._pops().max_retries(batch.group) + 1
+        offsets, again = [], []
+        for offset in batch.open_offsets:
+            if counts[offset] >= most:
+                if not self._dead_letter(batch, offset):
+                    break  # (the store refused it for now: the order waits)
+                continue
+            offsets.append(offset)
+            again.append(counts[offset] + 1)
+        if not offsets:
+            return None
+        return OrderBatch(
+            batch.group,
+            batch.topic,
+            batch.queue_id,
+            offsets[0],
+            max(now, batch.pop_time + 1),
+            header.invisible_time,
+            batch.end,
+            header.attempt_id or "",
+            offsets,
+            again,
+        )
+
+    def _dead_letter(self, batch: OrderBatch, offset: int) -> bool:
+        """Store a FIFO message past its retries in the DLQ, acking it in the same record."""
+        store = self.ctx.store
+        queue = store.consume_queue(batch.topic, batch.queue_id)
+        entry = queue.entry(offset) if queue is not None else None
+        if entry is None:
+            return True
+        message = store.look_message_by_offset(entry[0], entry[1])
+        topic = dlq_topic(batch.group)
+        self.ctx.topics.ensure(topic)
+        properties = dict(message.properties)
+        properties.setdefault(PROPERTY_RETRY_TOPIC, batch.topic)
+        properties[PROPERTY_POP_ACK] = ack_value(batch.key, [offset])
+        properties[PROPERTY_MARKS] = marks("a", batch.key, [offset])
+        result = store.put_message_nowait(
+            MessageToStore(
+                topic,
+                0,
+                message.body,
+                message.flag,
+                properties,
+                born_timestamp=message.born_timestamp,
+                store_host=self.ctx.store_host,
+                reconsume_times=message.reconsume_times + 1,
+            )
+        )
+        if result.stored:
+            batch.acked.add(offset)
+        return result.stored
+
+    def _store_order(
+        self,
+        request: RemotingCommand,
+        conn: Connection,
+        header: PopMessageRequestHeader,
+        batch: OrderBatch,
+        responder: Responder | None,
+    ) -> RemotingCommand | None:
+        """Store a FIFO batch's record (revive topic queue 2); answer once it is safe."""
+        store = self.ctx.store
+        ticket = store.durability.ticket(True)
+        result = store.put_message_nowait(
+            MessageToStore(
+                self._pops().state.revive_topic,
+                ORDER_QUEUE,
+                b"",
+                properties={PROPERTY_POP_ORDER: batch.encode(), PROPERTY_WAIT: "false"},
+                store_host=self.ctx.store_host,
+            )
+        )
+        if result.append is None:
+            raise RequestError(
+                ResponseCode.SYSTEM_ERROR, f"the FIFO pop was not stored: {result.remark}"
+            )
+        self._pops().state.order_stored(batch)
+        self.ctx.offsets.commit(batch.group, batch.topic, batch.queue_id, batch.offsets[0])
+        answer = self._order_answer(request, header, batch, cached=False)
+        return self._answer_when_safe(
+            request, conn, answer, ticket, result.append.end_offset, responder
+        )
+
+    def _order_answer(
+        self,
+        request: RemotingCommand,
+        header: PopMessageRequestHeader,
+        batch: OrderBatch,
+        *,
+        cached: bool,
+    ) -> RemotingCommand:
+        """The batch's messages (those not acked, when ``cached``: the same receive
+        asked again), with their delivery counts (orderCountInfo)."""
+        store = self.ctx.store
+        offsets = batch.open_offsets if cached else batch.offsets
+        records = []
+        for offset in offsets:
+            found = store.get_message(batch.group, batch.topic, batch.queue_id, offset, 1)
+            records += [r for r in found.messages if _record_queue_offset(r) == offset]
+        counts = dict(zip(batch.offsets, batch.counts, strict=True))
+        kind = topic_kind(batch.topic)
+        count_info = ";".join(
+            [f"{kind} qo{batch.queue_id}%{o} {counts[o] - 1}" for o in offsets]
+            + [f"{kind} {batch.queue_id} {min(counts[o] for o in offsets) - 1}"]
+        )
+        body = b"".join(records)
+        self.ctx.stats.delivered(batch.topic, len(records), len(body))
+        return request.response_to(
+            header=PopMessageResponseHeader(
+                batch.pop_time,
+                batch.invisible_ms,
+                ORDER_REVIVE_QUEUE,
+                0,
+                start_offset_info([(batch.topic, batch.queue_id, batch.ck_offset)]),
+                msg_offset_info([(batch.topic, batch.queue_id, offsets)]),
+                count_info,
+            ),
+            body=body,
+        )
+
     def _ck_message(self, ck: Checkpoint, due: str, *, acks: str | None = None) -> MessageToStore:
         """A checkpoint's record: a timer message due when the messages come back,
         delivered then to the revive topic (with the ack of an old handle: ``acks``)."""
@@ -334,10 +566,6 @@ class PopProcessor:
                 f"maxMsgNums {header.max_msg_nums} is not in 1..{MAX_POP_MESSAGES}",
             )
         self._check_invisible(header.invisible_time)
-        if header.order:
-            raise RequestError(
-                ResponseCode.INVALID_PARAMETER, "FIFO pop (order=true) is not supported yet"
-            )
         self._group(header.consumer_group)
 
     def _check_invisible(self, invisible_ms: int) -> None:
@@ -391,7 +619,7 @@ class PopProcessor:
     # ------------------------------------------------------------------ ack
     def _in_flight(
         self, group: str, topic: str, queue_id: int, extra_info: str, offset: int
-    ) -> tuple[Checkpoint, ReceiptHandle]:
+    ) -> tuple[Checkpoint | OrderBatch, ReceiptHandle]:
         """The checkpoint a receipt handle names, with the message at ``offset`` in flight
         in it; RequestError (nothing changed) otherwise."""
         try:
@@ -405,6 +633,18 @@ class PopProcessor:
                 f"the receipt handle is for queue {handle.queue_id} offset {handle.offset}, "
                 f"not queue {queue_id} offset {offset}",
             )
+        if handle.revive_queue == ORDER_REVIVE_QUEUE:
+            batch = self._pops().state.orders.get((group, popped_from, queue_id))
+            if batch is None or batch.pop_time != handle.pop_time or offset not in batch.offsets:
+                raise RequestError(
+                    ResponseCode.NO_MESSAGE,
+                    f"no FIFO message in flight has this receipt handle (group {group}, "
+                    f"topic {popped_from}: its time ran out and it was delivered again, or "
+                    "it was never popped)",
+                )
+            if offset in batch.acked:
+                raise RequestError(ResponseCode.NO_MESSAGE, "the message was acked already")
+            return batch, handle
         key = ck_key(group, popped_from, queue_id, handle.ck_offset, handle.pop_time)
         ck, why = self._pops().state.known(key, offset)
         if ck is None:
@@ -436,7 +676,7 @@ class PopProcessor:
                 ResponseCode.INVALID_PARAMETER, f"batch ack body does not read: {exc}"
             ) from None
         state = self._pops().state
-        found: list[tuple[Checkpoint, list[int]]] = []
+        found: list[tuple[Checkpoint | OrderBatch, list[int]]] = []
         refused: list[str] = []
         for group, topic, queue_id, (ck_offset, pop_time), offsets in entries:
             key = ck_key(group, topic, queue_id, ck_offset, pop_time)
@@ -458,7 +698,10 @@ class PopProcessor:
         return self._store_acks(request, conn, found)
 
     def _store_acks(
-        self, request: RemotingCommand, conn: Connection, acks: list[tuple[Checkpoint, list[int]]]
+        self,
+        request: RemotingCommand,
+        conn: Connection,
+        acks: list[tuple[Checkpoint | OrderBatch, list[int]]],
     ) -> RemotingCommand | None:
         store = self.ctx.store
         ticket = store.durability.ticket(True)
@@ -485,11 +728,52 @@ class PopProcessor:
                     ResponseCode.SYSTEM_ERROR, f"the ack was not stored: {result.remark}"
                 )
             ck.acked.update(offsets)  # (at once: a second ack of it is refused)
+            if isinstance(ck, OrderBatch):  # (the group's offset: its first message open)
+                left = ck.open_offsets
+                self.ctx.offsets.commit(
+                    ck.group, ck.topic, ck.queue_id, left[0] if left else ck.end
+                )
             end_offset = result.append.end_offset
         store.announce_appends()
         return self._answer_when_safe(request, conn, request.response_to(), ticket, end_offset)
 
     # ------------------------------------------------------------------ change
+    def _change_order(
+        self,
+        request: RemotingCommand,
+        conn: Connection,
+        header: ChangeInvisibleTimeRequestHeader,
+        batch: OrderBatch,
+    ) -> RemotingCommand | None:
+        """A FIFO message's new time: when it (and so its queue) comes back; its
+        receipt handle keeps its batch's pop time."""
+        at = self.ctx.clock() + header.invisible_time
+        store = self.ctx.store
+        ticket = store.durability.ticket(True)
+        result = store.put_message_nowait(
+            MessageToStore(
+                self._pops().state.revive_topic,
+                ORDER_QUEUE,
+                b"",
+                properties={
+                    PROPERTY_POP_ORDER_VISIBLE: f"{batch.key} {header.offset} {at}",
+                    PROPERTY_WAIT: "false",
+                },
+                store_host=self.ctx.store_host,
+            )
+        )
+        if result.append is None:
+            raise RequestError(
+                ResponseCode.SYSTEM_ERROR, f"the change was not stored: {result.remark}"
+            )
+        batch.visible_at[header.offset] = at
+        answer = request.response_to(
+            header=ChangeInvisibleTimeResponseHeader(
+                batch.pop_time, at - batch.pop_time, ORDER_REVIVE_QUEUE
+            )
+        )
+        return self._answer_when_safe(request, conn, answer, ticket, result.append.end_offset)
+
     def change_invisible_time(
         self, request: RemotingCommand, conn: Connection
     ) -> RemotingCommand | None:
@@ -499,6 +783,8 @@ class PopProcessor:
         ck, _handle = self._in_flight(
             header.consumer_group, header.topic, header.queue_id, header.extra_info, header.offset
         )
+        if isinstance(ck, OrderBatch):
+            return self._change_order(request, conn, header, ck)
         pop_time = self.ctx.clock()
         new = Checkpoint(
             ck.group,
