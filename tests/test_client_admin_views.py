@@ -64,6 +64,7 @@ def test_progress_adds_up_lag_and_never_counts_a_consumer_ahead() -> None:
                 "brokerOffset": 10,
                 "consumerOffset": 4,
                 "lag": 6,
+                "inFlight": 0,
                 "lastTimestamp": 1700,
             },
             ahead.to_json(),
