@@ -21,9 +21,11 @@ import trio
 from hamq.client import AdminClient, Message, MessageExt, Producer, SendStatus, SimpleConsumer
 from hamq.client.errors import ClientError
 from hamq.client.simple_consumer import attempt
+from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
+from hamq.protocol.headers import PopMessageRequestHeader
 from hamq.remoting import RemotingError
 from tests.support.autoswitch import autoswitch_cluster
-from tests.support.brokers import create_topic, topic_messages
+from tests.support.brokers import create_topic, invoke, topic_messages
 from tests.support.timing import wait_for
 
 pytestmark = [pytest.mark.slow]
@@ -48,6 +50,13 @@ async def test_popped_messages_come_back_once_and_acked_ones_never_after_a_maste
         state = await cluster.wait_in_sync(3)
         old_master = cluster.broker_at(state["masterAddress"])
         assert old_master is not None
+        # a pop on a slave: refused as a send is (RocketMQ's clients pop from masters)
+        slave = next(b for b in cluster.brokers if b is not old_master)
+        header = PopMessageRequestHeader("popper", TOPIC, -1, 4, 30_000, 0, 0, 0)
+        refused = await invoke(
+            slave.address, RemotingCommand.request(RequestCode.POP_MESSAGE, header=header)
+        )
+        assert refused.code == ResponseCode.SERVICE_NOT_AVAILABLE, refused
         await create_topic(cluster.namesrv, TOPIC, 2)
         await create_topic(cluster.namesrv, TIMED, 2)
         async with AdminClient(cluster.namesrv) as admin:

@@ -258,6 +258,9 @@ class PopState:
 
     # ------------------------------------------------------------------ following
     def on_dispatch(self, request: DispatchRequest) -> None:
+        topic = request.topic
+        if topic[0] != "%" and topic != TIMER_TOPIC and topic != self.revive_topic:
+            return  # (a pop's records are in these, its revived copies in %RETRY%/%DLQ%)
         properties = request.properties
         if PROPERTY_POP_CK in properties:
             text = properties[PROPERTY_POP_CK]
@@ -512,11 +515,13 @@ class PopHoldService(PullHoldService):
             self._answer_held(pull.responder)
 
     def on_dispatch(self, request: DispatchRequest) -> None:
-        super().on_dispatch(request)
-        key = (request.topic, -1)
-        if key in self._held:
-            self._arrived.setdefault(key, []).append((request.queue_offset, request.tags_code))
-            self._wakeup.set()
+        if not self._held:  # (most records, under load: nobody waits)
+            return
+        for key in ((request.topic, request.queue_id), (request.topic, -1)):
+            if key in self._held:
+                arrived = (request.queue_offset, request.tags_code)
+                self._arrived.setdefault(key, []).append(arrived)
+                self._wakeup.set()
 
 
 class PopService:
