@@ -238,9 +238,7 @@ class SimpleConsumer(InstanceOwner):
             extra_info=str(handle),
             offset=handle.offset,
         )
-        response = await self.instance.invoke(addr, self._request(RequestCode.ACK_MESSAGE, header))
-        if response.code != ResponseCode.SUCCESS:
-            raise BrokerError(response.code, response.remark, addr)
+        await self._ask(addr, self._request(RequestCode.ACK_MESSAGE, header))
 
     async def ack_many(self, messages: Sequence[MessageExt]) -> None:
         """Ack several messages, one BATCH_ACK_MESSAGE per broker (RocketMQ's batch ack:
@@ -277,11 +275,7 @@ class SimpleConsumer(InstanceOwner):
                 )
             addr = await self._master(next(iter(groups))[0], info[next(iter(groups))])
             body = json.dumps({"acks": acks, "brokerName": broker}).encode()
-            response = await self.instance.invoke(
-                addr, self._request(RequestCode.BATCH_ACK_MESSAGE, body=body)
-            )
-            if response.code != ResponseCode.SUCCESS:
-                raise BrokerError(response.code, response.remark, addr)
+            await self._ask(addr, self._request(RequestCode.BATCH_ACK_MESSAGE, body=body))
 
     async def change_invisible_duration(self, message: MessageExt, invisible_s: float) -> None:
         """The message comes back ``invisible_s`` from now instead (unless acked before);
@@ -297,11 +291,9 @@ class SimpleConsumer(InstanceOwner):
             offset=handle.offset,
             invisible_time=int(invisible_s * 1000),
         )
-        response = await self.instance.invoke(
+        response = await self._ask(
             addr, self._request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, header)
         )
-        if response.code != ResponseCode.SUCCESS:
-            raise BrokerError(response.code, response.remark, addr)
         answer = response.header(ChangeInvisibleTimeResponseHeader)
         message.properties[PROPERTY_RECEIPT_HANDLE] = str(
             ReceiptHandle(
@@ -315,6 +307,13 @@ class SimpleConsumer(InstanceOwner):
                 handle.offset,
             )
         )
+
+    async def _ask(self, addr: str, request: RemotingCommand) -> RemotingCommand:
+        """``request``'s answer; BrokerError unless it is SUCCESS."""
+        response = await self.instance.invoke(addr, request)
+        if response.code != ResponseCode.SUCCESS:
+            raise BrokerError(response.code, response.remark, addr)
+        return response
 
     def _request(
         self, code: RequestCode, header: Any = None, *, body: bytes = b""

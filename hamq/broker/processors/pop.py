@@ -36,6 +36,7 @@ import trio
 from hamq.broker.context import BrokerContext
 from hamq.broker.pop import (
     ACK_QUEUE,
+    DUE_QUEUE,
     ORDER_QUEUE,
     Checkpoint,
     OrderBatch,
@@ -427,13 +428,7 @@ class PopProcessor:
         store = self.ctx.store
         ticket = store.durability.ticket(True)
         result = store.put_message_nowait(
-            MessageToStore(
-                self._pops().state.revive_topic,
-                ORDER_QUEUE,
-                b"",
-                properties={PROPERTY_POP_ORDER: batch.encode(), PROPERTY_WAIT: "false"},
-                store_host=self.ctx.store_host,
-            )
+            self._record(ORDER_QUEUE, {PROPERTY_POP_ORDER: batch.encode()})
         )
         if result.append is None:
             raise RequestError(
@@ -486,21 +481,22 @@ class PopProcessor:
     def _ck_message(self, ck: Checkpoint, due: str, *, acks: str | None = None) -> MessageToStore:
         """A checkpoint's record: a timer message due when the messages come back,
         delivered then to the revive topic (with the ack of an old handle: ``acks``)."""
-        properties = {
-            PROPERTY_POP_CK: ck.encode(),
-            PROPERTY_TIMER_DELIVER_MS: due,
-            PROPERTY_WAIT: "false",
-        }
+        properties = {PROPERTY_POP_CK: ck.encode(), PROPERTY_TIMER_DELIVER_MS: due}
         if acks is not None:
             properties[PROPERTY_POP_ACK] = acks
             properties[PROPERTY_MARKS] = marks(
                 "a", acks.split(" ")[0], [int(o) for o in acks.split(" ")[1].split(",")]
             )
+        return self._record(DUE_QUEUE, properties)
+
+    def _record(self, queue_id: int, properties: dict[str, str]) -> MessageToStore:
+        """One of pop's records, in the revive topic's ``queue_id`` (hamq/broker/pop.py);
+        its durability is the request's to wait for (WAIT=false: not the store's)."""
         return MessageToStore(
             self._pops().state.revive_topic,
-            0,
+            queue_id,
             b"",
-            properties=properties,
+            properties={**properties, PROPERTY_WAIT: "false"},
             store_host=self.ctx.store_host,
         )
 
@@ -706,19 +702,14 @@ class PopProcessor:
         store = self.ctx.store
         ticket = store.durability.ticket(True)
         end_offset = 0
-        revive_topic = self._pops().state.revive_topic
         for ck, offsets in acks:
             result = store.put_message_nowait(
-                MessageToStore(
-                    revive_topic,
+                self._record(
                     ACK_QUEUE,
-                    b"",
-                    properties={
+                    {
                         PROPERTY_POP_ACK: ack_value(ck.key, offsets),
                         PROPERTY_MARKS: marks("a", ck.key, offsets),
-                        PROPERTY_WAIT: "false",
                     },
-                    store_host=self.ctx.store_host,
                 ),
                 announce=False,
             )
@@ -751,15 +742,8 @@ class PopProcessor:
         store = self.ctx.store
         ticket = store.durability.ticket(True)
         result = store.put_message_nowait(
-            MessageToStore(
-                self._pops().state.revive_topic,
-                ORDER_QUEUE,
-                b"",
-                properties={
-                    PROPERTY_POP_ORDER_VISIBLE: f"{batch.key} {header.offset} {at}",
-                    PROPERTY_WAIT: "false",
-                },
-                store_host=self.ctx.store_host,
+            self._record(
+                ORDER_QUEUE, {PROPERTY_POP_ORDER_VISIBLE: f"{batch.key} {header.offset} {at}"}
             )
         )
         if result.append is None:
