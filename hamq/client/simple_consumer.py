@@ -201,20 +201,14 @@ class SimpleConsumer(InstanceOwner):
         counts = _order_counts(answer.order_count_info)
         tags = parse_tags(expression)
         messages = []
+        # (each handle as ReceiptHandle's text, written here at once: one a message)
+        common = f"{answer.pop_time} {answer.invisible_time} {answer.revive_qid}"
         for message in decode_messages(response.body):
             kind = topic_kind(message.topic)
             start = starts.get((kind, message.queue_id), [message.queue_offset])[0]
-            handle = ReceiptHandle(
-                start,
-                answer.pop_time,
-                answer.invisible_time,
-                answer.revive_qid,
-                kind,
-                broker,
-                message.queue_id,
-                message.queue_offset,
+            message.properties[PROPERTY_RECEIPT_HANDLE] = (
+                f"{start} {common} {kind} {broker} {message.queue_id} {message.queue_offset}"
             )
-            message.properties[PROPERTY_RECEIPT_HANDLE] = str(handle)
             count = counts.get((kind, message.queue_id, message.queue_offset))
             if count:
                 message.reconsume_times = count
