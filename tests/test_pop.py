@@ -318,12 +318,12 @@ async def test_fifo_pop_keeps_order_under_nacks_and_locks_the_queue(tmp_path: Pa
         ):
             consumer.subscribe("Ordered")
             other.subscribe("Ordered")
-            first = await consumer.receive(4, 0.8, await_s=2)
+            first = await consumer.receive(4, 3.0, await_s=2)
             assert [m.body for m in first] == [b"o0", b"o1", b"o2", b"o3"]
             for message in first[:2]:
                 await consumer.ack(message)
                 acked.append(message.body)
-            # o2 and o3 are not acked: the queue stays locked to them, for any member
+            # o2 and o3 are not acked: the queue stays locked to them (3 s), for any member
             assert await other.receive(4, 30, await_s=0.3) == []
             again = await receive_all(other, 2, invisible_s=30)
             assert [m.body for m in again] == [b"o2", b"o3"]

@@ -33,9 +33,9 @@ async def test_timer_messages_wait_and_come_once_at_their_time_in_due_order(
 ) -> None:
     async with open_store(small_config(tmp_path)) as store:
         sent_at = now_ms()
-        later = await put(store, message(body=b"second", TIMER_DELAY_MS="900", UNIQ_KEY="ID-2"))
+        later = await put(store, message(body=b"second", TIMER_DELAY_MS="2000", UNIQ_KEY="ID-2"))
         sooner = await put(
-            store, message(body=b"first", TIMER_DELIVER_MS=str(sent_at + 400), UNIQ_KEY="ID-1")
+            store, message(body=b"first", TIMER_DELIVER_MS=str(sent_at + 1500), UNIQ_KEY="ID-1")
         )
         assert later.stored and sooner.stored
         await store.wait_dispatched()
@@ -46,9 +46,9 @@ async def test_timer_messages_wait_and_come_once_at_their_time_in_due_order(
         first, second = delivered(store)
         assert (first.body, second.body) == (b"first", b"second")
         assert first.msg_id == "ID-1"  # the id the producer was answered with
-        assert first.store_timestamp >= sent_at + 400
+        assert first.store_timestamp >= sent_at + 1500
         assert second.store_timestamp >= int(second.properties["TIMER_OUT_MS"])
-        assert int(second.properties["TIMER_OUT_MS"]) >= sent_at + 900
+        assert int(second.properties["TIMER_OUT_MS"]) >= sent_at + 2000
         for copy, source in ((first, "1"), (second, "0")):
             assert copy.properties["HAMQ_TIMER_SOURCE"] == source
             assert "REAL_TOPIC" not in copy.properties and "REAL_QID" not in copy.properties
@@ -93,7 +93,7 @@ async def test_a_restart_keeps_what_waits_and_never_delivers_twice(tmp_path: Pat
     config = small_config(tmp_path, delay_offset_persist_interval_s=0.05)
     async with open_store(config) as store:
         assert (await put(store, message(body=b"soon", TIMER_DELAY_MS="200"))).stored
-        assert (await put(store, message(body=b"later", TIMER_DELAY_SEC="2"))).stored
+        assert (await put(store, message(body=b"later", TIMER_DELAY_SEC="4"))).stored
         await wait_for(lambda: store.max_offset_in_queue("T", 0) == 1, 10)
         await store.wait_dispatched()
         # the floor moves past the delivered one once the log is on disk
