@@ -364,3 +364,41 @@ async def test_a_fifo_pop_asked_again_with_its_attempt_id_gets_the_same_batch(
         assert [m.body for m in decode_messages(first.body)] == [b"r0", b"r1"]
         assert [m.body for m in decode_messages(again.body)] == [b"r0", b"r1"]
         assert other.code == ResponseCode.POLLING_TIMEOUT  # (locked to the first attempt)
+
+
+async def test_notification_and_polling_info(tmp_path: Path) -> None:
+    from hamq.protocol import RemotingCommand
+    from hamq.protocol.headers import (
+        NotificationRequestHeader,
+        NotificationResponseHeader,
+        PollingInfoRequestHeader,
+        PollingInfoResponseHeader,
+    )
+
+    async with running_broker(tmp_path / "b") as node:
+        ns, addr = namesrv(node), node.address
+        await create_topic(ns, "Noticed", 2)
+
+        def notify(poll_ms: int) -> RemotingCommand:
+            header = NotificationRequestHeader("N", "Noticed", -1, poll_ms, 0)
+            return RemotingCommand.request(RequestCode.NOTIFICATION, header=header)
+
+        empty = await invoke(addr, notify(0))
+        assert not empty.header(NotificationResponseHeader).has_msg
+        answers = []
+
+        async def waiting_notification() -> None:
+            answers.append(await invoke(addr, notify(10_000)))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiting_notification)
+            info = PollingInfoRequestHeader("N", "Noticed", -1)
+
+            async def held() -> int:
+                asked = RemotingCommand.request(RequestCode.POLLING_INFO, header=info)
+                return (await invoke(addr, asked)).header(PollingInfoResponseHeader).polling_num
+
+            assert await wait_for(held, 10) >= 1  # (the notification waits)
+            await send(ns, "Noticed", b"n")
+        [answer] = answers
+        assert answer.header(NotificationResponseHeader).has_msg

@@ -514,6 +514,16 @@ class PopHoldService(PullHoldService):
         if not pull.gone:
             self._answer_held(pull.responder)
 
+    def waiting(self, topic: str, queue_id: int) -> int:
+        """Held pops (and notifications) of ``topic``'s queue, or of any of it (-1)."""
+        return sum(
+            1
+            for (held_topic, held_queue), pulls in self._held.items()
+            if held_topic == topic and queue_id in (-1, held_queue)
+            for pull in pulls
+            if not pull.gone
+        )
+
     def on_dispatch(self, request: DispatchRequest) -> None:
         if not self._held:  # (most records, under load: nobody waits)
             return

@@ -601,6 +601,40 @@ class ChangeInvisibleTimeRequestHeader:
 
 
 @attrs.frozen
+class NotificationRequestHeader:
+    """NOTIFICATION (200054): whether the group has messages to pop in ``topic``'s queue
+    (-1: any), waiting up to ``poll_time`` ms for one."""
+
+    consumer_group: str
+    topic: str
+    queue_id: int
+    poll_time: int
+    born_time: int
+    order: bool | None = None
+    attempt_id: str | None = None
+
+
+@attrs.frozen
+class NotificationResponseHeader:
+    has_msg: bool = False
+    polling_full: bool = False
+
+
+@attrs.frozen
+class PollingInfoRequestHeader:
+    """POLLING_INFO (200055): how many pops wait at ``topic``'s queue (-1: any)."""
+
+    consumer_group: str
+    topic: str
+    queue_id: int
+
+
+@attrs.frozen
+class PollingInfoResponseHeader:
+    polling_num: int
+
+
+@attrs.frozen
 class ChangeInvisibleTimeResponseHeader:
     pop_time: int
     invisible_time: int

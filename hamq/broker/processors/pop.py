@@ -1,6 +1,6 @@
 """Pop consumption over remoting (RocketMQ 5): POP_MESSAGE, ACK_MESSAGE,
-BATCH_ACK_MESSAGE, CHANGE_MESSAGE_INVISIBLETIME (docs/PROTOCOL.md#pop; the state they
-keep: hamq/broker/pop.py).
+BATCH_ACK_MESSAGE, CHANGE_MESSAGE_INVISIBLETIME, NOTIFICATION, POLLING_INFO
+(docs/PROTOCOL.md#pop; the state they keep: hamq/broker/pop.py).
 
 - **POP_MESSAGE**: up to ``maxMsgNums`` (1-32) messages of the topic's queue, or of every
   queue (``queueId`` -1, from a random one on), and of the group's pop retry topic (first
@@ -12,7 +12,9 @@ keep: hamq/broker/pop.py).
   ``long_polling_max_s``) for a message to arrive, then POLLING_TIMEOUT; too many held:
   POLLING_FULL. Refused: a slave (the role's refusal), ``maxMsgNums`` out of range,
   invisible time not in (0, ``timer_max_delay_s``], a topic or group that does not
-  exist or may not be read, a filter that does not parse, FIFO (``order``: not yet).
+  exist or may not be read, a filter that does not parse. FIFO (``order``): one queue's
+  messages, the queue locked to the group until they are acked or their time is up
+  (then the same ones again); the same ``attemptId`` gets the same batch while locked.
 - **ACK_MESSAGE** / **BATCH_ACK_MESSAGE**: the message popped with that receipt handle is
   done with: an ack record, stored before the answer. Refused (nothing changed): a
   handle that does not read or names another queue or group (INVALID_PARAMETER), one no
@@ -21,7 +23,9 @@ keep: hamq/broker/pop.py).
 - **CHANGE_MESSAGE_INVISIBLETIME**: the message comes back ``invisibleTime`` ms from now
   instead: one record, the new checkpoint with the old one's ack. The answer's pop time
   and invisible time, with the message's offset as checkpoint offset, make its new
-  receipt handle.
+  receipt handle. (FIFO: a record of the message's new time; the batch's pop time stays.)
+- **NOTIFICATION**: whether the group has a message to pop there, waiting up to
+  ``pollTime`` for one; **POLLING_INFO**: how many pops wait there.
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ from hamq.protocol.headers import (
     AckMessageRequestHeader,
     ChangeInvisibleTimeRequestHeader,
     ChangeInvisibleTimeResponseHeader,
+    NotificationRequestHeader,
+    NotificationResponseHeader,
+    PollingInfoRequestHeader,
+    PollingInfoResponseHeader,
     PopMessageRequestHeader,
     PopMessageResponseHeader,
 )
@@ -104,6 +112,8 @@ class PopProcessor:
         dispatcher.register(RequestCode.ACK_MESSAGE, self.ack)
         dispatcher.register(RequestCode.BATCH_ACK_MESSAGE, self.batch_ack)
         dispatcher.register(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, self.change_invisible_time)
+        dispatcher.register(RequestCode.NOTIFICATION, self.notification)
+        dispatcher.register(RequestCode.POLLING_INFO, self.polling_info)
 
     # ------------------------------------------------------------------ pop
     def pop(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
@@ -114,7 +124,10 @@ class PopProcessor:
         still nothing."""
         request = responder.request
         try:
-            response = self._pop(request, responder.connection, hold=False, responder=responder)
+            if request.code == RequestCode.NOTIFICATION:
+                response = self._notify(request, responder.connection, hold=False)
+            else:
+                response = self._pop(request, responder.connection, hold=False, responder=responder)
         except RequestError as exc:
             response = request.response_to(exc.code, str(exc))
         if response is not None:
@@ -279,6 +292,59 @@ class PopProcessor:
         self.ctx.stats.delivered(header.topic, sum(len(t[3]) for t in taken), len(body))
         answer = request.response_to(header=response_header, body=body)
         return self._answer_when_safe(request, conn, answer, ticket, end_offset, responder)
+
+    # ------------------------------------------------------------------ notification
+    def notification(self, request: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        return self._notify(request, conn, hold=True)
+
+    def _notify(
+        self, request: RemotingCommand, conn: Connection, *, hold: bool
+    ) -> RemotingCommand | None:
+        """NOTIFICATION: ``hasMsg`` when the group has a message to pop there (the topic's
+        queue, or any, or its pop retry topic); else held up to ``pollTime`` for one
+        (``pollingFull`` when too many wait)."""
+        header = request.header(NotificationRequestHeader)
+        self._refuse_unless_master()
+        self._group(header.consumer_group)
+        queues = self._readable(header.topic)
+        if header.queue_id >= queues:
+            raise RequestError(
+                ResponseCode.INVALID_PARAMETER,
+                f"queueId[{header.queue_id}] is illegal, topic:[{header.topic}] "
+                f"readQueueNums:[{queues}]",
+            )
+        group = header.consumer_group
+        retry = pop_retry_topic(group, header.topic)
+        where = [(header.topic, q) for q in range(queues) if header.queue_id in (-1, q)]
+        retries = self.ctx.topics.get(retry)
+        where += [(retry, q) for q in range(retries.read_queue_nums)] if retries else []
+        has = any(self._has_message(group, topic, queue_id) for topic, queue_id in where)
+        if has or not hold or header.poll_time <= 0:
+            return request.response_to(header=NotificationResponseHeader(has_msg=has))
+        holds = self._pops().holds
+        if holds.held >= holds.most:
+            return request.response_to(header=NotificationResponseHeader(polling_full=True))
+        wait_s = min(header.poll_time / 1000, self.ctx.config.long_polling_max_s)
+        responder = conn.defer(request)
+        holds.hold(responder, header.topic, header.queue_id, 0, wait_s)
+        holds.hold(responder, retry, -1, 0, wait_s)
+        return None
+
+    def _has_message(self, group: str, topic: str, queue_id: int) -> bool:
+        queue = self.ctx.store.consume_queue(topic, queue_id)
+        if queue is None or queue.max_offset <= queue.min_offset:
+            return False
+        popped = self._pops().state.pop_offset(group, topic, queue_id)
+        committed = self.ctx.offsets.query(group, topic, queue_id)
+        return max(popped if popped is not None else -1, committed) < queue.max_offset
+
+    def polling_info(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        """POLLING_INFO: how many pops wait at the topic's queue (-1: of any)."""
+        header = request.header(PollingInfoRequestHeader)
+        self._group(header.consumer_group)
+        self._readable(header.topic)
+        waiting = self._pops().holds.waiting(header.topic, header.queue_id)
+        return request.response_to(header=PollingInfoResponseHeader(waiting))
 
     # ------------------------------------------------------------------ FIFO
     def _pop_fifo(
