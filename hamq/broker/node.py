@@ -160,7 +160,6 @@ class BrokerNode:
             answer_held=pop.answer_held,
             max_held=config.pop_max_held,
         )
-        self.roles.master_services.append(self.pops)
         self.ctx.pops_in_flight = self.pops.state.in_flight
         for processor in (
             SendProcessor(self.ctx),

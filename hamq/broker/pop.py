@@ -1,6 +1,6 @@
 """Pop consumption's state: what each group has popped, acked and had revived, kept as
 records in the CommitLog (so every replica has it) and followed from dispatch on every
-broker; the revive of what was not acked in time runs on the master.
+broker; the revive of what was not acked in time is the master's timer service's.
 
 **Records** (all stored as puts, flushed and replicated like a send before the request
 that made them is answered):
@@ -9,8 +9,8 @@ that made them is answered):
   (hamq/store/timer.py) due when the messages' invisible time runs out, property
   ``HAMQ_POP_CK`` = ``<group> <topic> <queue> <ck offset> <pop time> <invisible ms>
   <end> <offset>,<offset>...`` (the queue offsets handed out; ``end``: where the pop
-  stopped reading), body empty. When due, the timer delivers it to the revive topic
-  ``rmq_sys_REVIVE_LOG_<cluster>`` queue 0: the master then *revives* it;
+  stopped reading), body empty, its real topic the revive topic
+  ``rmq_sys_REVIVE_LOG_<cluster>``;
 - an **ack**: a record in the revive topic's queue 1, ``HAMQ_POP_ACK`` = ``<ck key>
   <offset>,<offset>...``;
 - a **changed invisible time**: a new CK for the one message, due then, that carries
@@ -18,7 +18,9 @@ that made them is answered):
   message is never both or neither;
 - a **revived copy**: the message stored again in the group's pop retry topic
   (``%RETRY%<group>_<topic>``, reconsume times + 1; past the group's retries its DLQ,
-  ``%DLQ%<group>``), ``HAMQ_POP_REVIVED`` = ``<ck key> <offset>``.
+  ``%DLQ%<group>``), ``HAMQ_POP_REVIVED`` = ``<ck key> <offset>``; the last one of a CK
+  also carries the CK's timer mark (``HAMQ_TIMER_SOURCE``), or, for a CK all acked, a
+  record in the revive topic's queue 0 does.
 
 A CK's key is ``<group>@<topic>@<queue>@<ck offset>@<pop time>``, what a receipt handle
 names (hamq/protocol/pop.py). Acks and revived copies are also indexed
@@ -27,14 +29,18 @@ follow a CK from its start (it restarted since) can tell what was acked or reviv
 
 **Following** (``PopState.on_dispatch``, on every broker): a CK joins ``checkpoints``
 and moves the group's pop offset of its queue to its ``end``; an ack or a revived copy
-marks its offsets; a CK all of whose messages are acked or revived is dropped. A CK
-delivered to the revive topic is *due*. At start the CKs still waiting in the timer are
-read back (their acks and revives from the index).
+marks its offsets; a CK all of whose messages are acked or revived is dropped. At start,
+and after a cut of the log, the CKs still waiting in the timer are read back (their acks
+and revives from the index, when first needed).
 
-**Revive** (``ReviveService``, while the broker is master): every due CK's messages
-neither acked nor revived are stored again (the revived copy), in due order; the copy
-is the mark, so a new master revives exactly what the old one had not. An ack that
-comes after its CK was revived is refused (the message has come back already).
+**Revive** (``ReviveService.revive``): the master's timer service hands each CK to it
+when its time is up instead of storing a copy. It stores a revived copy of each message
+neither acked nor revived, the last marked as the CK's delivery; the timer entry counts
+as delivered only then. A master that dies half-way leaves the entry waiting: the next
+master's timer hands it over again, and the copies stored already are known by their
+marks. So each message not acked in time comes back exactly once in the log that
+survives, and never one whose ack was answered. An ack after the time is up is refused
+(the message comes back).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from hamq.broker.long_polling import HeldPull, PullHoldService
 from hamq.broker.topics import TopicConfigManager
 from hamq.protocol import RemotingCommand
 from hamq.protocol.message import (
+    INTERNAL_PROPERTIES,
     PROPERTY_MARKS,
     PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_POP_ACK,
@@ -60,6 +67,7 @@ from hamq.protocol.message import (
     PROPERTY_POP_REVIVED,
     PROPERTY_RETRY_TOPIC,
     PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_SOURCE,
     PROPERTY_WAIT,
     SYSFLAG_TRANSACTION_MASK,
     TIMER_TOPIC,
@@ -69,14 +77,12 @@ from hamq.protocol.message import (
 from hamq.protocol.pop import pop_retry_topic
 from hamq.protocol.record import StoredMessage
 from hamq.remoting import Connection, Responder
-from hamq.store import DispatchRequest, MessageStore, MessageToStore, PutMessageResult, StoreError
+from hamq.store import DispatchRequest, MessageStore, MessageToStore, StoreError
 
 log = logging.getLogger(__name__)
 
 #: the revive topic's queues: CKs come due in 0, acks are kept in 1, FIFO batches in 2
 DUE_QUEUE, ACK_QUEUE, ORDER_QUEUE = 0, 1, 2
-#: how long to wait before trying a revive the store refused for now again
-RETRY_REVIVE_S = 1.0
 
 
 def revive_topic(cluster: str) -> str:
@@ -142,6 +148,12 @@ class Checkpoint:
             int(end),
             [int(o) for o in offsets.split(",")],
         )
+
+
+def _key_of(text: str) -> str:
+    """The key of a HAMQ_POP_CK text ("" if it does not read)."""
+    parts = text.split(" ", 5)
+    return "@".join(parts[:5]) if len(parts) == 6 else ""
 
 
 def ack_value(key: str, offsets: list[int]) -> str:
@@ -228,10 +240,15 @@ class PopState:
         self.popped: dict[tuple[str, str, int], int] = {}
         #: (group, topic, queue) -> its last FIFO batch (hamq's FIFO pop)
         self.orders: dict[tuple[str, str, int], OrderBatch] = {}
-        #: set when a CK comes due
-        self.due_event = trio.Event()
 
     # ------------------------------------------------------------------ building
+    def reset(self) -> None:
+        """Forget everything followed (the log was cut: records this state followed may
+        be gone); ``waiting_checkpoints`` and ``join_waiting`` build it again."""
+        self.checkpoints.clear()
+        self.popped.clear()
+        self.orders.clear()
+
     def waiting_checkpoints(self, timer_offsets: list[int]) -> list[str]:
         """The CKs among the timer messages at ``timer_offsets`` (those waiting when a
         broker starts). Blocking: run it in a worker thread; ``join_waiting`` them."""
@@ -266,8 +283,10 @@ class PopState:
             text = properties[PROPERTY_POP_CK]
             if request.topic == TIMER_TOPIC:
                 self._join(text, whole=True)
-            elif request.topic == self.revive_topic:
-                self._came_due(text)
+            elif request.topic == self.revive_topic:  # (a CK all done with when revived)
+                ck = self.checkpoints.get(_key_of(text))
+                if ck is not None:
+                    self.done_with(ck)
         acked = properties.get(PROPERTY_POP_ACK)
         if acked is not None:
             key, offsets = acked.split(" ")
@@ -316,18 +335,14 @@ class PopState:
             self.popped[where] = ck.end
         return known
 
-    def _came_due(self, text: str) -> None:
-        try:
-            key = Checkpoint.decode(text).key
-        except ValueError:
-            return
-        ck = self.checkpoints.get(key)
-        if ck is None:  # (not followed: from before this broker started)
-            ck = self._join(text, whole=False)
-            if ck is None:
-                return
-        ck.due = True
-        self.due_event.set()
+    def checkpoint(self, text: str) -> Checkpoint | None:
+        """The followed CK a record's HAMQ_POP_CK names (followed from now on, its acks
+        and revives looked up, if this state did not follow it); None if it does not read."""
+        known = self.checkpoints.get(_key_of(text))
+        return known if known is not None else self._join(text, whole=False)
+
+    def done_with(self, ck: Checkpoint) -> None:
+        self.checkpoints.pop(ck.key, None)
 
     def _mark(self, key: str, offsets: list[int], *, revived: bool) -> None:
         ck = self.checkpoints.get(key)
@@ -338,7 +353,7 @@ class PopState:
             return
         (ck.revived if revived else ck.acked).update(offsets)
         if not ck.open_offsets:
-            del self.checkpoints[key]
+            self.done_with(ck)
 
     # ------------------------------------------------------------------ asking
     def known(self, key: str, offset: int) -> tuple[Checkpoint | None, str | None]:
@@ -385,7 +400,9 @@ class PopState:
 
 @attrs.define
 class ReviveService:
-    """Revives the due CKs while the broker is master (module docstring)."""
+    """Revives a CK when its time is up: the timer service's handler of the revive topic
+    (hamq/store/timer.py), so it runs on the master, and the CK's timer entry counts as
+    delivered once its last record is stored (module docstring, "Revive")."""
 
     state: PopState
     store: MessageStore
@@ -394,45 +411,51 @@ class ReviveService:
     store_host: Callable[[], tuple[str, int]]
     revived: int = 0
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            self.state.due_event = event = trio.Event()
-            if not self.revive_due():
-                await trio.sleep(RETRY_REVIVE_S)
-                continue
-            await event.wait()
-
-    def revive_due(self) -> bool:
-        """Revive every due CK; False if the store refused a copy for now."""
-        due = sorted(
-            (ck for ck in self.state.checkpoints.values() if ck.due), key=lambda c: c.visible_at
-        )
-        stored = False
+    def revive(self, message: StoredMessage, source: int) -> bool:
+        """Revive the CK timer message ``message`` (timer queue offset ``source``): a
+        copy of each of its messages neither acked nor revived, the last record marked
+        HAMQ_TIMER_SOURCE; a CK all done with gets a record of its own saying so. False
+        if the store refused a record for now (the timer asks again: what was stored
+        counts, by its marks)."""
+        text = message.properties.get(PROPERTY_POP_CK, "")
+        ck = self.state.checkpoint(text)
+        mark = {PROPERTY_TIMER_SOURCE: str(source)}
+        if ck is None:  # (a CK that does not read: done with, logged)
+            return self._stored(self._record(DUE_QUEUE, {PROPERTY_POP_CK: text[:200], **mark}))
+        ck.due = True  # (acks are refused from here on: the message comes back)
+        if not ck.whole:
+            self.state._look_up(ck)
+        todo = [o for o in ck.open_offsets if o not in ck.reviving]
         try:
-            for ck in due:
-                if not ck.whole:
-                    self.state._look_up(ck)
-                for offset in ck.open_offsets:
-                    if offset in ck.reviving:
-                        continue
-                    result = self._revive(ck, offset)
-                    if result is None:
-                        continue
-                    if not result.stored:
-                        log.warning(
-                            "pop revive of %s/%d waits: %s", ck.topic, offset, result.remark
-                        )
-                        return False
-                    stored = True
+            if not todo:
+                done = self._record(DUE_QUEUE, {PROPERTY_POP_CK: ck.encode(), **mark})
+                return self._stored(done)
+            for i, offset in enumerate(todo):
+                last = i == len(todo) - 1
+                if not self._revive(ck, offset, mark if last else {}):
+                    return False
+            return True
         finally:
-            if stored:
-                self.store.announce_appends()
-        return True
+            self.store.announce_appends()
 
-    def _revive(self, ck: Checkpoint, offset: int) -> PutMessageResult | None:
-        """Store the copy of ``ck``'s message at ``offset`` in the retry topic (or the
-        DLQ); None if the message is gone (nothing to revive: logged)."""
+    def _record(self, queue_id: int, properties: dict[str, str]) -> MessageToStore:
+        return MessageToStore(
+            self.state.revive_topic,
+            queue_id,
+            b"",
+            properties={**properties, PROPERTY_WAIT: "false"},
+            store_host=self.store_host(),
+        )
+
+    def _stored(self, message: MessageToStore) -> bool:
+        result = self.store.put_message_nowait(message, announce=False)
+        if not result.stored:
+            log.warning("pop revive waits: %s", result.remark)
+        return result.stored
+
+    def _revive(self, ck: Checkpoint, offset: int, extra: dict[str, str]) -> bool:
+        """Store the copy of ``ck``'s message at ``offset`` in the retry topic (the DLQ
+        past the group's retries; a record saying it is gone if it cannot be read)."""
         queue = self.store.consume_queue(ck.topic, ck.queue_id)
         entry = queue.entry(offset) if queue is not None else None
         message: StoredMessage | None = None
@@ -447,52 +470,51 @@ class ReviveService:
                     offset,
                     exc,
                 )
+        marked = {
+            PROPERTY_POP_REVIVED: f"{ck.key} {offset}",
+            PROPERTY_MARKS: marks("r", ck.key, [offset]),
+            **extra,
+        }
         if message is None:
-            # (mark it revived all the same, or it would be tried for ever)
-            return self._put(ck, offset, None)
-        return self._put(ck, offset, message)
+            stored = self._stored(self._record(ACK_QUEUE, marked))
+        else:
+            stored = self._stored(self._copy(ck, message, marked))
+        if stored:
+            self.revived += 1
+            ck.reviving.add(offset)
+        return stored
 
-    def _put(self, ck: Checkpoint, offset: int, message: StoredMessage | None) -> PutMessageResult:
+    def _copy(
+        self, ck: Checkpoint, message: StoredMessage, marked: dict[str, str]
+    ) -> MessageToStore:
         normal = ck.topic
         if is_retry_topic(ck.topic):
-            normal = (message.properties.get(PROPERTY_RETRY_TOPIC) if message else None) or ck.topic
-        reconsume = (message.reconsume_times if message else 0) + 1
-        if message is None:
-            topic, queue_id, body = self.state.revive_topic, ACK_QUEUE, b"gone"
-        elif reconsume > self.max_retries(ck.group):
-            topic, queue_id, body = dlq_topic(ck.group), 0, message.body
+            normal = message.properties.get(PROPERTY_RETRY_TOPIC) or ck.topic
+        reconsume = message.reconsume_times + 1
+        if reconsume > self.max_retries(ck.group):
+            topic, queue_id = dlq_topic(ck.group), 0
             self.topics.ensure(topic)
         else:
             topic = ck.topic if is_retry_topic(ck.topic) else pop_retry_topic(ck.group, ck.topic)
             config = self.topics.ensure(topic)
-            queue_id, body = random.randrange(config.write_queue_nums), message.body
-        properties = dict(message.properties) if message else {}
+            queue_id = random.randrange(config.write_queue_nums)
+        properties = {k: v for k, v in message.properties.items() if k not in INTERNAL_PROPERTIES}
         properties.pop(PROPERTY_TIMER_DELIVER_MS, None)
-        properties.pop(PROPERTY_POP_CK, None)
         properties[PROPERTY_WAIT] = "false"
         properties.setdefault(PROPERTY_RETRY_TOPIC, normal)
-        if message is not None:
-            properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, message.msg_id)
-        properties[PROPERTY_POP_REVIVED] = f"{ck.key} {offset}"
-        properties[PROPERTY_MARKS] = marks("r", ck.key, [offset])
-        result = self.store.put_message_nowait(
-            MessageToStore(
-                topic=topic,
-                queue_id=queue_id,
-                body=body,
-                flag=message.flag if message else 0,
-                properties=properties,
-                sys_flag=message.sys_flag & ~SYSFLAG_TRANSACTION_MASK if message else 0,
-                born_timestamp=message.born_timestamp if message else 0,
-                store_host=self.store_host(),
-                reconsume_times=reconsume,
-            ),
-            announce=False,
+        properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, message.msg_id)
+        properties.update(marked)
+        return MessageToStore(
+            topic=topic,
+            queue_id=queue_id,
+            body=message.body,
+            flag=message.flag,
+            properties=properties,
+            sys_flag=message.sys_flag & ~SYSFLAG_TRANSACTION_MASK,
+            born_timestamp=message.born_timestamp,
+            store_host=self.store_host(),
+            reconsume_times=reconsume,
         )
-        if result.stored:
-            self.revived += 1
-            ck.reviving.add(offset)
-        return result
 
 
 def _never(request: RemotingCommand, conn: Connection) -> RemotingCommand:
@@ -551,9 +573,8 @@ class PopService:
         self.state = PopState(store, cluster)
         self.holds = PopHoldService(answer_held, max_held)
         self._revive = ReviveService(self.state, store, topics, max_retries, store_host)
-        self._reviving = trio.CancelScope()
-        self._nursery: trio.Nursery | None = None
-        self._master = False
+        # (the master's timer service revives each CK when its time is up)
+        store.timer_handlers[self.state.revive_topic] = self._revive.revive
 
     @property
     def revived(self) -> int:
@@ -563,29 +584,19 @@ class PopService:
         return self._revive.max_retries(group)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Follow the pops from the store's dispatch (after reading back those waiting),
-        hold pops that wait; revive while ``set_master`` says so."""
+        """Follow the pops from the store's dispatch (after reading back those waiting)
+        and hold pops that wait."""
         state = self.state
+        state.reset()
         state.store.on_dispatch(state.on_dispatch)
         state.store.on_dispatch(self.holds.on_dispatch)
+        state.store.on_truncated(self._truncated)
         waiting = sorted(state.store.timers.pending)
         state.join_waiting(await trio.to_thread.run_sync(state.waiting_checkpoints, waiting))
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            await nursery.start(self.holds.run)
-            if self._master:
-                await self.set_master(True)
-            task_status.started()
+        await self.holds.run(task_status=task_status)
 
-    async def set_master(self, master: bool) -> None:
-        """Revive while master (roles.py calls this with the store's scheduler; before
-        ``run`` started, ``run`` starts reviving)."""
-        self._reviving.cancel()
-        self._master = master
-        if master and self._nursery is not None:
-            self._reviving = trio.CancelScope()
-            self._nursery.start_soon(self._revive_loop, self._reviving)
-
-    async def _revive_loop(self, scope: trio.CancelScope) -> None:
-        with scope:
-            await self._revive.run()
+    def _truncated(self) -> None:
+        """The log was cut (a replica that diverged): what is followed is built again."""
+        state = self.state
+        state.reset()
+        state.join_waiting(state.waiting_checkpoints(sorted(state.store.timers.pending)))

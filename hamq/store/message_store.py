@@ -55,7 +55,7 @@ from hamq.store.retention import RetentionService
 from hamq.store.role import ConfiguredRole, RoleReader
 from hamq.store.schedule import ScheduleService, encode_delay_offsets
 from hamq.store.segment import StoreCorruptionError, StoreError
-from hamq.store.timer import TimerService, TimerWaits
+from hamq.store.timer import TimerHandler, TimerService, TimerWaits
 from hamq.store.values import (
     MessageToStore,
     PutMessageResult,
@@ -143,6 +143,9 @@ class MessageStore(StoreReader):
         )
         #: their delivery, while this store is a master's (None: none runs)
         self.timer_service: TimerService | None = None
+        self._truncation_listeners: list[Callable[[], None]] = []
+        #: real topic -> what delivers its timer messages instead of a copy (timer.py)
+        self.timer_handlers: dict[str, TimerHandler] = {}
         self._encoder = PutEncoder(config, self.deletions, clock=clock, timer_room=self.timers.room)
         #: where the log ended when records were left undispatched (a full disk at
         #: start or at promotion): sends wait until they are, then take their queue
@@ -338,6 +341,11 @@ class MessageStore(StoreReader):
             await ticket.result(appended.end_offset)
         return appended.physical_offset
 
+    def on_truncated(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after every cut of the log (``truncate``), once the queues,
+        the index and the timer messages waiting reflect it."""
+        self._truncation_listeners.append(listener)
+
     def on_topic_deleted(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(topic)`` whenever a topic's deletion is applied, here or (on a
         slave) as its master's deletion record arrives: what the broker keeps of the
@@ -360,6 +368,7 @@ class MessageStore(StoreReader):
             put=lambda message: self.put_message_nowait(message, announce=False),
             announce=self.announce_appends,
             deletions=self.deletions,
+            handlers=self.timer_handlers,
         )
         self.reput.listeners.append(schedule.on_dispatch)
         try:
@@ -611,6 +620,8 @@ class MessageStore(StoreReader):
                 self.schedule.correct_offsets()
             self.timers.truncated(offset)
             await trio.to_thread.run_sync(self.timers.save_floors, list(self.timers.floors))
+            for listener in self._truncation_listeners:
+                listener()
         await self.flush.flush_queues_and_checkpoint()
         return dropped
 

@@ -30,6 +30,10 @@ and those past a cut are forgotten at the cut. Without one the build starts at t
 queue's first entry: slower, never wrong. While messages wait, retention keeps the log
 from the oldest of them on (``oldest_offset``).
 
+A real topic may have a *handler* that delivers its messages instead of a copy (pop's
+checkpoints, hamq/broker/pop.py: their messages revived); it stores the record that
+carries the mark itself, last.
+
 **Delivery** (``TimerService``, while the store is a master's): the waiting messages in
 a heap by due time; the task sleeps until the first is due by this broker's clock (woken
 early only by a message due sooner), then stores the copies of all that are due, in due
@@ -49,7 +53,7 @@ import collections
 import heapq
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import attrs
@@ -83,6 +87,10 @@ UNDELIVERABLE_QUEUE_ID = 1
 RETRY_DELIVERY_S = 1.0
 #: most copies stored in one round (then the task yields)
 ROUND_MOST = 256
+#: delivers a timer message of one real topic instead of a copy: (the message, its
+#: queue offset in the timer topic) -> True once the record that says it is delivered
+#: (HAMQ_TIMER_SOURCE=<that offset>) is stored, False if the store refused for now
+TimerHandler = Callable[[StoredMessage, int], bool]
 #: floors kept in timerFloor.json
 FLOORS_KEPT = 3
 #: entries read from the timer queue at a time while building
@@ -334,8 +342,12 @@ class TimerService:
         put: Callable[[MessageToStore], PutMessageResult],
         announce: Callable[[], None],
         deletions: TopicDeletions,
+        handlers: Mapping[str, TimerHandler] | None = None,
     ) -> None:
         self.waits = waits
+        #: real topic -> what delivers its timer messages instead of a copy (pop's
+        #: checkpoints: hamq/broker/pop.py)
+        self._handlers = handlers if handlers is not None else {}
         self._clock = clock
         self._read_message = read_message
         self._put = put
@@ -406,6 +418,12 @@ class TimerService:
             return self._undeliverable(offset, f"no real topic and queue at {physical_offset}")
         if self._deletions.dead(topic, physical_offset):
             return self._undeliverable(offset, f"topic {topic} was deleted after it was sent")
+        handler = self._handlers.get(topic)
+        if handler is not None:
+            done = handler(message, offset)
+            if done:
+                self.delivered += 1
+            return done
         properties[PROPERTY_TIMER_ENQUEUE_MS] = str(message.store_timestamp)
         properties[PROPERTY_TIMER_DEQUEUE_MS] = str(self._clock())
         properties[PROPERTY_TIMER_SOURCE] = str(offset)
