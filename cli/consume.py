@@ -74,38 +74,23 @@ def consume(
 ) -> None:
     """Consume TOPIC as a member of GROUP, printing each message (Ctrl-C stops;
     offsets of the printed messages are committed, or with --pop each is acked)."""
+    common: dict[str, Any] = {
+        "topic": topic,
+        "expression": expression,
+        "group": group,
+        "namesrv": namesrv,
+        "quiet": quiet,
+        "count": count,
+        "idle_exit_s": idle_exit_s,
+        "meter": LiveCount(f"consume {topic}", total=count),
+    }
+    consuming: _Consuming | _Popping
     if pop:
         popping = _popping_consumer(topic, group, expression, start, namesrv)
-        runner: _Consuming | _Popping = _Popping(
-            popping,
-            topic=topic,
-            expression=expression,
-            group=group,
-            namesrv=namesrv,
-            quiet=quiet,
-            count=count,
-            idle_exit_s=idle_exit_s,
-            meter=LiveCount(f"consume {topic}", total=count),
-            invisible_s=invisible_s,
-        )
-        _run_and_summarize(runner, topic, group)
-        return
-    consumer = _subscribed_consumer(topic, group, expression, start, namesrv)
-    consuming = _Consuming(
-        consumer,
-        topic=topic,
-        expression=expression,
-        group=group,
-        namesrv=namesrv,
-        quiet=quiet,
-        count=count,
-        idle_exit_s=idle_exit_s,
-        meter=LiveCount(f"consume {topic}", total=count),
-    )
-    _run_and_summarize(consuming, topic, group)
-
-
-def _run_and_summarize(consuming: _Consuming | _Popping, topic: str, group: str) -> None:
+        consuming = _Popping(popping, invisible_s=invisible_s, **common)
+    else:
+        consumer = _subscribed_consumer(topic, group, expression, start, namesrv)
+        consuming = _Consuming(consumer, **common)
     run(consuming.main, watch_stdout=True)
     typer.echo(
         f"consumed {consuming.printed} message(s) from {topic} as {group} in "

@@ -34,6 +34,7 @@ import base64
 import json
 import random
 from collections.abc import Callable
+from typing import Literal
 
 import trio
 
@@ -164,16 +165,8 @@ class PopProcessor:
         if header.order:
             answer = self._pop_fifo(request, conn, header, normal, codes, responder)
             if answer is not False:
-                return answer  # type: ignore[return-value]
-            if hold and header.poll_time > 0 and self._hold(request, conn, header, retry):
-                return None
-            return request.response_to(
-                ResponseCode.POLLING_TIMEOUT,
-                "no new message (or every queue locked to the group's messages in flight)",
-                header=PopMessageResponseHeader(
-                    self.ctx.clock(), header.invisible_time, ORDER_REVIVE_QUEUE, 0
-                ),
-            )
+                return answer
+            return self._nothing(request, conn, header, hold, retry, ORDER_REVIVE_QUEUE, 0)
         retry_queues = self.ctx.topics.get(retry)
         retries = [(retry, q) for q in range(retry_queues.read_queue_nums)] if retry_queues else []
         order = retries + normal if random.randrange(RETRY_FIRST_ONE_IN) == 0 else normal + retries
@@ -193,16 +186,30 @@ class PopProcessor:
             elif end > start:  # (only filtered-out messages: the pop offset moves past them)
                 self._advance(group, topic_name, queue_id, end)
         if not taken:
-            if hold and header.poll_time > 0 and self._hold(request, conn, header, retry):
-                return None
-            return request.response_to(
-                ResponseCode.POLLING_TIMEOUT,
-                "no new message",
-                header=PopMessageResponseHeader(
-                    pop_time, header.invisible_time, REVIVE_QUEUE, rest
-                ),
-            )
+            return self._nothing(request, conn, header, hold, retry, REVIVE_QUEUE, rest)
         return self._store_checkpoints(request, conn, header, pop_time, taken, rest, responder)
+
+    def _nothing(
+        self,
+        request: RemotingCommand,
+        conn: Connection,
+        header: PopMessageRequestHeader,
+        hold: bool,
+        retry: str,
+        revive_queue: int,
+        rest: int,
+    ) -> RemotingCommand | None:
+        """A pop that found nothing: held for ``pollTime`` (None), or POLLING_TIMEOUT
+        (a FIFO pop: every queue may be locked to the group's messages in flight)."""
+        if hold and header.poll_time > 0 and self._hold(request, conn, header, retry):
+            return None
+        return request.response_to(
+            ResponseCode.POLLING_TIMEOUT,
+            "no new message",
+            header=PopMessageResponseHeader(
+                self.ctx.clock(), header.invisible_time, revive_queue, rest
+            ),
+        )
 
     def _take(
         self,
@@ -355,7 +362,7 @@ class PopProcessor:
         queues: list[tuple[str, int]],
         codes: frozenset[int] | None,
         responder: Responder | None,
-    ) -> RemotingCommand | bool | None:
+    ) -> RemotingCommand | Literal[False] | None:
         """A FIFO pop: the messages of the first queue not locked to the group (its
         last batch all acked, or its time up: then the same messages again); the same
         batch again for the same ``attemptId`` while it is locked. False: nothing."""
