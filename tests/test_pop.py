@@ -402,3 +402,23 @@ async def test_notification_and_polling_info(tmp_path: Path) -> None:
             await send(ns, "Noticed", b"n")
         [answer] = answers
         assert answer.header(NotificationResponseHeader).has_msg
+
+
+async def test_a_change_in_the_pops_own_millisecond_gets_a_handle_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """The new checkpoint of a changed invisible time is named by the message's offset
+    and a pop time: at the pop's own millisecond it must not name the pop's checkpoint
+    (whose first offset that message is) again. A frozen clock makes it that instant."""
+    async with running_broker(tmp_path / "b", clock=lambda: 1_700_000_000_000) as node:
+        ns = namesrv(node)
+        await create_topic(ns, "Instant", 1)
+        await send(ns, "Instant", b"i")
+        async with SimpleConsumer("G", ns) as consumer:
+            consumer.subscribe("Instant")
+            [message] = await consumer.receive(1, 30, await_s=5)
+            old = receipt_handle(message)
+            await consumer.change_invisible_duration(message, 60)
+            assert receipt_handle(message).pop_time > old.pop_time
+            await consumer.ack(message)
+            assert node.pops.state.in_flight("G", "Instant", 0) == 0

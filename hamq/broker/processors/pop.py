@@ -842,7 +842,9 @@ class PopProcessor:
         )
         if isinstance(ck, OrderBatch):
             return self._change_order(request, conn, header, ck)
-        pop_time = self.ctx.clock()
+        # (after the old pop time: a change within the pop's millisecond would otherwise
+        # name the old checkpoint again when its offset was the pop's first)
+        pop_time = max(self.ctx.clock(), ck.pop_time + 1)
         new = Checkpoint(
             ck.group,
             ck.topic,
