@@ -419,6 +419,41 @@ LOCAL = ip_of("127.0.0.1")
             b"",
             "No SUB permission for group H",
         ),
+        (RequestCode.POP_MESSAGE, {"topic": "Demo", "consumerGroup": "G"}, b"", None),
+        (
+            RequestCode.POP_MESSAGE,
+            {"topic": "Other", "consumerGroup": "G"},
+            b"",
+            "No SUB permission for topic Other",
+        ),
+        (
+            RequestCode.ACK_MESSAGE,
+            {"topic": "Demo", "consumerGroup": "H"},
+            b"",
+            "No SUB permission for group H",
+        ),
+        # (an ack naming the group's own pop retry topic: its topic's right)
+        (RequestCode.ACK_MESSAGE, {"topic": "%RETRY%G_Demo", "consumerGroup": "G"}, b"", None),
+        (
+            RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
+            {"topic": "%RETRY%G+Other", "consumerGroup": "G"},
+            b"",
+            "No SUB permission for topic Other",
+        ),
+        (
+            RequestCode.NOTIFICATION,
+            {"topic": "%RETRY%H", "consumerGroup": "G"},
+            b"",
+            "No SUB permission for group H",
+        ),
+        (RequestCode.POLLING_INFO, {"topic": "Demo", "consumerGroup": "G"}, b"", None),
+        (RequestCode.BATCH_ACK_MESSAGE, {}, b'{"acks": [{"c": "G", "t": "Demo"}]}', None),
+        (
+            RequestCode.BATCH_ACK_MESSAGE,
+            {},
+            b'{"acks": [{"c": "G", "t": "Demo"}, {"consumerGroup": "H", "topic": "Demo"}]}',
+            "No SUB permission for group H",
+        ),
         (RequestCode.HEART_BEAT, {}, _heartbeat("G", "Demo"), None),
         (RequestCode.HEART_BEAT, {}, _heartbeat("G", "Other"), "for topic Other"),
         (RequestCode.UNREGISTER_CLIENT, {"consumerGroup": ""}, b"", None),  # a producer

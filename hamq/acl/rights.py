@@ -30,6 +30,12 @@ Resources, by request code (wire field names in quotes):
     LOCK_BATCH_MQ 41, UNLOCK_BATCH_MQ 42 (hamq)
                                  SUB on the body's consumerGroup: a stranger's lock would
                                  keep the group's orderly consumers off those queues
+    POP_MESSAGE 200050, ACK_MESSAGE 200051, CHANGE_MESSAGE_INVISIBLETIME 200053,
+    NOTIFICATION 200054, POLLING_INFO 200055
+                                 SUB on the topic ("topic"; the group's own pop retry
+                                 topic %RETRY%G_T or %RETRY%G+T: T) and on the group
+                                 ("consumerGroup")
+    BATCH_ACK_MESSAGE 200151     the same for each ack of the body ("c" and "t")
 
 Admin codes (the account's ``admin`` flag): RocketMQ's five (UPDATE_AND_CREATE_TOPIC,
 UPDATE_BROKER_CONFIG, DELETE_TOPIC_IN_BROKER, UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
@@ -55,6 +61,8 @@ request.
 """
 
 from __future__ import annotations
+
+import json
 
 import attrs
 
@@ -105,6 +113,15 @@ ADMIN_CODES = frozenset(
     }
 )
 
+_POP_CODES = frozenset(
+    {
+        RequestCode.POP_MESSAGE,
+        RequestCode.ACK_MESSAGE,
+        RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
+        RequestCode.NOTIFICATION,
+        RequestCode.POLLING_INFO,
+    }
+)
 _SEND_CODES = frozenset(
     {RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE}
 )
@@ -193,6 +210,31 @@ def _lock(request: RemotingCommand) -> list[Resource]:
     return _group(group)
 
 
+def _popped(group: str | None, topic: str | None) -> list[Resource]:
+    """SUB on a pop's group and topic; the group's own pop retry topic counts as the
+    topic it retries (its messages are the group's, of that topic)."""
+    if group and topic:
+        for separator in "_+":
+            prefix = f"{RETRY_GROUP_TOPIC_PREFIX}{group}{separator}"
+            if topic.startswith(prefix):
+                topic = topic[len(prefix) :]
+                break
+    return topic_resources(topic, Perm.SUB) + _group(group)
+
+
+def _batch_ack(request: RemotingCommand) -> list[Resource]:
+    try:
+        acks = json.loads(request.body or b"{}").get("acks") or []
+        named = [(a.get("c", a.get("consumerGroup")), a.get("t", a.get("topic"))) for a in acks]
+    except (ValueError, AttributeError, TypeError):  # (the processor says what is wrong)
+        return []
+    return [
+        resource
+        for group, topic in named
+        for resource in _popped(str(group) if group else None, str(topic) if topic else None)
+    ]
+
+
 def _message_offset(request: RemotingCommand) -> int | None:
     try:
         if request.code == RequestCode.CONSUMER_SEND_MSG_BACK:
@@ -223,4 +265,8 @@ def _resources(request: RemotingCommand) -> list[Resource]:
         return _group(fields.get("consumerGroup")) + topic_resources(fields.get("topic"), Perm.SUB)
     if code in (RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ):
         return _lock(request)
+    if code in _POP_CODES:
+        return _popped(fields.get("consumerGroup"), fields.get("topic"))
+    if code == RequestCode.BATCH_ACK_MESSAGE:
+        return _batch_ack(request)
     return []
