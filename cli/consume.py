@@ -135,12 +135,9 @@ def _subscribed_consumer(
 
 
 @attrs.define(kw_only=True)
-class _Consuming:
-    """consume's run: the consumer's handler prints each message and counts it, until
-    ``count`` were printed (``done``), stdout's reader left, or ``idle_exit_s`` passed
-    with nothing to handle."""
+class _Run:
+    """What a run of consume is given, and how many messages it printed."""
 
-    consumer: PushConsumer = attrs.field(kw_only=False)
     topic: str
     expression: str
     group: str
@@ -150,6 +147,15 @@ class _Consuming:
     idle_exit_s: float | None
     meter: LiveCount
     printed: int = 0
+
+
+@attrs.define(kw_only=True)
+class _Consuming(_Run):
+    """consume's run: the consumer's handler prints each message and counts it, until
+    ``count`` were printed (``done``), stdout's reader left, or ``idle_exit_s`` passed
+    with nothing to handle."""
+
+    consumer: PushConsumer = attrs.field(kw_only=False)
     stdout_closed: bool = False
     done: trio.Event = attrs.field(factory=trio.Event)
     last_activity: float = 0.0
@@ -208,22 +214,13 @@ class _Consuming:
 
 
 @attrs.define(kw_only=True)
-class _Popping:
+class _Popping(_Run):
     """consume --pop's run: receive, print, ack, until ``count`` were printed, stdout's
     reader left (what was received and not printed is not acked: it comes back to the
     group), or ``idle_exit_s`` passed with nothing received."""
 
     consumer: SimpleConsumer = attrs.field(kw_only=False)
-    topic: str
-    expression: str
-    group: str
-    namesrv: str
-    quiet: bool
-    count: int | None
-    idle_exit_s: float | None
-    meter: LiveCount
     invisible_s: float
-    printed: int = 0
 
     async def main(self) -> None:
         if not await _topic_known(self.namesrv, self.topic, client_options()):

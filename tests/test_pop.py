@@ -422,3 +422,18 @@ async def test_a_change_in_the_pops_own_millisecond_gets_a_handle_of_its_own(
             assert receipt_handle(message).pop_time > old.pop_time
             await consumer.ack(message)
             assert node.pops.state.in_flight("G", "Instant", 0) == 0
+
+
+async def test_a_client_with_rocketmq_binary_headers_pops_in_json(tmp_path: Path) -> None:
+    """Pop's codes do not fit the ROCKETMQ header's 16-bit code: those requests go as JSON."""
+    from hamq.protocol import SerializeType
+
+    async with running_broker(tmp_path / "b") as node:
+        ns = namesrv(node)
+        await create_topic(ns, "Binary", 1)
+        await send(ns, "Binary", b"b")
+        async with SimpleConsumer("G", ns, serialize_type=SerializeType.ROCKETMQ) as consumer:
+            consumer.subscribe("Binary")
+            [message] = await consumer.receive(1, 30, await_s=5)
+            await consumer.ack(message)
+        assert node.pops.state.in_flight("G", "Binary", 0) == 0

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Iterator
 import pytest
 import trio
 
-from hamq.client import Message, MessageExt, Producer, SimpleConsumer
+from hamq.client import AdminClient, Message, MessageExt, Producer, SimpleConsumer
 from hamq.client.simple_consumer import attempt
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.bodies import SubscriptionGroupConfig, encode_body
@@ -61,7 +61,11 @@ async def test_not_acked_comes_back_with_attempt_2_acked_never(
         assert [attempt(m) for m in back] == [2, 2, 2]
         for message in back:
             await consumer.ack(message)
-        assert await consumer.receive(32, 30, await_s=2.5) == []  # (1 s invisible: had its chance)
+        assert await consumer.receive(32, 30, await_s=2.5) == []
+    # (proof that nothing waits to come back: no message of the group is in flight)
+    async with AdminClient(ns) as admin:
+        progress = await admin.consumer_progress("g1")
+    assert progress.queues and all(q.in_flight == 0 for q in progress.queues)
 
 
 async def test_a_changed_invisible_time_and_the_dlq(broker: tuple[str, str]) -> None:

@@ -60,7 +60,7 @@ from hamq.client.route_cache import (
     subscribe_queues,
     without_master,
 )
-from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
+from hamq.protocol import RemotingCommand, RequestCode, ResponseCode, SerializeType
 from hamq.protocol.bodies import (
     MASTER_ID,
     BodyError,
@@ -451,9 +451,12 @@ class ClientInstance:
     def request(
         self, code: int, header: Any = None, *, body: bytes = b"", oneway: bool = False
     ) -> RemotingCommand:
-        return RemotingCommand.request(
-            code, header, body=body, oneway=oneway, serialize_type=self.config.serialize_type
-        )
+        """A request in the configured headers; as JSON when they are ROCKETMQ's binary
+        ones and ``code`` does not fit their 16-bit code (pop's 200050...)."""
+        kind = self.config.serialize_type
+        if kind is SerializeType.ROCKETMQ and not -(2**15) <= code < 2**15:
+            kind = SerializeType.JSON
+        return RemotingCommand.request(code, header, body=body, oneway=oneway, serialize_type=kind)
 
     async def invoke(
         self, addr: str, request: RemotingCommand, timeout_s: float | None = None

@@ -38,7 +38,7 @@ from hamq.client.consumer import check_expression
 from hamq.client.errors import NETWORK_ERRORS, BrokerError, InvalidArgumentError, NoRouteError
 from hamq.client.instance import ClientInstance, InstanceOwner
 from hamq.client.message import MessageExt, check_group, check_timeout, check_topic, inflate
-from hamq.protocol import RemotingCommand, RequestCode, ResponseCode, SerializeType
+from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.bodies import MASTER_ID
 from hamq.protocol.headers import (
     AckMessageRequestHeader,
@@ -183,14 +183,14 @@ class SimpleConsumer(InstanceOwner):
             # (a FIFO pop asked again after a lost answer gets the same messages)
             attempt_id=uuid.uuid4().hex if self.fifo else None,
         )
-        request = self._request(RequestCode.POP_MESSAGE, header)
+        request = self.instance.request(RequestCode.POP_MESSAGE, header)
         timeout_s = wait_s + self.config.request_timeout_s
         try:
             response = await instance.invoke(addr, request, timeout_s)
         except RemotingTimeoutError:
             if not self.fifo:
                 raise
-            request = self._request(RequestCode.POP_MESSAGE, header)
+            request = self.instance.request(RequestCode.POP_MESSAGE, header)
             response = await instance.invoke(addr, request, timeout_s)
         if response.code in (ResponseCode.POLLING_TIMEOUT, ResponseCode.PULL_NOT_FOUND):
             return []
@@ -232,7 +232,7 @@ class SimpleConsumer(InstanceOwner):
             extra_info=str(handle),
             offset=handle.offset,
         )
-        await self._ask(addr, self._request(RequestCode.ACK_MESSAGE, header))
+        await self._ask(addr, self.instance.request(RequestCode.ACK_MESSAGE, header))
 
     async def ack_many(self, messages: Sequence[MessageExt]) -> None:
         """Ack several messages, one BATCH_ACK_MESSAGE per broker (RocketMQ's batch ack:
@@ -269,7 +269,7 @@ class SimpleConsumer(InstanceOwner):
                 )
             addr = await self._master(next(iter(groups))[0], info[next(iter(groups))])
             body = json.dumps({"acks": acks, "brokerName": broker}).encode()
-            await self._ask(addr, self._request(RequestCode.BATCH_ACK_MESSAGE, body=body))
+            await self._ask(addr, self.instance.request(RequestCode.BATCH_ACK_MESSAGE, body=body))
 
     async def change_invisible_duration(self, message: MessageExt, invisible_s: float) -> None:
         """The message comes back ``invisible_s`` from now instead (unless acked before);
@@ -286,7 +286,7 @@ class SimpleConsumer(InstanceOwner):
             invisible_time=int(invisible_s * 1000),
         )
         response = await self._ask(
-            addr, self._request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, header)
+            addr, self.instance.request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, header)
         )
         answer = response.header(ChangeInvisibleTimeResponseHeader)
         message.properties[PROPERTY_RECEIPT_HANDLE] = str(
@@ -308,16 +308,6 @@ class SimpleConsumer(InstanceOwner):
         if response.code != ResponseCode.SUCCESS:
             raise BrokerError(response.code, response.remark, addr)
         return response
-
-    def _request(
-        self, code: RequestCode, header: Any = None, *, body: bytes = b""
-    ) -> RemotingCommand:
-        """A pop request: JSON headers when the client's are ROCKETMQ's binary ones (whose
-        16-bit code cannot hold pop's codes)."""
-        kind = self.config.serialize_type
-        if kind is SerializeType.ROCKETMQ:
-            kind = SerializeType.JSON
-        return RemotingCommand.request(code, header, body=body, serialize_type=kind)
 
     async def _master(self, topic: str, handle: ReceiptHandle) -> str:
         instance = self.instance

@@ -50,7 +50,7 @@ from hamq.broker.pop import (
     ck_key,
     marks,
 )
-from hamq.broker.processors.pull import tag_filter
+from hamq.broker.processors.pull import consuming_group, tag_filter
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import PERM_READ
 from hamq.protocol.headers import (
@@ -646,16 +646,7 @@ class PopProcessor:
             )
 
     def _group(self, group: str) -> None:
-        config = self.ctx.subscriptions.find(group)
-        if config is None:
-            raise RequestError(
-                ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
-                f"subscription group [{group}] does not exist",
-            )
-        if not config.consume_enable:
-            raise RequestError(
-                ResponseCode.NO_PERMISSION, f"subscription group no permission, {group}"
-            )
+        consuming_group(self.ctx, group)
 
     def _readable(self, topic: str) -> int:
         """The topic's read queue count; it must exist and be readable."""

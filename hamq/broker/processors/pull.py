@@ -64,6 +64,19 @@ def tag_filter(expression: str | None) -> frozenset[int] | None:
     return None if tags is None else frozenset(tags_code(t) for t in tags)
 
 
+def consuming_group(ctx: BrokerContext, group: str) -> SubscriptionGroupConfig:
+    """A consuming group's config (pulls, pops); it must exist and be allowed to consume."""
+    config = ctx.subscriptions.find(group)
+    if config is None:
+        raise RequestError(
+            ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+            f"subscription group [{group}] does not exist",
+        )
+    if not config.consume_enable:
+        raise RequestError(ResponseCode.NO_PERMISSION, f"subscription group no permission, {group}")
+    return config
+
+
 class PullProcessor:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
@@ -120,19 +133,7 @@ class PullProcessor:
         return self._answer(request, header, group, result, code)
 
     def _group(self, header: PullMessageRequestHeader) -> SubscriptionGroupConfig:
-        """The pulling group's config; it must exist and be allowed to consume."""
-        group = self.ctx.subscriptions.find(header.consumer_group)
-        if group is None:
-            raise RequestError(
-                ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
-                f"subscription group [{header.consumer_group}] does not exist",
-            )
-        if not group.consume_enable:
-            raise RequestError(
-                ResponseCode.NO_PERMISSION,
-                f"subscription group no permission, {header.consumer_group}",
-            )
-        return group
+        return consuming_group(self.ctx, header.consumer_group)
 
     def _topic(self, header: PullMessageRequestHeader) -> TopicConfig:
         """The topic's config; on a slave, a stand-in for a replicated queue whose
