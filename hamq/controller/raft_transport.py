@@ -521,9 +521,10 @@ class RaftTransport(Transport):  # type: ignore[misc]
         if link.closed:
             return
         link.closed = True
+        # the books first: a peer that sees the close may read the statistics at once
+        self._pending.pop(link.fileno, None)
         self._poller.unsubscribe(link.fileno)
         link.sock.close()
-        self._pending.pop(link.fileno, None)
         node = link.node
         if node is not None and self._links.get(node) is link:
             del self._links[node]
