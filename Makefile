@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 SOURCES := hamq nameserver cli
 PIP_QUIET := --quiet --disable-pip-version-check
 
-.PHONY: run test test-fast lint typecheck pytest bench venv clean
+.PHONY: run test test-fast lint typecheck pytest bench venv clean protos
 
 venv: $(STAMP)
 
@@ -28,6 +28,7 @@ run: $(STAMP)
 	@echo "    hamq produce --topic demo --count 1000"
 	@echo "    hamq consume --topic demo --group g"
 	@echo "Metrics: curl http://127.0.0.1:10919/metrics (master), :10929 (slave)."
+	@echo "RocketMQ 5 clients (gRPC): endpoints 127.0.0.1:8081 (master), :8082 (slave)."
 	@echo "Ctrl-C stops both (cleanly: the slave first)."
 	@$(BIN)/hamq cluster up --profile 1m-1s-sync
 
@@ -53,8 +54,13 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_XDIST)
 
+# RocketMQ 5's gRPC messages: hamq/protocol/v2/*.proto -> the committed *_pb2.py/.pyi
+protos: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
+		hamq/protocol/v2/definition.proto hamq/protocol/v2/service.proto
+
 bench: $(STAMP)
 	$(BIN)/hamq bench remoting
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .venv-rmq5 .mypy_cache .pytest_cache .ruff_cache .hypothesis build *.egg-info

@@ -3,7 +3,7 @@
 - the cluster: ``cluster``, ``broker-status``, ``broker-config``,
   ``update-broker-config``, ``ha-status``;
 - consumer groups: ``groups``, ``consumer-progress``, ``consumer-connection``,
-  ``reset-offset``;
+  ``update-group``, ``reset-offset``;
 - messages: ``query-message`` (by key, or by id);
 - automatic failover, with the controllers: ``sync-state-set``, ``elect-master``,
   ``broker-epoch``.
@@ -326,6 +326,44 @@ def parse_timestamp(text: str, now_ms: int) -> int:
     except ValueError:
         raise ValueError("not ms since the epoch, 'now', nor ISO-8601") from None
     return (moment.astimezone() - _EPOCH) // timedelta(milliseconds=1)  # (exact: no floats)
+
+
+@app.command("update-group")
+def update_group(
+    group: GroupOption,
+    orderly: Annotated[
+        bool,
+        typer.Option(
+            "--orderly/--concurrently",
+            help="--orderly: FIFO (RocketMQ 5 clients receive each message group in order).",
+        ),
+    ] = False,
+    retry_max_times: Annotated[
+        int,
+        typer.Option(
+            "--retry-max-times",
+            min=0,
+            max=1000,
+            help="Deliveries after the first before a message goes to the group's DLQ.",
+        ),
+    ] = 16,
+    cluster: Annotated[
+        str | None, typer.Option("--cluster", "-c", help="Only this cluster's masters.")
+    ] = None,
+    namesrv: NamesrvOption = DEFAULT_NAMESRV,
+) -> None:
+    """Create or change a consumer group on every master (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+    as mqadmin updateSubGroup); its slaves copy it within metadata_sync_interval_s."""
+
+    async def main() -> None:
+        async with AdminClient(namesrv, **client_options()) as admin:
+            brokers = await admin.update_group(
+                group, orderly=orderly, retry_max_times=retry_max_times, cluster=cluster
+            )
+        kind = "orderly" if orderly else "concurrent"
+        typer.echo(f"group {group} ({kind}, {retry_max_times} retries) on {', '.join(brokers)}")
+
+    run(main)
 
 
 @app.command("reset-offset")

@@ -249,6 +249,8 @@ def _check_distinct(
             ports.add(config.embedded_namesrv_port)
         if config.metrics_port:
             ports.add(config.metrics_port)
+        if config.grpc_port:
+            ports.add(config.grpc_port)
         keys: list[tuple[str, object]] = [
             ("store_dir", config.store.store_dir.resolve()),
             *(("port", port) for port in sorted(ports) if port),

@@ -27,7 +27,7 @@ from hamq.broker import BrokerNode, ConfigError, load_config
 from hamq.broker.config import read_secret_file
 from hamq.controller import DEFAULT_CONTROLLER_PORT, ControllerConfig, ControllerServer
 from hamq.controller.service import Controller
-from hamq.remoting import RemotingConfig
+from hamq.remoting import RemotingConfig, format_address
 from hamq.remoting.tls import TlsConfig
 from hamq.store.message_store import StoreLockedError
 from nameserver import DEFAULT_PORT, NameServer, NameServerConfig
@@ -66,6 +66,15 @@ InsecureRaft = Annotated[
 ControllerDir = Annotated[
     Path | None,
     typer.Option("--controller-dir", help="Where the controller keeps its Raft log."),
+]
+GrpcPort = Annotated[
+    int | None,
+    typer.Option(
+        "--grpc-port",
+        min=0,
+        max=65535,
+        help="Serve RocketMQ 5's gRPC clients on this port (0: any free one; default off).",
+    ),
 ]
 MetricsPort = Annotated[
     int | None,
@@ -216,6 +225,7 @@ def broker(
     ] = None,
     flush: Annotated[str | None, typer.Option("--flush", help="ASYNC_FLUSH or SYNC_FLUSH.")] = None,
     metrics_port: MetricsPort = None,
+    grpc_port: GrpcPort = None,
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     tls_ca: TlsCa = None,
@@ -232,6 +242,7 @@ def broker(
         "store.store_dir": str(store_dir) if store_dir is not None else None,
         "store.flush_disk_type": flush,
         "metrics_port": metrics_port,
+        "grpc_port": grpc_port,
         **_tls_overrides(tls_cert, tls_key, tls_ca, tls_verify_client),
     }
     if namesrv is not None:
@@ -273,10 +284,13 @@ def _serve_broker(node: BrokerNode) -> None:
                 await node.wait_registered()  # ready: clients can find it
                 embedded = " (embedded)" if node.nameserver is not None else ""
                 metrics = _metrics_note(node.config.listen_host, node.metrics_port)
+                grpc = ""
+                if node.ctx.grpc_port:
+                    grpc = f", gRPC {format_address(node.config.listen_host, node.ctx.grpc_port)}"
                 typer.echo(
                     f"hamq broker ready: broker {node.config.broker_name} at {node.address}, "
                     f"nameserver {';'.join(node.namesrv_addrs)}{embedded}, "
-                    f"store {node.config.store.store_dir}{metrics}"
+                    f"store {node.config.store.store_dir}{grpc}{metrics}"
                 )
         except* StoreLockedError as refused:
             locked = _first_leaf(refused)

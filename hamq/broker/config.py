@@ -141,6 +141,9 @@ class BrokerConfig:
     ha_listen_port: int | None = attrs.field(
         default=None, validator=v.optional([v.ge(0), v.le(65535)])
     )
+    #: RocketMQ 5's gRPC endpoint (MessagingService, hamq/broker/grpc) on listen_host,
+    #: with the remoting port's TLS and limits; None: off, 0: a free port
+    grpc_port: int | None = attrs.field(default=None, validator=v.optional([v.ge(0), v.le(65535)]))
     #: Prometheus metrics over HTTP (``/metrics``) on listen_host; None: off, 0: a free port
     metrics_port: int | None = attrs.field(
         default=None, validator=v.optional([v.ge(0), v.le(65535)])

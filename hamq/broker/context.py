@@ -41,6 +41,8 @@ class BrokerContext:
     port: int = 0
     #: a master's HA service (None on a slave)
     ha: HAService | None = None
+    #: the gRPC port (known once bound; 0: gRPC is off)
+    grpc_port: int = 0
     #: the HA port (known once bound on a master)
     ha_port: int = 0
     #: what GET_BROKER_HA_STATUS answers (the node fills it in)

@@ -192,7 +192,10 @@ class LiveConfig:
         )
 
     def text(self) -> str:
-        return format_properties(flatten(self.ctx.config))
+        settings = flatten(self.ctx.config)
+        if self.ctx.grpc_port:  # (the port bound: what a slave's gRPC routes ask for)
+            settings["grpc_port"] = str(self.ctx.grpc_port)
+        return format_properties(settings)
 
     def update(self, text: str) -> dict[str, str]:
         """Apply the ``key=value`` lines of ``text``; the changes made, as text.

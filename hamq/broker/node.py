@@ -47,6 +47,7 @@ from hamq.acl import BROKER_POLICY, AclGuard, signer
 from hamq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
 from hamq.broker.config import BrokerConfig
 from hamq.broker.context import BrokerContext
+from hamq.broker.grpc import GrpcEndpoint, MasterEndpoint
 from hamq.broker.long_polling import PullHoldService
 from hamq.broker.metrics import BrokerCollector
 from hamq.broker.offsets import ConsumerOffsetManager
@@ -64,6 +65,7 @@ from hamq.broker.slave_sync import SlaveSync
 from hamq.broker.subscriptions import SubscriptionGroupManager
 from hamq.broker.topics import TopicConfigManager
 from hamq.broker.transactions import TransactionService
+from hamq.grpc import GrpcConfig, GrpcServer
 from hamq.ha import EpochFile, HAClient, HAService
 from hamq.ha.epoch import FILE_NAME as EPOCH_FILE_NAME
 from hamq.ha.membership import nameserver_registry
@@ -178,6 +180,28 @@ class BrokerNode:
             config=config.remoting,
         )
         self.server.on_close(self._connection_closed)
+        #: the client of other brokers and nameservers (while the broker runs)
+        self._client: RemotingClient | None = None
+        #: RocketMQ 5's gRPC endpoint (grpc_port), on the same processors
+        self.grpc: GrpcEndpoint | None = None
+        self.grpc_server: GrpcServer | None = None
+        if config.grpc_port is not None:
+            self.grpc = GrpcEndpoint(
+                self.ctx,
+                self.dispatcher,
+                acl=self.acl,
+                master_endpoint=MasterEndpoint(
+                    self.ctx, lambda: self._client, self._master_address
+                ),
+                connection_closed=self._connection_closed,
+            )
+            self.grpc_server = GrpcServer(
+                self.grpc.methods(),
+                host=config.listen_host,
+                port=config.grpc_port,
+                config=GrpcConfig(remoting=config.remoting),
+            )
+            self.grpc_server.on_close.append(self.grpc.connection_ended)
         self.nameserver: NameServer | None = None
         #: the port metrics are served on (None: off)
         self.metrics_port: int | None = None
@@ -360,6 +384,7 @@ class BrokerNode:
                 dispatcher=client_dispatcher,
                 rpc_hook=signer(credentials) if credentials is not None else None,
             ) as client:
+                self._client = client
                 registrar = self._join_group(client, client_dispatcher)
                 try:
                     # the registrar's tasks end inside the client's block, never after
@@ -400,6 +425,9 @@ class BrokerNode:
         if self.acl is not None:
             await nursery.start(self.acl.run)
         ctx.port = await nursery.start(self.server.run)
+        if self.grpc is not None and self.grpc_server is not None:
+            await nursery.start(self.grpc.run)
+            ctx.grpc_port = await nursery.start(self.grpc_server.run)
         if self.config.metrics_port is not None:
             collector = BrokerCollector(self)
             self.metrics_port = await nursery.start(self._metrics_server(collector).run)

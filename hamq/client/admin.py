@@ -92,6 +92,7 @@ from hamq.protocol.bodies import (
     KVTable,
     MessageQueue,
     ResetOffsetBody,
+    SubscriptionGroupConfig,
     SubscriptionGroupWrapper,
     TopicConfig,
     TopicConfigSerializeWrapper,
@@ -99,6 +100,7 @@ from hamq.protocol.bodies import (
     TopicRouteData,
     TopicStatsTable,
     decode_body,
+    encode_body,
 )
 from hamq.protocol.headers import (
     CreateTopicRequestHeader,
@@ -126,6 +128,8 @@ from hamq.remoting import RemotingError
 
 #: how many messages QUERY_MESSAGE returns at most per broker (RocketMQ's default: 32)
 QUERY_MAX_NUM = 64
+#: the most deliveries after the first a group may allow before its DLQ
+MAX_RETRY_TIMES = 1000
 #: the widest time range a query asks for
 _END_OF_TIME_MS = 2**63 - 1
 
@@ -524,6 +528,40 @@ class AdminClient(InstanceOwner):
         if not masters:
             raise NoRouteError(f"no master broker in {cluster or 'any cluster'}")
         return masters
+
+    # ------------------------------------------------------------------ groups
+    async def update_group(
+        self,
+        group: str,
+        *,
+        orderly: bool = False,
+        retry_max_times: int = 16,
+        cluster: str | None = None,
+    ) -> list[str]:
+        """Create (or replace) consumer group ``group``'s configuration on every master
+        of ``cluster`` (default: of every cluster), as mqadmin's updateSubGroup:
+        ``orderly`` (FIFO: a RocketMQ 5 client's pops keep each message group's order),
+        ``retry_max_times`` (deliveries after the first before the DLQ). Returns the
+        brokers changed; a broker that refuses raises BrokerError."""
+        check_group(group)
+        if not 0 <= retry_max_times <= MAX_RETRY_TIMES:
+            raise InvalidArgumentError(
+                f"retry_max_times {retry_max_times} is not in 0..{MAX_RETRY_TIMES}"
+            )
+        body = encode_body(
+            SubscriptionGroupConfig(
+                group_name=group,
+                consume_message_orderly=orderly,
+                retry_max_times=retry_max_times,
+            )
+        )
+        targets = await self._masters(cluster)
+        instance = self.instance
+        for addr in targets:
+            await instance.invoke_ok(
+                addr, instance.request(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body)
+            )
+        return targets
 
     # ------------------------------------------------------------------ topics
     async def create_topic(

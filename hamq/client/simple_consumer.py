@@ -47,18 +47,17 @@ from hamq.protocol.headers import (
     PopMessageRequestHeader,
     PopMessageResponseHeader,
 )
-from hamq.protocol.message import PROPERTY_RETRY_TOPIC, is_retry_topic, parse_tags
+from hamq.protocol.message import parse_tags
 from hamq.protocol.pop import (
     MAX_POP_MESSAGES,
+    PROPERTY_RECEIPT_HANDLE,
     ReceiptHandle,
-    parse_offset_info,
-    topic_kind,
+    changed_handle,
+    read_popped,
 )
 from hamq.protocol.record import decode_messages
 from hamq.remoting import RemotingError, RemotingTimeoutError
 
-#: the property a popped message's receipt handle is kept in (RocketMQ's POP_CK)
-PROPERTY_RECEIPT_HANDLE = "POP_CK"
 #: how long a pop waits for a message by default (RocketMQ 5's awaitDuration)
 AWAIT_S = 20.0
 #: how long a receive waits, at most, on a broker group that has no master now
@@ -197,23 +196,11 @@ class SimpleConsumer(InstanceOwner):
         if response.code != ResponseCode.SUCCESS:
             raise BrokerError(response.code, response.remark, addr)
         answer = response.header(PopMessageResponseHeader)
-        starts = parse_offset_info(answer.start_offset_info)
-        counts = _order_counts(answer.order_count_info)
         tags = parse_tags(expression)
         messages = []
-        # (each handle as ReceiptHandle's text, written here at once: one a message)
-        common = f"{answer.pop_time} {answer.invisible_time} {answer.revive_qid}"
-        for message in decode_messages(response.body):
-            kind = topic_kind(message.topic)
-            start = starts.get((kind, message.queue_id), [message.queue_offset])[0]
-            message.properties[PROPERTY_RECEIPT_HANDLE] = (
-                f"{start} {common} {kind} {broker} {message.queue_id} {message.queue_offset}"
-            )
-            count = counts.get((kind, message.queue_id, message.queue_offset))
-            if count:
-                message.reconsume_times = count
-            if is_retry_topic(message.topic):
-                message.topic = message.properties.get(PROPERTY_RETRY_TOPIC, topic)
+        popped = decode_messages(response.body)
+        read_popped(answer, popped, broker, topic)
+        for message in popped:
             if tags is not None and message.tags not in tags:
                 await self.ack(message)  # (a tag hash collision: not the consumer's)
                 continue
@@ -289,18 +276,7 @@ class SimpleConsumer(InstanceOwner):
             addr, self.instance.request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, header)
         )
         answer = response.header(ChangeInvisibleTimeResponseHeader)
-        message.properties[PROPERTY_RECEIPT_HANDLE] = str(
-            ReceiptHandle(
-                handle.offset,
-                answer.pop_time,
-                answer.invisible_time,
-                answer.revive_qid,
-                handle.kind,
-                handle.broker_name,
-                handle.queue_id,
-                handle.offset,
-            )
-        )
+        message.properties[PROPERTY_RECEIPT_HANDLE] = str(changed_handle(handle, answer))
 
     async def _ask(self, addr: str, request: RemotingCommand) -> RemotingCommand:
         """``request``'s answer; BrokerError unless it is SUCCESS."""
@@ -318,18 +294,6 @@ class SimpleConsumer(InstanceOwner):
         if addr is None:
             raise NoRouteError(f"broker {handle.broker_name} has no master now")
         return addr
-
-
-def _order_counts(text: str | None) -> dict[tuple[str, int, int], int]:
-    """(kind, queue, offset) -> earlier deliveries, from a FIFO pop's orderCountInfo
-    (``<kind> qo<queue>%<offset> <count>`` entries; queue-level ones passed over)."""
-    counts = {}
-    for entry in (text or "").split(";") if text else ():
-        parts = entry.split(" ")
-        if len(parts) == 3 and parts[1].startswith("qo") and "%" in parts[1]:
-            queue, offset = parts[1][2:].split("%", 1)
-            counts[(parts[0], int(queue), int(offset))] = int(parts[2])
-    return counts
 
 
 __all__ = ["SimpleConsumer", "attempt", "receipt_handle"]

@@ -23,7 +23,13 @@ import re
 
 import attrs
 
-from hamq.protocol.message import RETRY_GROUP_TOPIC_PREFIX
+from hamq.protocol.headers import ChangeInvisibleTimeResponseHeader, PopMessageResponseHeader
+from hamq.protocol.message import (
+    PROPERTY_RETRY_TOPIC,
+    RETRY_GROUP_TOPIC_PREFIX,
+    is_retry_topic,
+)
+from hamq.protocol.record import StoredMessage
 
 NORMAL_TOPIC = "0"
 RETRY_TOPIC = "1"
@@ -134,3 +140,59 @@ def parse_offset_info(text: str | None) -> dict[tuple[str, int], list[int]]:
         except ValueError:
             raise ValueError(f"offset info entry {entry!r} holds a non-number") from None
     return parsed
+
+
+#: the property a popped message's receipt handle is kept in (RocketMQ's POP_CK)
+PROPERTY_RECEIPT_HANDLE = "POP_CK"
+
+
+def read_popped(
+    answer: PopMessageResponseHeader, messages: list[StoredMessage], broker: str, topic: str
+) -> None:
+    """Make the messages of a POP_MESSAGE answer (of ``topic`` from ``broker``) what a
+    consumer is given: each gets its receipt handle (PROPERTY_RECEIPT_HANDLE), a FIFO
+    pop's earlier deliveries as its reconsume times, and one from the pop retry topic
+    the topic it was sent to (RETRY_TOPIC)."""
+    starts = parse_offset_info(answer.start_offset_info)
+    counts = _order_counts(answer.order_count_info)
+    # (each handle as ReceiptHandle's text, written here at once: one a message)
+    common = f"{answer.pop_time} {answer.invisible_time} {answer.revive_qid}"
+    for message in messages:
+        kind = topic_kind(message.topic)
+        start = starts.get((kind, message.queue_id), [message.queue_offset])[0]
+        message.properties[PROPERTY_RECEIPT_HANDLE] = (
+            f"{start} {common} {kind} {broker} {message.queue_id} {message.queue_offset}"
+        )
+        count = counts.get((kind, message.queue_id, message.queue_offset))
+        if count:
+            message.reconsume_times = count
+        if is_retry_topic(message.topic):
+            message.topic = message.properties.get(PROPERTY_RETRY_TOPIC, topic)
+
+
+def changed_handle(
+    handle: ReceiptHandle, answer: ChangeInvisibleTimeResponseHeader
+) -> ReceiptHandle:
+    """The receipt handle a CHANGE_MESSAGE_INVISIBLETIME answer gives the message."""
+    return ReceiptHandle(
+        handle.offset,
+        answer.pop_time,
+        answer.invisible_time,
+        answer.revive_qid,
+        handle.kind,
+        handle.broker_name,
+        handle.queue_id,
+        handle.offset,
+    )
+
+
+def _order_counts(text: str | None) -> dict[tuple[str, int, int], int]:
+    """(kind, queue, offset) -> earlier deliveries, from a FIFO pop's orderCountInfo
+    (``<kind> qo<queue>%<offset> <count>`` entries; queue-level ones passed over)."""
+    counts = {}
+    for entry in (text or "").split(";") if text else ():
+        parts = entry.split(" ")
+        if len(parts) == 3 and parts[1].startswith("qo") and "%" in parts[1]:
+            queue, offset = parts[1][2:].split("%", 1)
+            counts[(parts[0], int(queue), int(offset))] = int(parts[2])
+    return counts

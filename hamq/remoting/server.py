@@ -64,16 +64,26 @@ class Acceptor:
 
     ``serve`` runs a handler per accepted connection in the nursery given, with the
     stream (TLS already negotiated when the config has it) and the peer's address;
-    the stream is closed when the handler returns. The handler's own exceptions are
+    the stream is closed when the handler returns (``alpn_protocols``: what TLS offers,
+    ``("h2",)`` for gRPC). The handler's own exceptions are
     its own business: they propagate (RemotingServer's handler never raises).
     TlsConfigError from the constructor when TLS is configured without a usable
     certificate.
     """
 
-    def __init__(self, name: str, config: RemotingConfig, warnings: RateLimitedLog) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: RemotingConfig,
+        warnings: RateLimitedLog,
+        *,
+        alpn_protocols: tuple[str, ...] = (),
+    ) -> None:
         self.name = name
         self.max_connections = config.max_connections
         self._tls = None if config.tls is None else make_server_context(config.tls)
+        if self._tls is not None and alpn_protocols:
+            self._tls.set_alpn_protocols(list(alpn_protocols))
         self._handshake_s = 0.0 if config.tls is None else config.tls.handshake_timeout_s
         self._warnings = warnings
         #: connections open now (handshakes under way included)

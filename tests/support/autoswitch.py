@@ -57,6 +57,8 @@ class Server:
     env: dict[str, str] | None = None
     #: where a broker serves its metrics (``autoswitch_cluster(metrics=True)``)
     metrics_port: int | None = None
+    #: where a broker serves gRPC (``autoswitch_cluster(grpc=True)``)
+    grpc_port: int | None = None
 
     @property
     def running(self) -> bool:
@@ -274,14 +276,19 @@ async def autoswitch_cluster(
     brokers: int = 3,
     broker_config: dict[str, Any] | None = None,
     metrics: bool = False,
+    grpc: bool = False,
 ) -> AsyncIterator[AutoswitchCluster]:
     """3 controllers (nameservers) and ``brokers`` controller-mode brokers of broker-a,
     each broker with ``broker_config`` and, with ``metrics``, a metrics port of its own
-    (``Server.metrics_port``)."""
+    (``Server.metrics_port``), with ``grpc`` a gRPC port (``Server.grpc_port``)."""
     await anyio.Path(root).mkdir(parents=True, exist_ok=True)
-    ports = free_ports(6 + (3 if metrics else 2) * brokers)
+    extra = (1 if metrics else 0) + (1 if grpc else 0)
+    ports = free_ports(6 + (2 + extra) * brokers)
     ns_ports, raft_ports = ports[:3], ports[3:6]
-    broker_ports, metrics_ports = ports[6 : 6 + 2 * brokers], ports[6 + 2 * brokers :]
+    broker_ports = ports[6 : 6 + 2 * brokers]
+    more = ports[6 + 2 * brokers :]
+    metrics_ports = more[:brokers] if metrics else []
+    grpc_ports = more[-brokers:] if grpc else []
     peers = ";".join(f"127.0.0.1:{p}" for p in raft_ports)
     secret = root / "raft.secret"
     await anyio.Path(secret).write_text("autoswitch-test-secret\n")
@@ -311,12 +318,15 @@ async def autoswitch_cluster(
             settings={
                 **(broker_config or {}),
                 **({"metrics_port": metrics_ports[i]} if metrics else {}),
+                **({"grpc_port": grpc_ports[i]} if grpc else {}),
             },
         )
         for i in range(brokers)
     ]
     for server, port in zip(servers, metrics_ports, strict=False):
         server.metrics_port = port
+    for server, port in zip(servers, grpc_ports, strict=False):
+        server.grpc_port = port
     cluster = AutoswitchCluster(root, nameservers, servers, stores)
     try:
         async with anyio.create_task_group() as group:

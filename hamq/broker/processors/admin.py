@@ -44,7 +44,7 @@ from hamq.protocol.headers import (
     QueryMessageResponseHeader,
     ViewMessageRequestHeader,
 )
-from hamq.protocol.message import SYSTEM_TOPICS, TOPIC_DELETION_TOPIC
+from hamq.protocol.message import SYSTEM_TOPICS, TOPIC_DELETION_TOPIC, group_error
 from hamq.remoting import Connection, Dispatcher
 from hamq.store import StoreError
 from hamq.store.schedule import encode_delay_offsets
@@ -153,6 +153,9 @@ class AdminProcessor:
 
     def update_group(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         config = decode_body(SubscriptionGroupConfig, request.body)
+        problem = group_error(config.group_name)
+        if problem is not None:
+            raise RequestError(ResponseCode.INVALID_PARAMETER, problem)
         self.ctx.subscriptions.update(config)
         return request.response_to()
 

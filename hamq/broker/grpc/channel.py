@@ -1,0 +1,165 @@
+"""LocalChannel: a gRPC client's requests, as remoting requests, through the broker's
+own processor table.
+
+RocketMQ's proxy in "local mode" does the same (its LocalChannel): each gRPC call is
+turned into the remoting request a 4.x client would send, dispatched in process, and
+the answer turned back. So a gRPC send, pop, ack or transaction is decided where a
+remoting one is (the processors, the ACL guard, SEND_OK's durability), by one path.
+
+One channel per HTTP/2 connection: it stands for the client as a remoting connection
+would (heartbeats register it as a producer or consumer, its close unregisters it).
+The processors see it as a ``Connection``: what they call on one (respond, defer,
+spawn, at_group_end, invoke_oneway) is answered here in memory. What the broker asks of
+the client (a transaction check-back) goes to ``on_request``: the endpoint writes it
+on the client's Telemetry stream.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import trio
+
+from hamq.protocol import RemotingCommand, RequestError, ResponseCode
+from hamq.remoting import Connection, Dispatcher
+from hamq.remoting.errors import RemotingConnectionClosed
+from hamq.remoting.responder import Responder
+
+log = logging.getLogger(__name__)
+
+#: requests one channel may have in flight (held pops included), as a connection has
+MAX_IN_FLIGHT = 1024
+
+
+class _Waiter:
+    __slots__ = ("done", "response")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.response: RemotingCommand | None = None
+
+
+class LocalChannel(Connection):
+    """A gRPC connection, as the broker's processors see a client connection."""
+
+    def __init__(
+        self,
+        peer: str,
+        dispatcher: Dispatcher,
+        nursery: trio.Nursery,
+        on_request: Callable[[RemotingCommand], bool],
+    ) -> None:
+        # (Connection's own state is a socket's; none of it is used here)
+        self.peer = peer
+        self.attributes: dict[str, Any] = {}
+        self._dispatcher = dispatcher
+        self._tasks = nursery
+        self._on_request = on_request
+        self._waiters: dict[int, _Waiter] = {}
+        self._opaques = itertools.count(1)
+        self._in_flight = 0
+        self._closed = False
+        self._close_reason = ""
+        self._close_listeners: list[Callable[[Connection], None]] = []
+
+    def __repr__(self) -> str:
+        return f"<LocalChannel {self.peer} {'closed' if self._closed else 'open'}>"
+
+    # ------------------------------------------------------------------ asking
+    async def request(self, request: RemotingCommand) -> RemotingCommand:
+        """Dispatch ``request`` and wait for its answer (a held pop waits with it).
+        Cancelled (the gRPC call reset or past its deadline): the answer, if one comes,
+        is dropped; what the broker did stands, as for a remoting client that left.
+        RemotingConnectionClosed if the channel is closed, or closes while it waits."""
+        if self._closed:
+            raise RemotingConnectionClosed(self.peer, "the gRPC connection closed")
+        request.opaque = next(self._opaques)
+        waiter = _Waiter()
+        self._waiters[request.opaque] = waiter
+        try:
+            self._dispatcher.dispatch(request, self)
+            await waiter.done.wait()
+        finally:
+            self._waiters.pop(request.opaque, None)
+        if waiter.response is None:  # (closed while it waited)
+            raise RemotingConnectionClosed(self.peer, f"closed: {self._close_reason}")
+        return waiter.response
+
+    # ------------------------------------------------------------------ Connection's
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def add_close_listener(self, listener: Callable[[Connection], None]) -> None:
+        self._close_listeners.append(listener)
+
+    def close(self, reason: str = "closed locally") -> None:
+        """The gRPC connection ended: listeners (the client managers) are told once."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close_reason = reason
+        for waiter in self._waiters.values():
+            waiter.done.set()  # (with no response: the caller is being cancelled anyway)
+        for listener in self._close_listeners:
+            try:
+                listener(self)
+            except Exception:
+                log.exception("close listener of %s failed", self.peer)
+
+    def respond(
+        self, request: RemotingCommand, response: RemotingCommand, *, flush: bool = True
+    ) -> None:
+        waiter = self._waiters.get(request.opaque)
+        if waiter is None:
+            log.debug("%s: dropping %s, nobody waits for it", self.peer, response.describe())
+            return
+        response.opaque = request.opaque
+        waiter.response = response
+        waiter.done.set()
+
+    def flush(self) -> None:
+        return None
+
+    def defer(self, request: RemotingCommand) -> Responder:
+        if self._in_flight >= MAX_IN_FLIGHT:
+            raise RequestError(
+                ResponseCode.SYSTEM_BUSY,
+                f"[OVERLOAD] {self._in_flight} requests already in flight on this gRPC "
+                f"connection (limit {MAX_IN_FLIGHT}); try again later",
+            )
+        self._in_flight += 1
+        return Responder(self, request)
+
+    def _release(self) -> None:
+        self._in_flight -= 1
+
+    def spawn(self, fn: Callable[..., Coroutine[Any, Any, object]], *args: object) -> None:
+        if self._closed:
+            raise RemotingConnectionClosed(self.peer, "the gRPC connection closed")
+        self._tasks.start_soon(fn, *args)
+
+    def at_group_end(self, callback: Callable[[], None]) -> None:
+        callback()  # (no read groups here: each call is dispatched alone)
+
+    async def invoke_oneway(self, request: RemotingCommand, timeout_s: float) -> None:
+        """What the broker asks of the client (CHECK_TRANSACTION_STATE): handed to
+        ``on_request``, which never waits (a client that does not read its Telemetry
+        stream loses the check; the broker asks again later)."""
+        if self._closed or not self._on_request(request):
+            raise RemotingConnectionClosed(self.peer, f"{request.describe()} not delivered")
+
+    async def invoke(self, request: RemotingCommand, timeout_s: float) -> RemotingCommand:
+        """Requests that want an answer (a consumer's running info, a direct
+        consume): a gRPC client has no remoting answer to give."""
+        return request.response_to(
+            ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+            f"{request.describe()}: a gRPC client ({self.peer}) does not answer it",
+        )

@@ -1,0 +1,744 @@
+"""GrpcEndpoint: RocketMQ 5's ``apache.rocketmq.v2.MessagingService`` on a broker.
+
+RocketMQ runs this "proxy" inside the broker in its local mode; so does hamq. Every
+call that acts (send, receive, ack, change of invisible time, dead-lettering, the end of
+a transaction, heartbeats) becomes the remoting request a 4.x client would send and is
+dispatched, in process, through the broker's own processor table (channel.py); so the
+ACL, SEND_OK's durability, pop's checkpoints and the transactions are the remoting
+ones. What the endpoint adds is the mapping (convert.py) and what the proxy itself
+answers:
+
+- QueryRoute: the topic's queues on this broker group, each with the endpoint of the
+  group's master now (routes.py); an unknown topic is created as a send would create
+  it (``auto_create_topic_enable``), else TOPIC_NOT_FOUND.
+- Telemetry: the client's Settings are answered with the broker's (a backoff policy, the
+  body limit, FIFO for an orderly group, metrics off); the stream then carries the
+  broker's transaction check-backs to the producer (never waiting on a client that does
+  not read: a check that cannot go now is asked again at the next check pass).
+- QueryAssignment: one assignment per broker group, queue -1 (a push consumer pops from
+  every queue).
+- ReceiveMessage: a POP_MESSAGE over every queue, long polling up to the call's
+  deadline less a margin; the stream carries a status, the messages, and the time of
+  delivery, as RocketMQ's proxy writes it.
+
+Results travel in each answer's ``status`` (the v2 Code), as the clients expect; gRPC's
+own status is OK unless the call itself was bad (UNIMPLEMENTED for an unknown method).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from hamq.acl import AclGuard, sign
+from hamq.broker.context import BrokerContext
+from hamq.broker.grpc.auth import AuthError, verify
+from hamq.broker.grpc.channel import LocalChannel
+from hamq.broker.grpc.convert import (
+    Refused,
+    code_of,
+    delivered,
+    duration,
+    millis,
+    outgoing,
+    status,
+    timestamp,
+)
+from hamq.grpc import Call, Method, MethodKind
+from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
+from hamq.protocol.bodies import (
+    PERM_READ,
+    PERM_WRITE,
+    ConsumeFromWhere,
+    ConsumerData,
+    ConsumeType,
+    HeartbeatData,
+    MessageModel,
+    ProducerData,
+    SubscriptionData,
+    encode_body,
+)
+from hamq.protocol.headers import (
+    AckMessageRequestHeader,
+    ChangeInvisibleTimeRequestHeader,
+    ChangeInvisibleTimeResponseHeader,
+    CheckTransactionStateRequestHeader,
+    ConsumerSendMsgBackRequestHeader,
+    EndTransactionRequestHeader,
+    PopMessageRequestHeader,
+    PopMessageResponseHeader,
+    SendMessageRequestHeader,
+    SendMessageResponseHeader,
+    UnregisterClientRequestHeader,
+)
+from hamq.protocol.message import (
+    DEFAULT_TOPIC,
+    SYSFLAG_TRANSACTION_COMMIT,
+    SYSFLAG_TRANSACTION_ROLLBACK,
+    encode_properties,
+    group_error,
+    parse_offset_msg_id,
+    topic_error,
+)
+from hamq.protocol.pop import (
+    MAX_POP_MESSAGES,
+    ReceiptHandle,
+    ReceiptHandleError,
+    changed_handle,
+    pop_retry_topic,
+    read_popped,
+)
+from hamq.protocol.record import decode_message, decode_messages
+from hamq.protocol.v2 import definition_pb2 as pb
+from hamq.protocol.v2 import service_pb2 as spb
+from hamq.remoting import Connection, Dispatcher, RemotingError
+
+log = logging.getLogger(__name__)
+
+SERVICE = "/apache.rocketmq.v2.MessagingService/"
+#: what a receive leaves of the call's deadline for its answer to travel back
+RECEIVE_MARGIN_S = 1.0
+#: a receive's long polling when neither the call nor the client says
+DEFAULT_POLL_S = 20.0
+#: a push consumer's invisible time (it asks auto_renew, names none): RocketMQ proxy's
+#: defaultInvisibleTimeMills
+AUTO_RENEW_INVISIBLE_MS = 60_000
+#: the largest body a client may send (RocketMQ's maxMessageSize default: 4 MiB)
+MAX_BODY_BYTES = 4 * 1024 * 1024
+#: the retry policy answered to producers (RocketMQ's proxy: 3 attempts, 10 ms .. 1 s)
+PRODUCER_ATTEMPTS = 3
+#: what a consumer waits before a message comes back (RocketMQ's delay levels 3..18)
+CONSUMER_BACKOFF_S = (
+    10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
+)  # fmt: skip
+
+#: gRPC's path -> (kind, request type, the endpoint's method name)
+_RPCS: dict[str, tuple[MethodKind, Any, str]] = {
+    "QueryRoute": (MethodKind.UNARY, spb.QueryRouteRequest, "query_route"),
+    "Heartbeat": (MethodKind.UNARY, spb.HeartbeatRequest, "heartbeat"),
+    "SendMessage": (MethodKind.UNARY, spb.SendMessageRequest, "send_message"),
+    "QueryAssignment": (MethodKind.UNARY, spb.QueryAssignmentRequest, "query_assignment"),
+    "ReceiveMessage": (
+        MethodKind.SERVER_STREAMING,
+        spb.ReceiveMessageRequest,
+        "receive_message",
+    ),
+    "AckMessage": (MethodKind.UNARY, spb.AckMessageRequest, "ack_message"),
+    "ForwardMessageToDeadLetterQueue": (
+        MethodKind.UNARY,
+        spb.ForwardMessageToDeadLetterQueueRequest,
+        "forward_to_dead_letter_queue",
+    ),
+    "EndTransaction": (MethodKind.UNARY, spb.EndTransactionRequest, "end_transaction"),
+    "Telemetry": (MethodKind.BIDI, spb.TelemetryCommand, "telemetry"),
+    "NotifyClientTermination": (
+        MethodKind.UNARY,
+        spb.NotifyClientTerminationRequest,
+        "notify_client_termination",
+    ),
+    "ChangeInvisibleDuration": (
+        MethodKind.UNARY,
+        spb.ChangeInvisibleDurationRequest,
+        "change_invisible_duration",
+    ),
+}
+
+
+def transaction_id(offset_msg_id: str, queue_offset: int) -> str:
+    """The transaction id a gRPC client is given for a half message: where it is."""
+    return f"{offset_msg_id}:{queue_offset}"
+
+
+def parse_transaction_id(text: str) -> tuple[int, int]:
+    """(commit-log offset, queue offset) of a transaction id; Refused if malformed."""
+    msg_id, _, queue = text.partition(":")
+    try:
+        _host, offset = parse_offset_msg_id(msg_id)
+        if not queue.isdigit():
+            raise ValueError(queue)
+    except ValueError:
+        raise Refused(
+            pb.INVALID_TRANSACTION_ID, f"transaction id {text[:80]!r} is not hamq's"
+        ) from None
+    return offset, int(queue)
+
+
+class _Client:
+    """What the endpoint knows of one client connection."""
+
+    def __init__(self, channel: LocalChannel) -> None:
+        self.channel = channel
+        self.settings: pb.Settings | None = None
+        self.telemetry: Call | None = None
+        self.client_id = ""
+
+
+class GrpcEndpoint:
+    def __init__(
+        self,
+        ctx: BrokerContext,
+        dispatcher: Dispatcher,
+        *,
+        acl: AclGuard | None,
+        master_endpoint: Callable[[], Awaitable[tuple[str, int] | None]],
+        connection_closed: Callable[[Connection], None],
+    ) -> None:
+        self.ctx = ctx
+        self._dispatcher = dispatcher
+        self._acl = acl
+        self._master_endpoint = master_endpoint
+        self._connection_closed = connection_closed
+        self._nursery: trio.Nursery | None = None
+        #: check-backs written to Telemetry streams, and those no stream could take
+        self.checks_sent = 0
+        self.checks_dropped = 0
+
+    def methods(self) -> dict[str, Method]:
+        return {
+            SERVICE + name: Method(kind, request_type, getattr(self, attribute))
+            for name, (kind, request_type, attribute) in _RPCS.items()
+        }
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Hosts the tasks the channels' requests spawn (async processors)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def connection_ended(self, attributes: dict[str, Any]) -> None:
+        """The gRPC server's hook: a client connection closed."""
+        client = attributes.get("client")
+        if isinstance(client, _Client):
+            client.channel.close("gRPC connection closed")
+
+    # ------------------------------------------------------------------ plumbing
+    def _client(self, call: Call) -> _Client:
+        attributes = call.connection_attributes
+        client = attributes.get("client")
+        if client is None:
+            assert self._nursery is not None
+            holder: list[_Client] = []
+            channel = LocalChannel(
+                call.peer,
+                self._dispatcher,
+                self._nursery,
+                lambda request: self._to_client(holder[0], request),
+            )
+            channel.add_close_listener(self._connection_closed)
+            client = attributes["client"] = _Client(channel)
+            holder.append(client)
+        client.client_id = call.metadata.get("x-mq-client-id", client.client_id)
+        return client
+
+    async def _ask(self, call: Call, request: RemotingCommand) -> RemotingCommand:
+        """Dispatch ``request`` for the caller: signed with its verified credentials
+        (the ACL guard then checks it as a remoting request), answered by the broker."""
+        if self._acl is not None:
+            try:
+                credentials = verify(call.metadata, self._acl.table)
+            except AuthError as exc:
+                raise Refused(pb.UNAUTHORIZED, str(exc)) from None
+            if credentials is not None:
+                sign(request, credentials)
+        client = self._client(call)
+        try:
+            return await client.channel.request(request)
+        except RemotingError as exc:  # (the client terminated meanwhile)
+            raise Refused(pb.INTERNAL_SERVER_ERROR, str(exc)) from None
+
+    @staticmethod
+    def _refusal(response: RemotingCommand) -> pb.Status:
+        return status(code_of(response.code), response.remark or "")
+
+    # ------------------------------------------------------------------ routes
+    async def query_route(self, request: spb.QueryRouteRequest, call: Call) -> Any:
+        try:
+            self._client(call)
+            queues = await self._queues(request.topic.name, call)
+        except Refused as exc:
+            return spb.QueryRouteResponse(status=status(exc.code, exc.message))
+        return spb.QueryRouteResponse(status=status(pb.OK), message_queues=queues)
+
+    async def _queues(self, topic: str, call: Call) -> list[pb.MessageQueue]:
+        problem = topic_error(topic)
+        if problem is not None:
+            raise Refused(pb.ILLEGAL_TOPIC, problem)
+        config = self.ctx.topics.get(topic)
+        if config is None and self.ctx.config.auto_create_topic_enable and self.ctx.roles.is_master:
+            config = self.ctx.topics.create_from_default(
+                topic, DEFAULT_TOPIC, self.ctx.config.default_topic_queue_nums
+            )
+        if config is None:
+            raise Refused(pb.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
+        endpoint = await self._master_endpoint()
+        if endpoint is None:
+            raise Refused(
+                pb.INTERNAL_SERVER_ERROR,
+                f"broker group {self.ctx.config.broker_name} has no master serving gRPC now",
+            )
+        broker = pb.Broker(
+            name=self.ctx.config.broker_name,
+            id=0,
+            endpoints=pb.Endpoints(
+                scheme=pb.IPv4 if endpoint[0][:1].isdigit() else pb.DOMAIN_NAME,
+                addresses=[pb.Address(host=endpoint[0], port=endpoint[1])],
+            ),
+        )
+        kinds = [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION]
+        queues = []
+        for queue_id in range(max(config.read_queue_nums, config.write_queue_nums)):
+            readable = queue_id < config.read_queue_nums and config.perm & PERM_READ
+            writable = queue_id < config.write_queue_nums and config.perm & PERM_WRITE
+            permission = (
+                pb.READ_WRITE
+                if readable and writable
+                else pb.READ
+                if readable
+                else pb.WRITE
+                if writable
+                else pb.NONE
+            )
+            queues.append(
+                pb.MessageQueue(
+                    topic=pb.Resource(name=topic),
+                    id=queue_id,
+                    permission=permission,
+                    broker=broker,
+                    accept_message_types=kinds,
+                )
+            )
+        return queues
+
+    async def query_assignment(self, request: spb.QueryAssignmentRequest, call: Call) -> Any:
+        try:
+            self._client(call)
+            queues = await self._queues(request.topic.name, call)
+        except Refused as exc:
+            return spb.QueryAssignmentResponse(status=status(exc.code, exc.message))
+        whole = pb.MessageQueue()
+        whole.CopyFrom(queues[0])
+        whole.id = -1
+        whole.permission = pb.READ_WRITE
+        return spb.QueryAssignmentResponse(
+            status=status(pb.OK), assignments=[pb.Assignment(message_queue=whole)]
+        )
+
+    # ------------------------------------------------------------------ clients
+    async def heartbeat(self, request: spb.HeartbeatRequest, call: Call) -> Any:
+        client = self._client(call)
+        if not client.client_id:
+            return spb.HeartbeatResponse(
+                status=status(pb.CLIENT_ID_REQUIRED, "x-mq-client-id is required")
+            )
+        group = request.group.name if request.HasField("group") else None
+        try:
+            response = await self._ask(call, self._heartbeat(client, request.client_type, group))
+        except Refused as exc:
+            return spb.HeartbeatResponse(status=status(exc.code, exc.message))
+        if response.code != ResponseCode.SUCCESS:
+            return spb.HeartbeatResponse(status=self._refusal(response))
+        return spb.HeartbeatResponse(status=status(pb.OK))
+
+    def _heartbeat(self, client: _Client, kind: int, group: str | None) -> RemotingCommand:
+        """HEART_BEAT for a producer (its group: each topic it publishes to, as
+        RocketMQ's proxy names them, so that check-backs find it) or a consumer."""
+        data = HeartbeatData(client_id=client.client_id)
+        settings = client.settings
+        if kind == pb.PRODUCER:
+            topics = settings.publishing.topics if settings is not None else []
+            data.producer_data_set = [ProducerData(t.name) for t in topics]
+        elif group:
+            subscriptions = settings.subscription.subscriptions if settings is not None else []
+            data.consumer_data_set = [
+                ConsumerData(
+                    group_name=group,
+                    consume_type=ConsumeType.CONSUME_POP,
+                    message_model=MessageModel.CLUSTERING,
+                    consume_from_where=ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+                    subscription_data_set=[
+                        SubscriptionData(topic=s.topic.name, sub_string=s.expression.expression)
+                        for s in subscriptions
+                    ],
+                )
+            ]
+        return RemotingCommand.request(RequestCode.HEART_BEAT, body=encode_body(data))
+
+    async def notify_client_termination(
+        self, request: spb.NotifyClientTerminationRequest, call: Call
+    ) -> Any:
+        client = self._client(call)
+        header = UnregisterClientRequestHeader(
+            client_id=client.client_id,
+            producer_group=None,
+            consumer_group=request.group.name if request.HasField("group") else None,
+        )
+        try:
+            await self._ask(call, RemotingCommand.request(RequestCode.UNREGISTER_CLIENT, header))
+        except Refused as exc:
+            return spb.NotifyClientTerminationResponse(status=status(exc.code, exc.message))
+        client.channel.close("the client terminated")
+        call.connection_attributes.pop("client", None)
+        return spb.NotifyClientTerminationResponse(status=status(pb.OK))
+
+    async def telemetry(self, _request: None, call: Call) -> None:
+        client = self._client(call)
+        client.telemetry = call
+        while (command := await call.receive()) is not None:
+            kind = command.WhichOneof("command")
+            if kind == "settings":
+                client.settings = command.settings
+                answer = self._settings(command.settings)
+                await call.send(spb.TelemetryCommand(status=status(pb.OK), settings=answer))
+                if command.settings.client_type == pb.PRODUCER and client.client_id:
+                    try:  # (registered at once: check-backs find it before its heartbeat)
+                        await self._ask(call, self._heartbeat(client, pb.PRODUCER, None))
+                    except Refused as exc:
+                        log.info("gRPC: producer %s not registered: %s", client.client_id, exc)
+            # (thread stack traces and verify results answer commands hamq never sends)
+
+    def _settings(self, given: pb.Settings) -> pb.Settings:
+        """The broker's answer to a client's Settings."""
+        answer = pb.Settings()
+        answer.CopyFrom(given)
+        answer.metric.CopyFrom(pb.Metric(on=False))
+        if given.client_type == pb.PRODUCER:
+            answer.backoff_policy.CopyFrom(
+                pb.RetryPolicy(
+                    max_attempts=PRODUCER_ATTEMPTS,
+                    exponential_backoff=pb.ExponentialBackoff(
+                        initial=duration(10), max=duration(1000), multiplier=2.0
+                    ),
+                )
+            )
+            answer.publishing.max_body_size = MAX_BODY_BYTES
+            answer.publishing.validate_message_type = True
+        else:
+            group = given.subscription.group.name
+            config = self.ctx.subscriptions.table.get(group)
+            retries = config.retry_max_times if config is not None else 16
+            policy = pb.RetryPolicy(max_attempts=retries + 1)
+            if config is not None and config.consume_message_orderly:
+                policy.exponential_backoff.CopyFrom(
+                    pb.ExponentialBackoff(
+                        initial=duration(1000), max=duration(60_000), multiplier=2.0
+                    )
+                )
+            else:
+                policy.customized_backoff.next.extend(
+                    duration(s * 1000) for s in CONSUMER_BACKOFF_S
+                )
+            answer.backoff_policy.CopyFrom(policy)
+            answer.subscription.fifo = bool(config is not None and config.consume_message_orderly)
+            answer.subscription.receive_batch_size = MAX_POP_MESSAGES
+            if not given.subscription.HasField("long_polling_timeout"):
+                answer.subscription.long_polling_timeout.CopyFrom(
+                    duration(int(DEFAULT_POLL_S * 1000))
+                )
+        return answer
+
+    def _to_client(self, client: _Client, request: RemotingCommand) -> bool:
+        """What the broker asks of a client, on its Telemetry stream; False if it cannot
+        go now (no stream, or one the client does not read)."""
+        if request.code != RequestCode.CHECK_TRANSACTION_STATE:
+            return True  # (consumer-change notices: pop consumers do not rebalance)
+        telemetry = client.telemetry
+        if telemetry is None or not telemetry.active:
+            self.checks_dropped += 1
+            return False
+        header = request.header(CheckTransactionStateRequestHeader)
+        half = decode_message(request.body)
+        message = delivered(half, 0)
+        message.system_properties.ClearField("invisible_duration")
+        message.system_properties.ClearField("delivery_attempt")
+        command = spb.TelemetryCommand(
+            recover_orphaned_transaction_command=spb.RecoverOrphanedTransactionCommand(
+                message=message,
+                transaction_id=transaction_id(
+                    header.offset_msg_id or "", header.tran_state_table_offset
+                ),
+            )
+        )
+        if telemetry.try_send(command):
+            self.checks_sent += 1
+            return True
+        self.checks_dropped += 1
+        return False
+
+    # ------------------------------------------------------------------ sending
+    async def send_message(self, request: spb.SendMessageRequest, call: Call) -> Any:
+        if not request.messages:
+            return spb.SendMessageResponse(status=status(pb.BAD_REQUEST, "no message to send"))
+        entries = [await self._send_one(message, call) for message in request.messages]
+        codes = {entry.status.code for entry in entries}
+        overall = entries[0].status if len(codes) == 1 else status(pb.MULTIPLE_RESULTS)
+        return spb.SendMessageResponse(status=overall, entries=entries)
+
+    async def _send_one(self, message: pb.Message, call: Call) -> spb.SendResultEntry:
+        message_id = message.system_properties.message_id
+        try:
+            command = self._send_command(message)
+            response = await self._ask(call, command)
+        except Refused as exc:
+            return spb.SendResultEntry(status=status(exc.code, exc.message), message_id=message_id)
+        if response.code != ResponseCode.SUCCESS:
+            return spb.SendResultEntry(status=self._refusal(response), message_id=message_id)
+        answer = response.header(SendMessageResponseHeader)
+        entry = spb.SendResultEntry(
+            status=status(pb.OK), message_id=message_id, offset=answer.queue_offset
+        )
+        if message.system_properties.message_type == pb.TRANSACTION:
+            entry.transaction_id = transaction_id(answer.msg_id, answer.queue_offset)
+        return entry
+
+    def _send_command(self, message: pb.Message) -> RemotingCommand:
+        topic = message.topic.name
+        problem = topic_error(topic)
+        if problem is not None:
+            raise Refused(pb.ILLEGAL_TOPIC, problem)
+        properties, sys_flag = outgoing(message, MAX_BODY_BYTES)
+        queue_id = -1  # (the send processor picks one)
+        group = message.system_properties.message_group
+        config = self.ctx.topics.get(topic)
+        if group and config is not None:
+            queue_id = zlib.crc32(group.encode()) % config.write_queue_nums
+        born = message.system_properties.born_timestamp
+        header = SendMessageRequestHeader(
+            producer_group=topic,
+            topic=topic,
+            default_topic=DEFAULT_TOPIC,
+            default_topic_queue_nums=self.ctx.config.default_topic_queue_nums,
+            queue_id=queue_id,
+            sys_flag=sys_flag,
+            born_timestamp=born.seconds * 1000 + born.nanos // 1_000_000
+            or time.time_ns() // 1_000_000,
+            flag=0,
+            properties=encode_properties(properties),
+            reconsume_times=0,
+        )
+        return RemotingCommand.request(RequestCode.SEND_MESSAGE, header, body=message.body)
+
+    async def end_transaction(self, request: spb.EndTransactionRequest, call: Call) -> Any:
+        resolutions = {
+            pb.COMMIT: SYSFLAG_TRANSACTION_COMMIT,
+            pb.ROLLBACK: SYSFLAG_TRANSACTION_ROLLBACK,
+        }
+        try:
+            if request.resolution not in resolutions:
+                raise Refused(pb.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
+            offset, queue_offset = parse_transaction_id(request.transaction_id)
+            header = EndTransactionRequestHeader(
+                producer_group=request.topic.name,
+                tran_state_table_offset=queue_offset,
+                commit_log_offset=offset,
+                commit_or_rollback=resolutions[request.resolution],
+                msg_id=request.message_id,
+                topic=request.topic.name,
+                from_transaction_check=request.source == pb.SOURCE_SERVER_CHECK,
+                transaction_id=request.message_id,
+            )
+            response = await self._ask(
+                call, RemotingCommand.request(RequestCode.END_TRANSACTION, header)
+            )
+        except Refused as exc:
+            return spb.EndTransactionResponse(status=status(exc.code, exc.message))
+        if response.code != ResponseCode.SUCCESS:
+            return spb.EndTransactionResponse(status=self._refusal(response))
+        return spb.EndTransactionResponse(status=status(pb.OK))
+
+    # ------------------------------------------------------------------ receiving
+    async def receive_message(self, request: spb.ReceiveMessageRequest, call: Call) -> None:
+        group, topic = request.group.name, request.message_queue.topic.name
+        try:
+            header = self._pop_header(request, group, topic, call)
+            response = await self._ask(
+                call, RemotingCommand.request(RequestCode.POP_MESSAGE, header)
+            )
+        except Refused as exc:
+            await call.send(spb.ReceiveMessageResponse(status=status(exc.code, exc.message)))
+            return
+        if response.code != ResponseCode.SUCCESS:
+            await call.send(spb.ReceiveMessageResponse(status=self._refusal(response)))
+            return
+        answer = response.header(PopMessageResponseHeader)
+        messages = decode_messages(response.body)
+        read_popped(answer, messages, self.ctx.config.broker_name, topic)
+        if not messages:
+            await call.send(spb.ReceiveMessageResponse(status=status(pb.MESSAGE_NOT_FOUND)))
+            return
+        await call.send(spb.ReceiveMessageResponse(status=status(pb.OK)))
+        for message in messages:
+            await call.send(
+                spb.ReceiveMessageResponse(message=delivered(message, answer.invisible_time))
+            )
+        now = time.time_ns() // 1_000_000
+        await call.send(spb.ReceiveMessageResponse(delivery_timestamp=timestamp(now)))
+
+    def _pop_header(
+        self, request: spb.ReceiveMessageRequest, group: str, topic: str, call: Call
+    ) -> PopMessageRequestHeader:
+        for problem, code in (
+            (group_error(group), pb.ILLEGAL_CONSUMER_GROUP),
+            (topic_error(topic), pb.ILLEGAL_TOPIC),
+        ):
+            if problem is not None:
+                raise Refused(code, problem)
+        batch = request.batch_size or 1
+        if not 1 <= batch <= MAX_POP_MESSAGES:
+            raise Refused(pb.BAD_REQUEST, f"batch_size {batch} is not in 1..{MAX_POP_MESSAGES}")
+        if request.HasField("invisible_duration"):
+            invisible_ms = millis(request.invisible_duration)
+        elif request.auto_renew:  # (a push consumer: acks or nacks what it was given)
+            invisible_ms = AUTO_RENEW_INVISIBLE_MS
+        else:
+            raise Refused(pb.ILLEGAL_INVISIBLE_TIME, "invisible_duration is required")
+        poll_s = (
+            millis(request.long_polling_timeout) / 1000
+            if request.HasField("long_polling_timeout")
+            else DEFAULT_POLL_S
+        )
+        poll_s = max(0.0, min(poll_s, call.remaining_s - RECEIVE_MARGIN_S))
+        expression = request.filter_expression
+        if expression.type == pb.SQL:
+            raise Refused(pb.ILLEGAL_FILTER_EXPRESSION, "SQL92 filters are not supported here")
+        config = self.ctx.subscriptions.table.get(group)
+        fifo = bool(config is not None and config.consume_message_orderly)
+        return PopMessageRequestHeader(
+            consumer_group=group,
+            topic=topic,
+            queue_id=-1,
+            max_msg_nums=batch,
+            invisible_time=invisible_ms,
+            poll_time=int(poll_s * 1000),
+            born_time=time.time_ns() // 1_000_000,
+            init_mode=0,  # (a new group starts at the queue's first message, as hamq's own)
+            exp_type="TAG",
+            exp=expression.expression or "*",
+            order=fifo,
+            attempt_id=request.attempt_id if request.HasField("attempt_id") else None,
+        )
+
+    async def ack_message(self, request: spb.AckMessageRequest, call: Call) -> Any:
+        group, topic = request.group.name, request.topic.name
+        entries = []
+        for entry in request.entries:
+            try:
+                handle = self._handle(entry.receipt_handle)
+                header = AckMessageRequestHeader(
+                    consumer_group=group,
+                    topic=self._handle_topic(handle, group, topic),
+                    queue_id=handle.queue_id,
+                    extra_info=entry.receipt_handle,
+                    offset=handle.offset,
+                )
+                response = await self._ask(
+                    call, RemotingCommand.request(RequestCode.ACK_MESSAGE, header)
+                )
+                result = (
+                    status(pb.OK)
+                    if response.code == ResponseCode.SUCCESS
+                    else self._handle_refusal(response)
+                )
+            except Refused as exc:
+                result = status(exc.code, exc.message)
+            entries.append(
+                spb.AckMessageResultEntry(
+                    message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=result
+                )
+            )
+        codes = {entry.status.code for entry in entries}
+        overall = (
+            entries[0].status
+            if len(codes) == 1
+            else status(pb.MULTIPLE_RESULTS)
+            if entries
+            else status(pb.BAD_REQUEST, "no entry to ack")
+        )
+        return spb.AckMessageResponse(status=overall, entries=entries)
+
+    @staticmethod
+    def _handle(text: str) -> ReceiptHandle:
+        try:
+            return ReceiptHandle.parse(text)
+        except ReceiptHandleError as exc:
+            raise Refused(pb.INVALID_RECEIPT_HANDLE, str(exc)) from None
+
+    @staticmethod
+    def _handle_topic(handle: ReceiptHandle, group: str, topic: str) -> str:
+        """The topic the handle's message is in: the one asked, or its pop retry topic."""
+        return topic if handle.kind == "0" else pop_retry_topic(group, topic)
+
+    def _handle_refusal(self, response: RemotingCommand) -> pb.Status:
+        """A refused ack or change: a handle no longer in flight is INVALID_RECEIPT_HANDLE."""
+        if response.code in (ResponseCode.NO_MESSAGE, ResponseCode.MESSAGE_ILLEGAL):
+            return status(pb.INVALID_RECEIPT_HANDLE, response.remark or "")
+        return self._refusal(response)
+
+    async def change_invisible_duration(
+        self, request: spb.ChangeInvisibleDurationRequest, call: Call
+    ) -> Any:
+        group, topic = request.group.name, request.topic.name
+        try:
+            handle = self._handle(request.receipt_handle)
+            header = ChangeInvisibleTimeRequestHeader(
+                consumer_group=group,
+                topic=self._handle_topic(handle, group, topic),
+                queue_id=handle.queue_id,
+                extra_info=request.receipt_handle,
+                offset=handle.offset,
+                invisible_time=millis(request.invisible_duration),
+            )
+            response = await self._ask(
+                call, RemotingCommand.request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, header)
+            )
+        except Refused as exc:
+            return spb.ChangeInvisibleDurationResponse(status=status(exc.code, exc.message))
+        if response.code != ResponseCode.SUCCESS:
+            return spb.ChangeInvisibleDurationResponse(status=self._handle_refusal(response))
+        answer = response.header(ChangeInvisibleTimeResponseHeader)
+        return spb.ChangeInvisibleDurationResponse(
+            status=status(pb.OK), receipt_handle=str(changed_handle(handle, answer))
+        )
+
+    async def forward_to_dead_letter_queue(
+        self, request: spb.ForwardMessageToDeadLetterQueueRequest, call: Call
+    ) -> Any:
+        """The message goes to the group's DLQ (a send-back past every retry), then is
+        acked, as RocketMQ's proxy does it."""
+        group, topic = request.group.name, request.topic.name
+        try:
+            handle = self._handle(request.receipt_handle)
+            real_topic = self._handle_topic(handle, group, topic)
+            queue = self.ctx.store.consume_queue(real_topic, handle.queue_id)
+            entry = queue.entry(handle.offset) if queue is not None else None
+            if entry is None:
+                raise Refused(pb.INVALID_RECEIPT_HANDLE, "the message is no longer stored")
+            header = ConsumerSendMsgBackRequestHeader(
+                offset=entry[0],
+                group=group,
+                delay_level=-1,
+                origin_msg_id=request.message_id,
+                origin_topic=topic,
+                max_reconsume_times=request.max_delivery_attempts or None,
+            )
+            response = await self._ask(
+                call, RemotingCommand.request(RequestCode.CONSUMER_SEND_MSG_BACK, header)
+            )
+            if response.code != ResponseCode.SUCCESS:
+                return spb.ForwardMessageToDeadLetterQueueResponse(status=self._refusal(response))
+            ack = AckMessageRequestHeader(
+                consumer_group=group,
+                topic=real_topic,
+                queue_id=handle.queue_id,
+                extra_info=request.receipt_handle,
+                offset=handle.offset,
+            )
+            await self._ask(call, RemotingCommand.request(RequestCode.ACK_MESSAGE, ack))
+        except Refused as exc:
+            return spb.ForwardMessageToDeadLetterQueueResponse(status=status(exc.code, exc.message))
+        return spb.ForwardMessageToDeadLetterQueueResponse(status=status(pb.OK))

@@ -1,0 +1,709 @@
+"""GrpcServer: gRPC over HTTP/2 (h2, sans-IO) on Trio.
+
+Lifecycle as RemotingServer's: ``await nursery.start(server.run)`` binds and reports the
+port; ``shutdown(grace_s)`` sends every connection a GOAWAY, lets the calls under way
+finish and cuts what is left when the grace ends; cancelling ``run`` is the hard end.
+
+One connection per peer, three kinds of task:
+- the reader feeds what arrives to the HTTP/2 state machine and acts on its events: a
+  new stream starts a task for its call, data is cut into gRPC messages (a 5-byte
+  prefix: compressed flag, length) and queued for the call, a reset cancels the call;
+- one task per call runs its method (``Method``: unary, server streaming or bidi);
+- the writer sends what the state machine has to send. Nothing else touches the socket,
+  so a call never waits for the peer to read: only for HTTP/2 flow control, and
+  ``Call.try_send`` does not even wait for that.
+
+Answers: a call ends with trailers (``grpc-status``, ``grpc-message``); one that fails
+before sending a message gets them alone ("Trailers-Only"). A method raising GrpcError
+ends with its status; one whose request is not its message type, INVALID_ARGUMENT;
+any other exception, INTERNAL (logged). An unknown path is UNIMPLEMENTED.
+
+Limits, each ending the stream or the connection that broke it, nothing else:
+``max_connections`` and TLS as every listener has them (hamq.remoting.server.Acceptor,
+ALPN ``h2``); at most ``max_concurrent_streams`` streams per connection (advertised;
+one more is an HTTP/2 protocol error, the connection ends with a GOAWAY); header lists
+past ``max_header_list_bytes`` likewise; a message past ``max_message_bytes`` ends its
+stream with RESOURCE_EXHAUSTED; a unary or server-streaming request not complete
+``request_timeout_s`` after it began is answered DEADLINE_EXCEEDED; more than
+``max_queued_messages`` received and not yet read by a bidi call reset its stream; a
+connection with no stream open for ``idle_timeout_s`` is closed; output the peer
+leaves unread past ``max_send_buffer_bytes`` closes the connection. Bytes that are not
+HTTP/2 (HTTP/1.1, TLS to a plaintext port, junk) end the connection at once.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import re
+import urllib.parse
+import zlib
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+import hyperframe.frame
+import trio
+from attrs import validators as v
+from google.protobuf.message import DecodeError
+from google.protobuf.message import Message as ProtoMessage
+
+from hamq.grpc.status import GrpcError, Status
+from hamq.ratelimit import RateLimitedLog
+from hamq.remoting import RemotingConfig
+from hamq.remoting.address import format_address
+from hamq.remoting.server import DEFAULT_SHUTDOWN_GRACE_S, Acceptor
+
+log = logging.getLogger(__name__)
+
+_PREFIX = 5
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+_TIMEOUT = re.compile(r"^(\d{1,8})([HMSmun])$")
+#: what grpc-message keeps as it is (the rest is percent-encoded, as gRPC says)
+_SAFE = " !#$&'()*+,/:;=?@[]"
+
+
+def parse_timeout(value: str) -> float:
+    """``grpc-timeout`` (up to 8 digits and a unit) in seconds; ValueError if malformed."""
+    match = _TIMEOUT.match(value)
+    if match is None:
+        raise ValueError(f"grpc-timeout {value!r} is not 1-8 digits and a unit of HMSmun")
+    return int(match.group(1)) * _TIMEOUT_UNITS[match.group(2)]
+
+
+@attrs.frozen
+class GrpcConfig:
+    #: listener-wide: max_connections, TLS, idle_timeout_s (a connection with no stream
+    #: open this long is closed), frame_timeout_s (a request must be complete this long
+    #: after its stream began, bidi streams aside), max_send_buffer_bytes
+    remoting: RemotingConfig = attrs.field(factory=RemotingConfig)
+    #: a gRPC message (either way) longer than this ends its stream
+    max_message_bytes: int = attrs.field(default=16 * 1024 * 1024, validator=v.ge(1024))
+    #: streams one connection may have open at once (advertised in SETTINGS)
+    max_concurrent_streams: int = attrs.field(default=128, validator=v.ge(1))
+    #: the size of a header list (HPACK-decoded, RFC 7541's count) a peer may send
+    max_header_list_bytes: int = attrs.field(default=16 * 1024, validator=v.ge(1024))
+    #: messages a bidi call may leave unread before its stream is reset
+    max_queued_messages: int = attrs.field(default=64, validator=v.ge(1))
+    #: the receive window of each stream, and of each connection
+    window_bytes: int = attrs.field(default=1024 * 1024, validator=[v.ge(65535), v.le(2**31 - 1)])
+
+
+class MethodKind(enum.Enum):
+    UNARY = "unary"
+    SERVER_STREAMING = "server streaming"
+    BIDI = "bidi streaming"
+
+
+#: unary: ``await handler(request, call)`` returns the response;
+#: server streaming: ``await handler(request, call)`` sends with ``call.send``;
+#: bidi: ``await handler(None, call)`` reads with ``call.receive``.
+Handler = Callable[[Any, "Call"], Awaitable[Any]]
+
+
+@attrs.frozen
+class Method:
+    kind: MethodKind
+    request_type: type[ProtoMessage]
+    handler: Handler
+
+
+@attrs.frozen
+class GrpcStatistics:
+    address: str
+    connections: int
+    connections_accepted: int
+    calls: int
+    calls_open: int
+    #: connections ended by an HTTP/2 protocol error of the peer's
+    protocol_errors: int
+    connections_refused: int
+    tls_handshake_failures: int
+
+
+class _Ended(Exception):
+    """The stream was reset, or the connection went: nothing more can be sent."""
+
+
+class Call:
+    """One gRPC call (an HTTP/2 stream) as its method sees it."""
+
+    def __init__(self, conn: _Connection, stream_id: int, path: str, metadata: dict[str, str]):
+        self._conn = conn
+        self.stream_id = stream_id
+        self.path = path
+        #: the request's headers, names lower case (pseudo-headers left out)
+        self.metadata = metadata
+        self._method: Method | None = None
+        self._buffer = bytearray()
+        self._messages: deque[bytes] = deque()
+        self._arrived = trio.Event()
+        self._remote_ended = False
+        self._reset = False
+        self._headers_sent = False
+        self._finished = False
+        self._scope: trio.CancelScope | None = None
+        #: when the call's deadline (grpc-timeout) passes, in Trio's clock (inf: none)
+        self.deadline = math.inf
+
+    @property
+    def remaining_s(self) -> float:
+        """Seconds left before the call's deadline (inf: none)."""
+        return self.deadline - trio.current_time()
+
+    @property
+    def peer(self) -> str:
+        return self._conn.peer
+
+    @property
+    def connection_attributes(self) -> dict[str, Any]:
+        """Free for the layers above to tag the connection (a client id, say)."""
+        return self._conn.attributes
+
+    @property
+    def active(self) -> bool:
+        """Neither reset nor finished, and its connection open."""
+        return not (self._reset or self._finished or self._conn.closed)
+
+    # ------------------------------------------------------------------ receiving
+    def _data(self, data: bytes, max_bytes: int) -> GrpcError | None:
+        self._buffer += data
+        while len(self._buffer) >= _PREFIX:
+            length = int.from_bytes(self._buffer[1:5], "big")
+            if length > max_bytes:
+                return GrpcError(
+                    Status.RESOURCE_EXHAUSTED,
+                    f"a message of {length} bytes is past the limit of {max_bytes}",
+                )
+            if len(self._buffer) < _PREFIX + length:
+                break
+            flag = self._buffer[0]
+            payload = bytes(self._buffer[_PREFIX : _PREFIX + length])
+            del self._buffer[: _PREFIX + length]
+            if flag:
+                try:
+                    payload = self._decompress(payload, max_bytes)
+                except GrpcError as exc:
+                    return exc
+            self._messages.append(payload)
+        self._arrived.set()
+        return None
+
+    def _decompress(self, payload: bytes, max_bytes: int) -> bytes:
+        encoding = self.metadata.get("grpc-encoding", "identity")
+        wbits = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}.get(encoding)
+        if wbits is None:
+            raise GrpcError(Status.UNIMPLEMENTED, f"grpc-encoding {encoding!r} is not supported")
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(payload, max_bytes + 1)
+        except zlib.error as exc:
+            raise GrpcError(
+                Status.INTERNAL, f"a {encoding} message does not inflate: {exc}"
+            ) from None
+        if len(out) > max_bytes or inflater.unconsumed_tail:
+            raise GrpcError(
+                Status.RESOURCE_EXHAUSTED, f"a message inflates past the limit of {max_bytes}"
+            )
+        return out
+
+    def _end_of_input(self) -> None:
+        self._remote_ended = True
+        self._arrived.set()
+
+    async def receive(self) -> Any | None:
+        """The next message the peer sent (of the method's request type), or None when
+        it ended its side. Malformed protobuf: GrpcError INVALID_ARGUMENT."""
+        while not self._messages:
+            if self._remote_ended or self._reset:
+                return None
+            self._arrived = trio.Event()
+            await self._arrived.wait()
+        payload = self._messages.popleft()
+        assert self._method is not None
+        try:
+            return self._method.request_type.FromString(payload)
+        except DecodeError as exc:
+            raise GrpcError(
+                Status.INVALID_ARGUMENT,
+                f"the request is not a {self._method.request_type.DESCRIPTOR.full_name}: {exc}",
+            ) from None
+
+    @property
+    def queued(self) -> int:
+        return len(self._messages)
+
+    # ------------------------------------------------------------------ sending
+    async def send(self, message: ProtoMessage) -> None:
+        """Send one message, waiting for HTTP/2 flow control (never for the socket);
+        _Ended (a subclass of Exception) when the stream or connection is gone."""
+        data = self._frame(message)
+        while data:
+            if not self.active:
+                raise _Ended
+            taken = self._conn.send_data(self, data)
+            del data[:taken]
+            if data:
+                await self._conn.window_opened()
+
+    def try_send(self, message: ProtoMessage) -> bool:
+        """Send one message if HTTP/2 flow control lets all of it go now; False (and
+        nothing sent) if it does not, or the stream is gone. Never waits."""
+        if not self.active:
+            return False
+        data = self._frame(message)
+        if self._conn.flow_window(self) < len(data):
+            return False
+        try:
+            self._conn.send_data(self, data)
+        except _Ended:
+            return False
+        return True
+
+    def _frame(self, message: ProtoMessage) -> bytearray:
+        payload = message.SerializeToString()
+        if len(payload) > self._conn.config.max_message_bytes:
+            raise GrpcError(
+                Status.RESOURCE_EXHAUSTED,
+                f"an answer of {len(payload)} bytes is past the limit of "
+                f"{self._conn.config.max_message_bytes}",
+            )
+        out = bytearray(b"\0")
+        out += len(payload).to_bytes(4, "big")
+        out += payload
+        return out
+
+
+class _Connection:
+    def __init__(self, server: GrpcServer, stream: trio.abc.Stream, peer: str) -> None:
+        self.server = server
+        self.config = server.config
+        self.peer = peer
+        self.attributes: dict[str, Any] = {}
+        self._stream = stream
+        config = h2.config.H2Configuration(
+            client_side=False, header_encoding="utf-8", validate_inbound_headers=True
+        )
+        self.h2 = h2.connection.H2Connection(config)
+        self.h2.local_settings = h2.settings.Settings(
+            client=False,
+            initial_values={
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: self.config.max_concurrent_streams,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: self.config.max_header_list_bytes,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: self.config.window_bytes,
+            },
+        )
+        self.h2.decoder.max_header_list_size = self.config.max_header_list_bytes
+        self.calls: dict[int, Call] = {}
+        self.closed = False
+        self._going_away = False
+        #: a GOAWAY to send (shutdown): the streams open go on, new ones are refused
+        self._goaway = b""
+        self._out_wakeup = trio.Event()
+        self._window_wakeup = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._last_stream_activity = trio.current_time()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def serve(self) -> None:
+        self.h2.initiate_connection()
+        grow = self.config.window_bytes - 65535
+        if grow > 0:
+            self.h2.increment_flow_control_window(grow)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._write_loop)
+                nursery.start_soon(self._idle_watch)
+                await self._read_loop()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.closed = True
+            for call in self.calls.values():
+                call._reset = True
+                call._arrived.set()
+            self._window_wakeup.set()
+
+    async def _read_loop(self) -> None:
+        size = self.config.remoting.receive_size_bytes
+        while True:
+            try:
+                data = await self._stream.receive_some(size)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return
+            if not data:
+                return
+            try:
+                events = self.h2.receive_data(data)
+            except h2.exceptions.ProtocolError as exc:
+                self.server.protocol_errors += 1
+                self.server.warnings.warning(
+                    "protocol", "gRPC: closed %s: not HTTP/2 as expected: %s", self.peer, exc
+                )
+                await self._flush_last()
+                return
+            for event in events:
+                self._event(event)
+            self._kick()
+
+    async def _flush_last(self) -> None:
+        """Send what is pending (a GOAWAY, say) within a moment, then give up."""
+        with trio.move_on_after(1.0):
+            data = self.h2.data_to_send()
+            if data:
+                try:
+                    await self._stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    pass
+
+    async def _write_loop(self) -> None:
+        limit = self.config.remoting.max_send_buffer_bytes
+        while True:
+            data = self.h2.data_to_send() + self._goaway
+            self._goaway = b""
+            if not data and self._going_away and not self.calls:
+                self.abort()  # (the GOAWAY is out, the last call answered)
+                return
+            if not data:
+                self._out_wakeup = trio.Event()
+                await self._out_wakeup.wait()
+                continue
+            if len(data) > limit:
+                self.server.warnings.warning(
+                    "slow", "gRPC: closed %s: it leaves %d bytes unread", self.peer, len(data)
+                )
+                self.abort()
+                return
+            try:
+                await self._stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                self.abort()
+                return
+
+    async def _idle_watch(self) -> None:
+        timeout = self.config.remoting.idle_timeout_s
+        if timeout is None:
+            return
+        while True:
+            await trio.sleep_until(self._last_stream_activity + timeout)
+            if self.calls:
+                self._last_stream_activity = trio.current_time()
+            elif trio.current_time() >= self._last_stream_activity + timeout:
+                log.info("gRPC: closed %s: no stream for %g s", self.peer, timeout)
+                self.h2.close_connection()
+                await self._flush_last()
+                self.abort()
+                return
+
+    def abort(self) -> None:
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    def goaway(self) -> None:
+        """Tell the peer to open no new stream (the calls under way go on)."""
+        if not self.closed and not self._going_away:
+            self._going_away = True
+            # (written by hand: h2's close_connection would end the calls under way too)
+            frame = hyperframe.frame.GoAwayFrame(0)
+            frame.last_stream_id = self.h2.highest_inbound_stream_id
+            frame.error_code = h2.errors.ErrorCodes.NO_ERROR
+            self._goaway = frame.serialize()
+            self._kick()
+
+    def _kick(self) -> None:
+        self._out_wakeup.set()
+
+    # ------------------------------------------------------------------ events
+    def _event(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.RequestReceived):
+            self._request(event)
+        elif isinstance(event, h2.events.DataReceived):
+            self._received(event)
+        elif isinstance(event, h2.events.StreamEnded):
+            call = self.calls.get(event.stream_id)
+            if call is not None:
+                call._end_of_input()
+        elif isinstance(event, h2.events.StreamReset):
+            self._stream_gone(event.stream_id)
+        elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
+            self._window_wakeup.set()
+            self._window_wakeup = trio.Event()
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self.abort()
+
+    def _request(self, event: h2.events.RequestReceived) -> None:
+        stream_id = event.stream_id
+        headers = {str(k): str(value) for k, value in event.headers or []}
+        path = headers.get(":path", "")
+        metadata = {k: value for k, value in headers.items() if not k.startswith(":")}
+        call = Call(self, stream_id, path, metadata)
+        if self._going_away:
+            self._reset_stream(call, h2.errors.ErrorCodes.REFUSED_STREAM)
+            return
+        self.calls[stream_id] = call
+        self._last_stream_activity = trio.current_time()
+        self.server.calls += 1
+        problem = self._check(headers)
+        if problem is not None:
+            self._finish(call, *problem)
+            return
+        call._method = self.server.methods.get(path)
+        if call._method is None:
+            self._finish(call, Status.UNIMPLEMENTED, f"unknown method {path}")
+            return
+        deadline = math.inf
+        if "grpc-timeout" in metadata:
+            try:
+                deadline = trio.current_time() + parse_timeout(metadata["grpc-timeout"])
+            except ValueError as exc:
+                self._finish(call, Status.INVALID_ARGUMENT, str(exc))
+                return
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run_call, call, deadline)
+
+    @staticmethod
+    def _check(headers: dict[str, str]) -> tuple[Status, str] | None:
+        if headers.get(":method") != "POST":
+            return Status.UNIMPLEMENTED, f"method {headers.get(':method')!r}: gRPC is POST"
+        content_type = headers.get("content-type", "")
+        if content_type != "application/grpc" and not content_type.startswith(
+            ("application/grpc+proto", "application/grpc;")
+        ):
+            return Status.UNKNOWN, f"content-type {content_type!r} is not application/grpc"
+        return None
+
+    def _received(self, event: h2.events.DataReceived) -> None:
+        stream_id = event.stream_id
+        self.h2.acknowledge_received_data(event.flow_controlled_length, stream_id)
+        call = self.calls.get(stream_id)
+        if call is None or call._reset or call._finished:
+            return
+        problem = call._data(event.data or b"", self.config.max_message_bytes)
+        if problem is not None:
+            self._finish(call, problem.status, problem.message)
+        elif call.queued > self.config.max_queued_messages:
+            self.server.warnings.warning(
+                "queued",
+                "gRPC: reset a stream of %s: %d messages unread",
+                self.peer,
+                call.queued,
+            )
+            self._reset_stream(call, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+
+    def _stream_gone(self, stream_id: int) -> None:
+        call = self.calls.pop(stream_id, None)
+        if call is None:
+            return
+        call._reset = True
+        call._arrived.set()
+        if call._scope is not None:
+            call._scope.cancel()
+        self._window_wakeup.set()
+        self._window_wakeup = trio.Event()
+        self._kick()
+
+    def _reset_stream(self, call: Call, code: h2.errors.ErrorCodes) -> None:
+        try:
+            self.h2.reset_stream(call.stream_id, code)
+        except h2.exceptions.ProtocolError:
+            pass
+        self._stream_gone(call.stream_id)
+        self._kick()
+
+    # ------------------------------------------------------------------ calls
+    async def _run_call(self, call: Call, deadline: float) -> None:
+        method = call._method
+        assert method is not None
+        status, message = Status.OK, ""
+        call.deadline = deadline
+        with trio.CancelScope(deadline=deadline) as scope:
+            call._scope = scope
+            try:
+                if method.kind is MethodKind.BIDI:
+                    await method.handler(None, call)
+                else:
+                    request = await self._only_request(call)
+                    answer = await method.handler(request, call)
+                    if method.kind is MethodKind.UNARY:
+                        await call.send(answer)
+            except GrpcError as exc:
+                status, message = exc.status, exc.message
+            except _Ended:
+                return
+            except Exception as exc:
+                log.error("gRPC: %s failed", call.path, exc_info=exc)
+                status, message = Status.INTERNAL, f"{type(exc).__name__}: {exc}"
+        if call._reset or self.closed:
+            return
+        if scope.cancelled_caught:
+            status, message = Status.DEADLINE_EXCEEDED, "the call's deadline (grpc-timeout) passed"
+        self._finish(call, status, message)
+
+    async def _only_request(self, call: Call) -> Any:
+        with trio.move_on_after(self.config.remoting.frame_timeout_s or math.inf):
+            request = await call.receive()
+            if request is None:
+                raise GrpcError(Status.INVALID_ARGUMENT, "the call ended without a request")
+            while not call._remote_ended and not call._messages:
+                call._arrived = trio.Event()
+                await call._arrived.wait()
+            if call._messages:
+                raise GrpcError(Status.INVALID_ARGUMENT, "a unary request holds one message")
+            return request
+        raise GrpcError(
+            Status.DEADLINE_EXCEEDED,
+            f"the request was not complete {self.config.remoting.frame_timeout_s} s after it began",
+        )
+
+    def _finish(self, call: Call, status: Status, message: str) -> None:
+        if call._finished or call._reset or self.closed:
+            return
+        trailers = [("grpc-status", str(int(status)))]
+        if message:
+            trailers.append(("grpc-message", urllib.parse.quote(message, safe=_SAFE)))
+        try:
+            if not call._headers_sent:
+                self.h2.send_headers(
+                    call.stream_id,
+                    [(":status", "200"), ("content-type", "application/grpc"), *trailers],
+                    end_stream=True,
+                )
+            else:
+                self.h2.send_headers(call.stream_id, trailers, end_stream=True)
+        except h2.exceptions.ProtocolError:  # (the stream or the connection is gone)
+            pass
+        call._finished = True
+        self.calls.pop(call.stream_id, None)
+        self._last_stream_activity = trio.current_time()
+        self._kick()
+
+    def flow_window(self, call: Call) -> int:
+        """What HTTP/2 flow control lets the call send now."""
+        try:
+            return self.h2.local_flow_control_window(call.stream_id)
+        except h2.exceptions.ProtocolError:
+            return 0
+
+    def send_data(self, call: Call, data: bytearray) -> int:
+        """Hand the state machine as much of ``data`` as flow control allows now;
+        _Ended if the stream or the connection is gone."""
+        try:
+            return self._send_data(call, data)
+        except h2.exceptions.ProtocolError:
+            raise _Ended from None
+
+    def _send_data(self, call: Call, data: bytearray) -> int:
+        if not call._headers_sent:
+            self.h2.send_headers(
+                call.stream_id, [(":status", "200"), ("content-type", "application/grpc")]
+            )
+            call._headers_sent = True
+        sent = 0
+        while sent < len(data):
+            size = min(self.flow_window(call), self.h2.max_outbound_frame_size, len(data) - sent)
+            if size <= 0:
+                break
+            self.h2.send_data(call.stream_id, bytes(data[sent : sent + size]))
+            sent += size
+        self._kick()
+        return sent
+
+    async def window_opened(self) -> None:
+        await self._window_wakeup.wait()
+
+
+class GrpcServer:
+    def __init__(
+        self,
+        methods: dict[str, Method],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        config: GrpcConfig | None = None,
+    ) -> None:
+        if not 0 <= port < 65536:
+            raise ValueError(f"port {port} is not in 0..65535")
+        self.methods = methods
+        self.host = host
+        self.port = port
+        self.config = config or GrpcConfig()
+        self.warnings = RateLimitedLog(log)
+        self._acceptor = Acceptor(
+            "gRPC server", self.config.remoting, self.warnings, alpn_protocols=("h2",)
+        )
+        self._connections: set[_Connection] = set()
+        #: called with a connection's ``attributes`` once it has closed
+        self.on_close: list[Callable[[dict[str, Any]], None]] = []
+        self._accepted = 0
+        self.calls = 0
+        self.protocol_errors = 0
+        self._shutdown = trio.Event()
+        self._all_closed = trio.Event()
+        self._grace_s = DEFAULT_SHUTDOWN_GRACE_S
+
+    @property
+    def tls(self) -> bool:
+        return self._acceptor.tls
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        self.port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            serving = trio.CancelScope()
+
+            async def accept() -> None:
+                with serving:
+                    await self._acceptor.serve(listeners, self._serve, nursery)
+
+            nursery.start_soon(accept)
+            task_status.started(self.port)
+            await self._shutdown.wait()
+            serving.cancel()
+            for conn in list(self._connections):
+                conn.goaway()  # each closes once its last call is answered
+            with trio.move_on_after(self._grace_s):
+                if self._connections:
+                    await self._all_closed.wait()
+            nursery.cancel_scope.cancel()
+
+    def shutdown(self, grace_s: float = DEFAULT_SHUTDOWN_GRACE_S) -> None:
+        self._grace_s = grace_s
+        self._shutdown.set()
+
+    async def _serve(self, stream: trio.abc.Stream, peer: str) -> None:
+        conn = _Connection(self, stream, peer)
+        self._connections.add(conn)
+        self._accepted += 1
+        try:
+            await conn.serve()
+        except Exception:  # (a bug: it ends this connection alone)
+            log.exception("gRPC: the connection of %s failed", peer)
+        finally:
+            self._connections.discard(conn)
+            for listener in self.on_close:
+                try:
+                    listener(conn.attributes)
+                except Exception:
+                    log.exception("gRPC: a close listener of %s failed", peer)
+            if not self._connections and self._shutdown.is_set():
+                self._all_closed.set()
+
+    def statistics(self) -> GrpcStatistics:
+        return GrpcStatistics(
+            address=format_address(self.host, self.port),
+            connections=len(self._connections),
+            connections_accepted=self._accepted,
+            calls=self.calls,
+            calls_open=sum(len(conn.calls) for conn in self._connections),
+            protocol_errors=self.protocol_errors,
+            connections_refused=self._acceptor.refused,
+            tls_handshake_failures=self._acceptor.handshake_failures,
+        )

@@ -1,0 +1,289 @@
+"""hamq/broker/grpc: the MessagingService of a broker, spoken by grpcio (in a thread)
+with hamq's own v2 messages, for what the official client would never send: bad input,
+forged handles, signatures. The official client's own runs are in
+tests/test_grpc_clients.py. A broker in this process, loopback, free ports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+import zlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import trio
+from google.protobuf.duration_pb2 import Duration
+
+from hamq.broker import BrokerNode
+from hamq.protocol.v2 import definition_pb2 as pb
+from hamq.protocol.v2 import service_pb2 as spb
+from tests.support.acl import write_acl
+from tests.support.brokers import running_broker
+
+pytestmark = [pytest.mark.slow]
+
+SERVICE = "/apache.rocketmq.v2.MessagingService/"
+#: (request type, response type, streaming answer) of the methods used here
+METHODS: dict[str, tuple[Any, Any, bool]] = {
+    "QueryRoute": (spb.QueryRouteRequest, spb.QueryRouteResponse, False),
+    "SendMessage": (spb.SendMessageRequest, spb.SendMessageResponse, False),
+    "ReceiveMessage": (spb.ReceiveMessageRequest, spb.ReceiveMessageResponse, True),
+    "AckMessage": (spb.AckMessageRequest, spb.AckMessageResponse, False),
+    "ChangeInvisibleDuration": (
+        spb.ChangeInvisibleDurationRequest,
+        spb.ChangeInvisibleDurationResponse,
+        False,
+    ),
+    "EndTransaction": (spb.EndTransactionRequest, spb.EndTransactionResponse, False),
+    "Heartbeat": (spb.HeartbeatRequest, spb.HeartbeatResponse, False),
+    "PullMessage": (spb.PullMessageRequest, spb.PullMessageResponse, True),
+}
+
+
+class Client:
+    """Blocking calls of the MessagingService (run them in a thread)."""
+
+    def __init__(self, address: str, metadata: list[tuple[str, str]] | None = None) -> None:
+        self.channel = grpc.insecure_channel(address)
+        self.metadata = [("x-mq-client-id", "test-client"), *(metadata or [])]
+
+    def __call__(self, method: str, request: Any, timeout: float = 10) -> Any:
+        request_type, response_type, streaming = METHODS[method]
+        assert isinstance(request, request_type)
+        factory = self.channel.unary_stream if streaming else self.channel.unary_unary
+        stub = factory(
+            SERVICE + method,
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=response_type.FromString,
+        )
+        answer = stub(request, timeout=timeout, metadata=self.metadata)
+        return list(answer) if streaming else answer
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+@asynccontextmanager
+async def serving(tmp_path: Path, **overrides: Any) -> AsyncIterator[tuple[BrokerNode, str]]:
+    async with running_broker(tmp_path / "store", grpc_port=0, **overrides) as node:
+        yield node, f"127.0.0.1:{node.ctx.grpc_port}"
+
+
+async def call(client: Client, method: str, request: Any, wait_s: float = 10) -> Any:
+    return await trio.to_thread.run_sync(lambda: client(method, request, wait_s))
+
+
+def message(topic: str, body: bytes = b"hello", **system: Any) -> pb.Message:
+    fields: dict[str, Any] = {"message_id": f"id-{time.monotonic_ns()}", "message_type": pb.NORMAL}
+    fields.update(system)
+    return pb.Message(
+        topic=pb.Resource(name=topic),
+        body=body,
+        system_properties=pb.SystemProperties(**fields),
+    )
+
+
+def receive_request(topic: str, group: str, *, wait_s: int = 1) -> spb.ReceiveMessageRequest:
+    return spb.ReceiveMessageRequest(
+        group=pb.Resource(name=group),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=-1),
+        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+        batch_size=32,
+        invisible_duration=Duration(seconds=30),
+        long_polling_timeout=Duration(seconds=wait_s),
+    )
+
+
+async def test_route_send_receive_ack_as_a_client_sees_them(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (node, address):
+        client = Client(address)
+        route = await call(client, "QueryRoute", spb.QueryRouteRequest(topic=pb.Resource(name="T")))
+        assert route.status.code == pb.OK
+        assert len(route.message_queues) == node.config.default_topic_queue_nums
+        endpoint = route.message_queues[0].broker.endpoints
+        assert [(a.host, a.port) for a in endpoint.addresses] == [("127.0.0.1", node.ctx.grpc_port)]
+        assert route.message_queues[0].permission == pb.READ_WRITE
+
+        sent = await call(
+            client,
+            "SendMessage",
+            spb.SendMessageRequest(
+                messages=[message("T", b"body-1", tag="a", keys=["k1", "k2"], message_id="M1")]
+            ),
+        )
+        assert sent.status.code == pb.OK, sent
+        assert sent.entries[0].message_id == "M1"
+
+        frames = await call(client, "ReceiveMessage", receive_request("T", "G"))
+        kinds = [frame.WhichOneof("content") for frame in frames]
+        assert kinds == ["status", "message", "delivery_timestamp"], frames
+        assert frames[0].status.code == pb.OK
+        got = frames[1].message
+        system = got.system_properties
+        assert (got.body, system.tag, list(system.keys), system.message_id) == (
+            b"body-1",
+            "a",
+            ["k1", "k2"],
+            "M1",
+        )
+        assert system.body_digest.type == pb.CRC32
+        assert system.body_digest.checksum == f"{zlib.crc32(b'body-1'):08X}"
+        assert system.delivery_attempt == 1
+        assert system.invisible_duration.seconds == 30
+
+        ack = spb.AckMessageRequest(
+            group=pb.Resource(name="G"),
+            topic=pb.Resource(name="T"),
+            entries=[spb.AckMessageEntry(message_id="M1", receipt_handle=system.receipt_handle)],
+        )
+        acked = await call(client, "AckMessage", ack)
+        assert acked.status.code == pb.OK
+        again = await call(client, "AckMessage", ack)  # (acked twice: the handle is spent)
+        assert again.entries[0].status.code == pb.INVALID_RECEIPT_HANDLE, again
+
+        empty = await call(client, "ReceiveMessage", receive_request("T", "G"))
+        assert [f.status.code for f in empty] == [pb.MESSAGE_NOT_FOUND]
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("bad", "code"),
+    [
+        (message("T", b""), pb.MESSAGE_BODY_EMPTY),
+        (message("T", b"x" * (4 * 1024 * 1024 + 1)), pb.MESSAGE_BODY_TOO_LARGE),
+        (message("T", message_type=pb.FIFO), pb.ILLEGAL_MESSAGE_GROUP),
+        (message("T", message_group="g"), pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+        (message("T", message_type=pb.DELAY), pb.ILLEGAL_DELIVERY_TIME),
+        (message("T", tag="a|b"), pb.ILLEGAL_MESSAGE_TAG),
+        (message("T", keys=["has space"]), pb.ILLEGAL_MESSAGE_KEY),
+        (message("T", message_id=""), pb.ILLEGAL_MESSAGE_ID),
+        (message("bad topic!"), pb.ILLEGAL_TOPIC),
+        (message("T", message_type=pb.LITE), pb.UNSUPPORTED),
+    ],
+)
+async def test_bad_messages_are_refused_by_name(tmp_path: Path, bad: pb.Message, code: int) -> None:
+    async with serving(tmp_path) as (node, address):
+        client = Client(address)
+        answer = await call(client, "SendMessage", spb.SendMessageRequest(messages=[bad]))
+        assert answer.status.code == code, answer
+        assert answer.status.message
+        assert node.store.commitlog_max_offset == 0  # (nothing stored)
+        client.close()
+
+
+async def test_a_reserved_user_property_is_refused(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (_node, address):
+        client = Client(address)
+        bad = message("T")
+        bad.user_properties["HAMQ_POP_CK"] = "forged"
+        answer = await call(client, "SendMessage", spb.SendMessageRequest(messages=[bad]))
+        assert answer.status.code == pb.ILLEGAL_MESSAGE_PROPERTY_KEY
+        client.close()
+
+
+async def test_forged_handles_and_transaction_ids_change_nothing(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (node, address):
+        client = Client(address)
+        for handle in ("", "not a handle", "1 2 3 4 0 broker-a 0 99999"):
+            answer = await call(
+                client,
+                "AckMessage",
+                spb.AckMessageRequest(
+                    group=pb.Resource(name="G"),
+                    topic=pb.Resource(name="T"),
+                    entries=[spb.AckMessageEntry(message_id="x", receipt_handle=handle)],
+                ),
+            )
+            assert answer.entries[0].status.code != pb.OK, (handle, answer)
+            changed = await call(
+                client,
+                "ChangeInvisibleDuration",
+                spb.ChangeInvisibleDurationRequest(
+                    group=pb.Resource(name="G"),
+                    topic=pb.Resource(name="T"),
+                    receipt_handle=handle,
+                    invisible_duration=Duration(seconds=5),
+                ),
+            )
+            assert changed.status.code != pb.OK, (handle, changed)
+        ended = await call(
+            client,
+            "EndTransaction",
+            spb.EndTransactionRequest(
+                topic=pb.Resource(name="T"),
+                message_id="x",
+                transaction_id="garbage",
+                resolution=pb.COMMIT,
+            ),
+        )
+        assert ended.status.code == pb.INVALID_TRANSACTION_ID
+        assert node.store.commitlog_max_offset == 0
+        client.close()
+
+
+async def test_methods_hamq_does_not_serve_are_unimplemented(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (_node, address):
+        client = Client(address)
+        with pytest.raises(grpc.RpcError) as caught:
+            await call(client, "PullMessage", spb.PullMessageRequest())
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        client.close()
+
+
+def signed(access_key: str, secret_key: str) -> list[tuple[str, str]]:
+    date_time = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    signature = hmac.new(secret_key.encode(), date_time.encode(), hashlib.sha1).hexdigest()
+    return [
+        ("x-mq-date-time", date_time),
+        (
+            "authorization",
+            f"MQv2-HMAC-SHA1 Credential={access_key}, SignedHeaders=x-mq-date-time, "
+            f"Signature={signature}",
+        ),
+    ]
+
+
+async def test_the_acl_decides_as_for_remoting(tmp_path: Path) -> None:
+    acl = write_acl(
+        tmp_path / "plain_acl.yml",
+        """
+accounts:
+  - accessKey: writer01
+    secretKey: writer-secret
+    defaultTopicPerm: DENY
+    topicPerms: [T=PUB]
+  - accessKey: admin0001
+    secretKey: admin-secret
+    admin: true
+""",
+    )
+    async with serving(tmp_path, acl_enable=True, acl_file=str(acl)) as (node, address):
+        request = spb.SendMessageRequest(messages=[message("T")])
+        outcomes: dict[str, int] = {}
+        cases: dict[str, list[tuple[str, str]]] = {
+            "unsigned": [],
+            "bad signature": signed("writer01", "wrong"),
+            "unknown account": signed("nobody", "x"),
+            "writer": signed("writer01", "writer-secret"),
+        }
+        for name, metadata in cases.items():
+            client = Client(address, metadata)
+            outcomes[name] = (await call(client, "SendMessage", request)).status.code
+            client.close()
+        client = Client(address, signed("writer01", "writer-secret"))
+        other = await call(client, "SendMessage", spb.SendMessageRequest(messages=[message("U")]))
+        client.close()
+    assert outcomes == {
+        "unsigned": pb.FORBIDDEN,
+        "bad signature": pb.UNAUTHORIZED,
+        "unknown account": pb.UNAUTHORIZED,
+        "writer": pb.OK,
+    }
+    assert other.status.code == pb.FORBIDDEN  # (no PUB on U)
+    del node
