@@ -16,6 +16,8 @@ queues:
   1/req, 64 in flight  the same from a producer that sends one message per request
                        with JSON headers (auto_batch off, serialize_type JSON): the
                        requests every RocketMQ client but hamq's own makes
+  1/req, 1 in flight   that producer with one send at a time: requests arriving one by
+                       one, at about the rate of the gRPC row's client
   send_batch of 32     one task awaiting Producer.send_batch of 32 messages
                        (messages/s counts messages; latencies are per batch)
   transaction, 1       one task awaiting TransactionProducer.send_in_transaction in a
@@ -30,6 +32,14 @@ queues:
   pop consume          a SimpleConsumer of a fresh group (RocketMQ 5's pop), POP_CONSUMERS
                        tasks each receiving 32 at a time and acking them in one batch ack
                        (each pop and ack stored as a record before it is answered)
+  gRPC send, 64        RocketMQ's official Python 5.x client (rocketmq-python-client, in
+                       its own virtualenv, made from the index on first use: a child
+                       process, rocketmq5_client.py) through the broker's gRPC endpoint,
+                       send_async with 64 in flight: one message per request, as every
+                       5.x client sends (compare the broker CPU with "1/req, 64")
+  gRPC receive+ack     the same client's SimpleConsumer of a fresh group: receive 32,
+                       ack each, until it has as many as were sent
+                       (--no-grpc: neither gRPC row)
 
 Latency is from the call to its result. Besides the rates, CPU microseconds per message
 of the broker process and of this (client) process show which side is the bottleneck.
@@ -45,6 +55,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import json
 import os
 import platform
 import shutil
@@ -58,7 +69,17 @@ from typing import Any, TypeVar
 
 import anyio
 import attrs
-from support import can_pin, cpu_seconds, create_topic, percentile, start_broker, stop_broker
+from support import (
+    REPO,
+    can_pin,
+    cpu_seconds,
+    create_topic,
+    ensure_venv,
+    free_ports,
+    percentile,
+    start_broker,
+    stop_broker,
+)
 
 from hamq.client import (
     ConsumeFrom,
@@ -86,22 +107,28 @@ PULL_BATCH = 32
 SEQUENTIAL = "send, 1 in flight"
 CONCURRENT = f"send, {IN_FLIGHT} in flight"
 PLAIN = f"1/req, {IN_FLIGHT} in flight"
+PLAIN_SEQUENTIAL = "1/req, 1 in flight"
 BATCHED = f"send_batch of {BATCH}"
 TX_SEQUENTIAL = "transaction, 1"
 TX_CONCURRENT = f"transaction, {IN_FLIGHT}"
 PUSH = "push consume"
 PULL = "pull consume"
 POP = "pop consume"
+GRPC_SEND = f"gRPC send, {IN_FLIGHT}"
+GRPC_RECEIVE = "gRPC receive+ack"
 SCENARIOS = (
     SEQUENTIAL,
     CONCURRENT,
     PLAIN,
+    PLAIN_SEQUENTIAL,
     BATCHED,
     TX_SEQUENTIAL,
     TX_CONCURRENT,
     PUSH,
     PULL,
     POP,
+    GRPC_SEND,
+    GRPC_RECEIVE,
 )
 #: the tasks of the pop scenario, each with a SimpleConsumer of the group
 POP_CONSUMERS = 4
@@ -120,6 +147,7 @@ class Sizes:
     sequential: int  # messages sent one at a time
     concurrent: int  # messages sent with 64 in flight
     batches: int  # batches of 32 messages
+    grpc: int  # messages the official 5.x client sends (and receives)
 
 
 @attrs.frozen
@@ -293,8 +321,26 @@ def round_topic(round_no: int) -> str:
     return f"BenchProduceConsume{round_no}"
 
 
+async def grpc_figure(python: Path, broker_pid: int, command: str, *args: str) -> Figure:
+    """One run of the official 5.x client (rocketmq5_client.py) in its virtualenv."""
+    script = REPO / "benchmarks" / "rocketmq5_client.py"
+    broker_before = cpu_seconds(broker_pid)
+    done = await anyio.run_process([str(python), str(script), command, *args], check=False)
+    broker_cpu = cpu_seconds(broker_pid) - broker_before
+    if done.returncode != 0:
+        raise RuntimeError(f"rocketmq5_client.py {command} failed:\n{done.stderr.decode()}")
+    result = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    return Figure(
+        result["messages"], result["seconds"], result["latencies"], broker_cpu, result["cpu"]
+    )
+
+
 async def run_round(
-    namesrv: str, broker_pid: int, round_no: int, sizes: Sizes
+    namesrv: str,
+    broker_pid: int,
+    round_no: int,
+    sizes: Sizes,
+    grpc: tuple[Path, str] | None = None,
 ) -> dict[str, Figure]:
     topic = round_topic(round_no)
     figures: dict[str, Figure] = {}
@@ -334,6 +380,11 @@ async def run_round(
         await timed(
             PLAIN, sizes.concurrent, lambda: send_concurrent(plain, topic, sizes.concurrent)
         )
+        await timed(
+            PLAIN_SEQUENTIAL,
+            sizes.sequential,
+            lambda: send_sequential(plain, topic, sizes.sequential),
+        )
     async with TransactionProducer(f"{topic}-tx", namesrv, Committing()) as tx_producer:
         await send_in_transactions(tx_producer, topic, IN_FLIGHT, IN_FLIGHT)  # (warm up)
         await timed(
@@ -348,10 +399,24 @@ async def run_round(
         )
     # (every transaction committed: its message is in the topic too)
     sent = sizes.sequential + sizes.concurrent
-    stored = warm_up + 2 * IN_FLIGHT + 2 * sent + sizes.concurrent + BATCH * sizes.batches
+    stored = (
+        warm_up
+        + 2 * IN_FLIGHT
+        + 2 * sent
+        + sizes.concurrent
+        + sizes.sequential
+        + BATCH * sizes.batches
+    )
     await timed(PUSH, stored, lambda: push_consume(namesrv, topic, f"{topic}-push", stored))
     await timed(PULL, stored, lambda: pull_consume(namesrv, topic, stored))
     await timed(POP, stored, lambda: pop_consume(namesrv, topic, f"{topic}-pop", stored))
+    if grpc is not None:
+        python, endpoints = grpc
+        common = ("--endpoints", endpoints, "--topic", f"{topic}-grpc", "--count", str(sizes.grpc))
+        figures[GRPC_SEND] = await grpc_figure(python, broker_pid, "send", *common)
+        figures[GRPC_RECEIVE] = await grpc_figure(
+            python, broker_pid, "receive", *common, "--group", f"{topic}-grpc"
+        )
     return figures
 
 
@@ -395,6 +460,9 @@ def main() -> None:
         "--pin", action="store_true", help="pin the broker to CPU 1 and this process to CPU 0"
     )
     parser.add_argument(
+        "--no-grpc", action="store_true", help="leave out the official 5.x client's gRPC rows"
+    )
+    parser.add_argument(
         "--backend",
         choices=list(BACKENDS),
         default="trio",
@@ -405,7 +473,12 @@ def main() -> None:
         parser.error(problem)
     pin = args.pin and can_pin()
     rounds = 1 if args.quick else args.rounds
-    sizes = Sizes(2_000, 10_000, 300) if args.quick else Sizes(10_000, 60_000, 2_000)
+    sizes = Sizes(2_000, 10_000, 300, 3_000) if args.quick else Sizes(10_000, 60_000, 2_000, 20_000)
+    grpc_python = None
+    if not args.no_grpc:
+        print("the official RocketMQ 5 client's virtualenv (.venv-rmq5) ...", flush=True)
+        grpc_python = ensure_venv()
+    (grpc_port,) = free_ports(1)
     print(
         f"Python {platform.python_version()}, broker on Trio {importlib.metadata.version('trio')}, "
         f"{describe(args.backend)}, {os.cpu_count()} core(s); broker and client "
@@ -418,14 +491,15 @@ def main() -> None:
     figures: dict[str, list[Figure]] = {}
     exit_code: int | None = None
     try:
-        proc, namesrv = start_broker(base / "store", stderr_path, pin=pin)
+        proc, namesrv = start_broker(base / "store", stderr_path, pin=pin, grpc_port=grpc_port)
+        grpc = None if grpc_python is None else (grpc_python, f"127.0.0.1:{grpc_port}")
         try:
             if pin:
                 os.sched_setaffinity(0, {0})
             for round_no in range(rounds):
                 # set-up, not measured: the tests' helper (tests/support), which waits on Trio
                 run_on("trio", create_topic, namesrv, round_topic(round_no), QUEUES)
-                result = run_on(args.backend, run_round, namesrv, proc.pid, round_no, sizes)
+                result = run_on(args.backend, run_round, namesrv, proc.pid, round_no, sizes, grpc)
                 for scenario, figure in result.items():
                     figures.setdefault(scenario, []).append(figure)
                     print(
@@ -452,6 +526,8 @@ def main() -> None:
     print("-" * len(header))
     rates: dict[str, float] = {}
     for scenario in SCENARIOS:
+        if scenario not in figures:
+            continue
         runs = figures[scenario]
         rate = statistics.median(f.messages / f.seconds for f in runs)
         rates[scenario] = rate
@@ -485,6 +561,18 @@ def main() -> None:
         f" plain sends with 1 in flight, {rates[TX_CONCURRENT] / rates[CONCURRENT]:.2f}x with"
         f" {IN_FLIGHT} in flight."
     )
+    if GRPC_SEND in figures:
+        grpc_us = statistics.median(1e6 * f.broker_cpu / f.messages for f in figures[GRPC_SEND])
+        one_us = statistics.median(
+            1e6 * f.broker_cpu / f.messages for f in figures[PLAIN_SEQUENTIAL]
+        )
+        print(
+            f"gRPC (the official Python 5.x client, one message per request): {grpc_us:.1f} us"
+            f" of broker CPU per send at {rates[GRPC_SEND]:,.0f} sends/s: {grpc_us / plain_us:.2f}x"
+            f" a remoting 1/req send at {IN_FLIGHT} in flight ({rates[PLAIN]:,.0f}/s, grouped),"
+            f" {grpc_us / one_us:.2f}x one at 1 in flight ({rates[PLAIN_SEQUENTIAL]:,.0f}/s);"
+            f" receive+ack at {rates[GRPC_RECEIVE] / rates[POP]:.2f}x hamq's pop consume."
+        )
     if exit_code not in (0, None) or broker_stderr:
         print(f"\nThe broker exited with code {exit_code}; its stderr:\n{broker_stderr}")
 

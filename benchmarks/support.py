@@ -21,9 +21,10 @@ STOP_TIMEOUT_S = 10.0
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the tests' support package: one copy of what both use
 from tests.support.brokers import create_topic  # noqa: E402
-from tests.support.processes import write_toml  # noqa: E402
+from tests.support.processes import free_ports, write_toml  # noqa: E402
+from tests.support.rocketmq5 import ensure_venv  # noqa: E402
 
-__all__ = ["create_topic", "write_toml"]
+__all__ = ["create_topic", "ensure_venv", "free_ports", "write_toml"]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -53,12 +54,20 @@ def can_pin() -> bool:
 
 
 def start_broker(
-    store_dir: Path, stderr_path: Path, *, pin: bool = False, config: Path | None = None
+    store_dir: Path,
+    stderr_path: Path,
+    *,
+    pin: bool = False,
+    config: Path | None = None,
+    grpc_port: int | None = None,
 ) -> tuple[subprocess.Popen[str], str]:
-    """A broker process (embedded nameserver, free ports, ``config`` if given) and its
-    nameserver's address, once it serves; ``pin``: on CPU 1."""
+    """A broker process (embedded nameserver, free ports, ``config`` if given, gRPC on
+    ``grpc_port`` if given) and its nameserver's address, once it serves; ``pin``: on
+    CPU 1."""
     command = [sys.executable, "-m", "cli.main", "--log-level", "warning", "broker"]
     command += ["--port", "0", "--namesrv-port", "0", "--store-dir", str(store_dir)]
+    if grpc_port is not None:
+        command += ["--grpc-port", str(grpc_port)]
     if config is not None:
         command += ["-c", str(config)]
     with open(stderr_path, "w") as stderr:

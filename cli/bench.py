@@ -74,10 +74,19 @@ def produce_consume(
             "uvloop). The broker is a Trio process in any case."
         ),
     ] = Backend.trio,
+    grpc: Annotated[
+        bool,
+        typer.Option(
+            help="The gRPC rows: RocketMQ's official Python 5.x client (its virtualenv, "
+            ".venv-rmq5, is made from the package index on first use)."
+        ),
+    ] = True,
 ) -> None:
     """Producer and consumer throughput and latency against a broker in its own process."""
     args = ["--quick"] if quick else ["--rounds", str(rounds)]
     args += ["--backend", backend.value]
+    if not grpc:
+        args.append("--no-grpc")
     _run("produce_consume", [*args, "--pin"] if pin else args)
 
 

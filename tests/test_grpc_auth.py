@@ -44,6 +44,9 @@ def test_an_old_date_is_not_refused() -> None:
 
 def test_an_unsigned_call_is_left_to_the_guard() -> None:
     assert verify({"x-mq-client-id": "c"}, TABLE) is None
+    # (the official client without credentials signs with an empty Credential)
+    empty = signed("", "")
+    assert verify(empty, TABLE) is None
 
 
 @pytest.mark.parametrize(

@@ -43,6 +43,11 @@ METHODS: dict[str, tuple[Any, Any, bool]] = {
     "EndTransaction": (spb.EndTransactionRequest, spb.EndTransactionResponse, False),
     "Heartbeat": (spb.HeartbeatRequest, spb.HeartbeatResponse, False),
     "PullMessage": (spb.PullMessageRequest, spb.PullMessageResponse, True),
+    "ForwardMessageToDeadLetterQueue": (
+        spb.ForwardMessageToDeadLetterQueueRequest,
+        spb.ForwardMessageToDeadLetterQueueResponse,
+        False,
+    ),
 }
 
 
@@ -149,6 +154,38 @@ async def test_route_send_receive_ack_as_a_client_sees_them(tmp_path: Path) -> N
 
         empty = await call(client, "ReceiveMessage", receive_request("T", "G"))
         assert [f.status.code for f in empty] == [pb.MESSAGE_NOT_FOUND]
+        client.close()
+
+
+async def test_forwarding_to_the_dlq_stores_it_there_and_spends_the_handle(
+    tmp_path: Path,
+) -> None:
+    async with serving(tmp_path) as (_node, address):
+        client = Client(address)
+        sent = spb.SendMessageRequest(messages=[message("T", b"poison", message_id="P1")])
+        assert (await call(client, "SendMessage", sent)).status.code == pb.OK
+        frames = await call(client, "ReceiveMessage", receive_request("T", "G"))
+        handle = frames[1].message.system_properties.receipt_handle
+        forward = spb.ForwardMessageToDeadLetterQueueRequest(
+            group=pb.Resource(name="G"),
+            topic=pb.Resource(name="T"),
+            receipt_handle=handle,
+            message_id="P1",
+            delivery_attempt=1,
+            max_delivery_attempts=1,
+        )
+        forwarded = await call(client, "ForwardMessageToDeadLetterQueue", forward)
+        assert forwarded.status.code == pb.OK, forwarded
+        ack = spb.AckMessageRequest(
+            group=pb.Resource(name="G"),
+            topic=pb.Resource(name="T"),
+            entries=[spb.AckMessageEntry(message_id="P1", receipt_handle=handle)],
+        )
+        spent = await call(client, "AckMessage", ack)
+        assert spent.entries[0].status.code == pb.INVALID_RECEIPT_HANDLE  # (acked by it)
+        dead = await call(client, "ReceiveMessage", receive_request("%DLQ%G", "dlq-reader"))
+        bodies = [f.message.body for f in dead if f.WhichOneof("content") == "message"]
+        assert bodies == [b"poison"], dead
         client.close()
 
 

@@ -279,20 +279,37 @@ class RawClient:
         self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         self.h2.initiate_connection()
         self.sock.sendall(self.h2.data_to_send())
+        #: stream id -> the headers that ended it
+        self.ended: dict[int, dict[str, str]] = {}
 
-    def open_stream(self, path: str = "/t.T/Hang") -> int:
+    def open_stream(
+        self, path: str = "/t.T/Hang", content_type: str = "application/grpc", method: str = "POST"
+    ) -> int:
         stream_id = self.h2.get_next_available_stream_id()
         self.h2.send_headers(
             stream_id,
             [
-                (":method", "POST"),
+                (":method", method),
                 (":scheme", "http"),
                 (":path", path),
                 (":authority", "x"),
-                ("content-type", "application/grpc"),
+                ("content-type", content_type),
             ],
         )
         return stream_id
+
+    def trailers(self, stream_id: int) -> dict[str, str]:
+        """The headers that end ``stream_id`` (its trailers, or a Trailers-Only answer)."""
+        for _ in range(50):
+            if stream_id in self.ended:
+                return self.ended[stream_id]
+            for event in self.events():
+                kinds = h2.events.ResponseReceived | h2.events.TrailersReceived
+                if isinstance(event, kinds):
+                    found = {k.decode(): v.decode() for k, v in event.headers}
+                    if "grpc-status" in found:
+                        self.ended[event.stream_id] = found
+        return {}
 
     def flush(self) -> None:
         self.sock.sendall(self.h2.data_to_send())
@@ -332,19 +349,31 @@ async def test_a_request_that_never_ends_is_answered_deadline_exceeded() -> None
         stream_id = client.open_stream("/t.T/Echo")
         client.flush()  # (headers, and never a message or END_STREAM)
 
-        def trailers() -> dict[str, str]:
-            for _ in range(50):
-                for event in client.events():
-                    kinds = h2.events.ResponseReceived | h2.events.TrailersReceived
-                    if isinstance(event, kinds) and event.stream_id == stream_id:
-                        found = {k.decode(): v.decode() for k, v in event.headers}
-                        if "grpc-status" in found:
-                            return found
-            return {}
-
-        found = await in_thread(trailers)
+        found = await in_thread(lambda: client.trailers(stream_id))
         client.sock.close()
     assert found["grpc-status"] == str(int(Status.DEADLINE_EXCEEDED))
+
+
+async def test_a_wrong_content_type_or_method_ends_its_stream_alone() -> None:
+    async with serving() as (_server, _served, address):
+        client = RawClient(address)
+        text = client.open_stream("/t.T/Echo", content_type="text/plain")
+        get = client.open_stream("/t.T/Echo", method="GET")
+        client.flush()
+        by_text = await in_thread(lambda: client.trailers(text))
+        by_get = await in_thread(lambda: client.trailers(get))
+        assert by_text["grpc-status"] == str(int(Status.UNKNOWN)), by_text
+        assert "text/plain" in by_text["grpc-message"]
+        assert by_get["grpc-status"] == str(int(Status.UNIMPLEMENTED)), by_get
+        # the connection carries on: a good call on it is answered
+        good = client.open_stream("/t.T/Echo")
+        payload = StringValue(value="after").SerializeToString()
+        client.h2.send_data(
+            good, b"\0" + len(payload).to_bytes(4, "big") + payload, end_stream=True
+        )
+        client.flush()
+        assert (await in_thread(lambda: client.trailers(good)))["grpc-status"] == "0"
+        client.sock.close()
 
 
 async def test_an_idle_connection_is_closed() -> None:

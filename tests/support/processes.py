@@ -278,8 +278,9 @@ async def hamq_as_run(
         )
 
 
-#: a port in a shipped profile (conf/): RocketMQ's 98xx and 109xx-style numbers, whole
-_PROFILE_PORT = re.compile(r"(?<![\d.])(9[89]\d\d|1[01]\d\d\d)(?![\d.])")
+#: a port in a shipped profile (conf/): RocketMQ's 98xx and 109xx-style numbers and the
+#: gRPC 808x, whole
+_PROFILE_PORT = re.compile(r"(?<![\d.])(808\d|9[89]\d\d|1[01]\d\d\d)(?![\d.])")
 
 
 def copy_profile(name: str, directory: Path, data_dir: Path) -> dict[int, int]:

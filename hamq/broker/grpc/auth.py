@@ -44,15 +44,22 @@ def parse(value: str) -> tuple[str, str]:
     return access_key.split("/", 1)[0], signature
 
 
+def _anonymous(value: str) -> bool:
+    """A client without credentials still sends the header, its Credential empty (the
+    official Python client, 5.1.2): an unsigned call."""
+    return "Credential=," in value.replace(" ", "") or value.rstrip().endswith("Credential=")
+
+
 def sign(secret_key: str, date_time: str) -> str:
     return hmac.new(secret_key.encode(), date_time.encode(), hashlib.sha1).hexdigest()
 
 
 def verify(metadata: dict[str, str], table: AclTable) -> Credentials | None:
-    """The credentials of a signed call; None for an unsigned one (the ACL guard then
-    decides by its whitelist); AuthError for a bad signature."""
+    """The credentials of a signed call; None for an unsigned one, or one whose
+    Credential is empty (the ACL guard then decides by its whitelist); AuthError for a
+    bad signature."""
     value = metadata.get("authorization")
-    if value is None:
+    if value is None or _anonymous(value):
         return None
     access_key, signature = parse(value)
     account = table.accounts.get(access_key)
