@@ -199,7 +199,9 @@ class BrokerNode:
                 self.grpc.methods(),
                 host=config.listen_host,
                 port=config.grpc_port,
-                config=GrpcConfig(remoting=config.remoting),
+                config=GrpcConfig(
+                    remoting=config.remoting, max_message_bytes=config.remoting.max_frame_length
+                ),
             )
             self.grpc_server.on_close.append(self.grpc.connection_ended)
         self.nameserver: NameServer | None = None

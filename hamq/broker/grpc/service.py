@@ -50,7 +50,7 @@ from hamq.broker.grpc.convert import (
     timestamp,
 )
 from hamq.grpc import Call, Method, MethodKind
-from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
+from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import (
     PERM_READ,
     PERM_WRITE,
@@ -271,9 +271,12 @@ class GrpcEndpoint:
             raise Refused(pb.ILLEGAL_TOPIC, problem)
         config = self.ctx.topics.get(topic)
         if config is None and self.ctx.config.auto_create_topic_enable and self.ctx.roles.is_master:
-            config = self.ctx.topics.create_from_default(
-                topic, DEFAULT_TOPIC, self.ctx.config.default_topic_queue_nums
-            )
+            try:
+                config = self.ctx.topics.create_from_default(
+                    topic, DEFAULT_TOPIC, self.ctx.config.default_topic_queue_nums
+                )
+            except RequestError as exc:  # (max_topics reached)
+                raise Refused(code_of(exc.code), str(exc)) from None
         if config is None:
             raise Refused(pb.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
         endpoint = await self._master_endpoint()
