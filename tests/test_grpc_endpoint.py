@@ -24,7 +24,8 @@ from hamq.broker import BrokerNode
 from hamq.protocol.v2 import definition_pb2 as pb
 from hamq.protocol.v2 import service_pb2 as spb
 from tests.support.acl import write_acl
-from tests.support.brokers import running_broker
+from tests.support.brokers import running_broker, running_nameserver
+from tests.support.timing import wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -43,6 +44,7 @@ METHODS: dict[str, tuple[Any, Any, bool]] = {
     "EndTransaction": (spb.EndTransactionRequest, spb.EndTransactionResponse, False),
     "Heartbeat": (spb.HeartbeatRequest, spb.HeartbeatResponse, False),
     "PullMessage": (spb.PullMessageRequest, spb.PullMessageResponse, True),
+    "QueryAssignment": (spb.QueryAssignmentRequest, spb.QueryAssignmentResponse, False),
     "ForwardMessageToDeadLetterQueue": (
         spb.ForwardMessageToDeadLetterQueueRequest,
         spb.ForwardMessageToDeadLetterQueueResponse,
@@ -187,6 +189,46 @@ async def test_forwarding_to_the_dlq_stores_it_there_and_spends_the_handle(
         bodies = [f.message.body for f in dead if f.WhichOneof("content") == "message"]
         assert bodies == [b"poison"], dead
         client.close()
+
+
+async def test_a_route_names_every_broker_group_and_its_own_endpoint(tmp_path: Path) -> None:
+    async with (
+        running_nameserver() as (_ns, namesrv),
+        running_broker(
+            tmp_path / "a", grpc_port=0, broker_name="broker-a", namesrv_addrs=[namesrv]
+        ) as a,
+        running_broker(
+            tmp_path / "b", grpc_port=0, broker_name="broker-b", namesrv_addrs=[namesrv]
+        ) as b,
+    ):
+        endpoints = {a.config.broker_name: a.ctx.grpc_port, b.config.broker_name: b.ctx.grpc_port}
+        clients = [Client(f"127.0.0.1:{node.ctx.grpc_port}") for node in (a, b)]
+        request = spb.QueryRouteRequest(topic=pb.Resource(name="Both"))
+        for client in clients:  # (each creates the topic in its group, as a send would)
+            assert (await call(client, "QueryRoute", request)).status.code == pb.OK
+
+        async def both() -> dict[str, set[int]]:
+            route = await call(clients[0], "QueryRoute", request)
+            found: dict[str, set[int]] = {}
+            for queue in route.message_queues:
+                ports = {address.port for address in queue.broker.endpoints.addresses}
+                found.setdefault(queue.broker.name, set()).update(ports)
+            return found if len(found) == 2 else {}
+
+        found = await wait_for(both, 20, what="both groups in broker-a's route")
+        assert found == {name: {port} for name, port in endpoints.items()}
+        assignment = await call(
+            clients[1],
+            "QueryAssignment",
+            spb.QueryAssignmentRequest(topic=pb.Resource(name="Both"), group=pb.Resource(name="G")),
+        )
+        assert sorted(x.message_queue.broker.name for x in assignment.assignments) == [
+            "broker-a",
+            "broker-b",
+        ]
+        assert {x.message_queue.id for x in assignment.assignments} == {-1}
+        for client in clients:
+            client.close()
 
 
 @pytest.mark.parametrize(

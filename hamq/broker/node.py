@@ -47,7 +47,7 @@ from hamq.acl import BROKER_POLICY, AclGuard, signer
 from hamq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
 from hamq.broker.config import BrokerConfig
 from hamq.broker.context import BrokerContext
-from hamq.broker.grpc import GrpcEndpoint, MasterEndpoint
+from hamq.broker.grpc import GrpcEndpoint, GrpcRoutes
 from hamq.broker.long_polling import PullHoldService
 from hamq.broker.metrics import BrokerCollector
 from hamq.broker.offsets import ConsumerOffsetManager
@@ -190,8 +190,11 @@ class BrokerNode:
                 self.ctx,
                 self.dispatcher,
                 acl=self.acl,
-                master_endpoint=MasterEndpoint(
-                    self.ctx, lambda: self._client, self._master_address
+                routes=GrpcRoutes(
+                    self.ctx,
+                    lambda: self._client,
+                    self._master_address,
+                    lambda: list(self.namesrv_addrs),
                 ),
                 connection_closed=self._connection_closed,
             )

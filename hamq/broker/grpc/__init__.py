@@ -4,10 +4,10 @@
 - channel.py  LocalChannel: a gRPC client's requests through the processor table
 - convert.py  v2 messages <-> properties, answer codes -> the v2 Code
 - auth.py     the MQv2-HMAC-SHA1 signature, checked against the ACL's accounts
-- routes.py   MasterEndpoint: the group's master's gRPC endpoint (QueryRoute)
+- routes.py   GrpcRoutes: a topic's broker groups and their masters' gRPC endpoints
 """
 
-from hamq.broker.grpc.routes import MasterEndpoint
+from hamq.broker.grpc.routes import GrpcRoutes
 from hamq.broker.grpc.service import GrpcEndpoint
 
-__all__ = ["GrpcEndpoint", "MasterEndpoint"]
+__all__ = ["GrpcEndpoint", "GrpcRoutes"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -49,6 +49,7 @@ from hamq.broker.grpc.convert import (
     status,
     timestamp,
 )
+from hamq.broker.grpc.routes import GrpcRoutes
 from hamq.grpc import Call, Method, MethodKind
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
 from hamq.protocol.bodies import (
@@ -185,13 +186,13 @@ class GrpcEndpoint:
         dispatcher: Dispatcher,
         *,
         acl: AclGuard | None,
-        master_endpoint: Callable[[], Awaitable[tuple[str, int] | None]],
+        routes: GrpcRoutes,
         connection_closed: Callable[[Connection], None],
     ) -> None:
         self.ctx = ctx
         self._dispatcher = dispatcher
         self._acl = acl
-        self._master_endpoint = master_endpoint
+        self._routes = routes
         self._connection_closed = connection_closed
         self._nursery: trio.Nursery | None = None
         #: check-backs written to Telemetry streams, and those no stream could take
@@ -277,45 +278,46 @@ class GrpcEndpoint:
                 )
             except RequestError as exc:  # (max_topics reached)
                 raise Refused(code_of(exc.code), str(exc)) from None
-        if config is None:
-            raise Refused(pb.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
-        endpoint = await self._master_endpoint()
-        if endpoint is None:
+        groups = await self._routes.topic(topic)  # (every group the nameservers know too)
+        if not groups:
+            if config is None:
+                raise Refused(pb.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
             raise Refused(
-                pb.INTERNAL_SERVER_ERROR,
-                f"broker group {self.ctx.config.broker_name} has no master serving gRPC now",
+                pb.INTERNAL_SERVER_ERROR, f"no master of topic {topic}'s brokers serves gRPC now"
             )
-        broker = pb.Broker(
-            name=self.ctx.config.broker_name,
-            id=0,
-            endpoints=pb.Endpoints(
-                scheme=pb.IPv4 if endpoint[0][:1].isdigit() else pb.DOMAIN_NAME,
-                addresses=[pb.Address(host=endpoint[0], port=endpoint[1])],
-            ),
-        )
         kinds = [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION]
         queues = []
-        for queue_id in range(max(config.read_queue_nums, config.write_queue_nums)):
-            readable = queue_id < config.read_queue_nums and config.perm & PERM_READ
-            writable = queue_id < config.write_queue_nums and config.perm & PERM_WRITE
-            permission = (
-                pb.READ_WRITE
-                if readable and writable
-                else pb.READ
-                if readable
-                else pb.WRITE
-                if writable
-                else pb.NONE
+        for group in groups:
+            host, port = group.endpoint
+            broker = pb.Broker(
+                name=group.broker_name,
+                id=0,
+                endpoints=pb.Endpoints(
+                    scheme=pb.IPv4 if host[:1].isdigit() else pb.DOMAIN_NAME,
+                    addresses=[pb.Address(host=host, port=port)],
+                ),
             )
-            queues.append(
-                pb.MessageQueue(
-                    topic=pb.Resource(name=topic),
-                    id=queue_id,
-                    permission=permission,
-                    broker=broker,
-                    accept_message_types=kinds,
+            for queue_id in range(max(group.read_queue_nums, group.write_queue_nums)):
+                readable = queue_id < group.read_queue_nums and group.perm & PERM_READ
+                writable = queue_id < group.write_queue_nums and group.perm & PERM_WRITE
+                permission = (
+                    pb.READ_WRITE
+                    if readable and writable
+                    else pb.READ
+                    if readable
+                    else pb.WRITE
+                    if writable
+                    else pb.NONE
                 )
-            )
+                queues.append(
+                    pb.MessageQueue(
+                        topic=pb.Resource(name=topic),
+                        id=queue_id,
+                        permission=permission,
+                        broker=broker,
+                        accept_message_types=kinds,
+                    )
+                )
         return queues
 
     async def query_assignment(self, request: spb.QueryAssignmentRequest, call: Call) -> Any:
@@ -324,13 +326,15 @@ class GrpcEndpoint:
             queues = await self._queues(request.topic.name, call)
         except Refused as exc:
             return spb.QueryAssignmentResponse(status=status(exc.code, exc.message))
-        whole = pb.MessageQueue()
-        whole.CopyFrom(queues[0])
-        whole.id = -1
-        whole.permission = pb.READ_WRITE
-        return spb.QueryAssignmentResponse(
-            status=status(pb.OK), assignments=[pb.Assignment(message_queue=whole)]
-        )
+        assignments = []
+        for queue in queues:
+            if queue.id == 0:  # (one a broker group: it pops every queue of its own)
+                whole = pb.MessageQueue()
+                whole.CopyFrom(queue)
+                whole.id = -1
+                whole.permission = pb.READ_WRITE
+                assignments.append(pb.Assignment(message_queue=whole))
+        return spb.QueryAssignmentResponse(status=status(pb.OK), assignments=assignments)
 
     # ------------------------------------------------------------------ clients
     async def heartbeat(self, request: spb.HeartbeatRequest, call: Call) -> Any:
