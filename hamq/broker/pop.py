@@ -236,6 +236,9 @@ class PopState:
         self.store = store
         self.revive_topic = revive_topic(cluster)
         self.checkpoints: dict[str, Checkpoint] = {}
+        #: keys of CKs followed whole and all acked before their time, until the record
+        #: retiring them is dispatched: when one falls due it needs no look-up in the index
+        self.finished: set[str] = set()
         #: (group, topic, queue) -> the next offset to pop, as far as CKs say
         self.popped: dict[tuple[str, str, int], int] = {}
         #: (group, topic, queue) -> its last FIFO batch (hamq's FIFO pop)
@@ -246,6 +249,7 @@ class PopState:
         """Forget everything followed (the log was cut: records this state followed may
         be gone); ``waiting_checkpoints`` and ``join_waiting`` build it again."""
         self.checkpoints.clear()
+        self.finished.clear()
         self.popped.clear()
         self.orders.clear()
 
@@ -284,7 +288,9 @@ class PopState:
             if request.topic == TIMER_TOPIC:
                 self._join(text, whole=True)
             elif request.topic == self.revive_topic:  # (a CK all done with when revived)
-                ck = self.checkpoints.get(_key_of(text))
+                key = _key_of(text)
+                self.finished.discard(key)
+                ck = self.checkpoints.get(key)
                 if ck is not None:
                     self.done_with(ck)
         acked = properties.get(PROPERTY_POP_ACK)
@@ -338,8 +344,18 @@ class PopState:
     def checkpoint(self, text: str) -> Checkpoint | None:
         """The followed CK a record's HAMQ_POP_CK names (followed from now on, its acks
         and revives looked up, if this state did not follow it); None if it does not read."""
-        known = self.checkpoints.get(_key_of(text))
-        return known if known is not None else self._join(text, whole=False)
+        key = _key_of(text)
+        known = self.checkpoints.get(key)
+        if known is not None:
+            return known
+        if key in self.finished:  # (all done while followed: nothing to look up)
+            try:
+                ck = Checkpoint.decode(text)
+            except ValueError:
+                return None
+            ck.acked.update(ck.offsets)
+            return ck
+        return self._join(text, whole=False)
 
     def done_with(self, ck: Checkpoint) -> None:
         self.checkpoints.pop(ck.key, None)
@@ -354,6 +370,8 @@ class PopState:
         (ck.revived if revived else ck.acked).update(offsets)
         if not ck.open_offsets:
             self.done_with(ck)
+            if ck.whole and not ck.revived:  # (all acked: it falls due still, to be retired)
+                self.finished.add(key)
 
     # ------------------------------------------------------------------ asking
     def known(self, key: str, offset: int) -> tuple[Checkpoint | None, str | None]:
