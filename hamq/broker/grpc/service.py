@@ -636,15 +636,8 @@ class GrpcEndpoint:
         for entry in request.entries:
             try:
                 handle = self._handle(entry.receipt_handle)
-                header = AckMessageRequestHeader(
-                    consumer_group=group,
-                    topic=self._handle_topic(handle, group, topic),
-                    queue_id=handle.queue_id,
-                    extra_info=entry.receipt_handle,
-                    offset=handle.offset,
-                )
                 response = await self._ask(
-                    call, RemotingCommand.request(RequestCode.ACK_MESSAGE, header)
+                    call, self._ack(group, self._handle_topic(handle, group, topic), handle)
                 )
                 result = (
                     status(pb.OK)
@@ -674,6 +667,18 @@ class GrpcEndpoint:
             return ReceiptHandle.parse(text)
         except ReceiptHandleError as exc:
             raise Refused(pb.INVALID_RECEIPT_HANDLE, str(exc)) from None
+
+    @staticmethod
+    def _ack(group: str, topic: str, handle: ReceiptHandle) -> RemotingCommand:
+        """ACK_MESSAGE of the message ``handle`` names, in ``topic`` (its real one)."""
+        header = AckMessageRequestHeader(
+            consumer_group=group,
+            topic=topic,
+            queue_id=handle.queue_id,
+            extra_info=str(handle),
+            offset=handle.offset,
+        )
+        return RemotingCommand.request(RequestCode.ACK_MESSAGE, header)
 
     @staticmethod
     def _handle_topic(handle: ReceiptHandle, group: str, topic: str) -> str:
@@ -738,14 +743,7 @@ class GrpcEndpoint:
             )
             if response.code != ResponseCode.SUCCESS:
                 return spb.ForwardMessageToDeadLetterQueueResponse(status=self._refusal(response))
-            ack = AckMessageRequestHeader(
-                consumer_group=group,
-                topic=real_topic,
-                queue_id=handle.queue_id,
-                extra_info=request.receipt_handle,
-                offset=handle.offset,
-            )
-            await self._ask(call, RemotingCommand.request(RequestCode.ACK_MESSAGE, ack))
+            await self._ask(call, self._ack(group, real_topic, handle))
         except Refused as exc:
             return spb.ForwardMessageToDeadLetterQueueResponse(status=status(exc.code, exc.message))
         return spb.ForwardMessageToDeadLetterQueueResponse(status=status(pb.OK))
