@@ -37,6 +37,9 @@ queues:
                        process, rocketmq5_client.py) through the broker's gRPC endpoint,
                        send_async with 64 in flight: one message per request, as every
                        5.x client sends (compare the broker CPU with "1/req, 64")
+  1/req, 64, paced     "1/req, 64 in flight" offered at the rate the gRPC send row reached
+                       in the same round: the same load on the broker, over remoting
+                       (the broker CPU per message to compare gRPC's with)
   gRPC receive+ack     the same client's SimpleConsumer of a fresh group: receive 32,
                        ack each, until it has as many as were sent
                        (--no-grpc: neither gRPC row)
@@ -116,6 +119,7 @@ PULL = "pull consume"
 POP = "pop consume"
 GRPC_SEND = f"gRPC send, {IN_FLIGHT}"
 GRPC_RECEIVE = "gRPC receive+ack"
+PLAIN_PACED = f"1/req, {IN_FLIGHT}, paced"
 SCENARIOS = (
     SEQUENTIAL,
     CONCURRENT,
@@ -128,6 +132,7 @@ SCENARIOS = (
     PULL,
     POP,
     GRPC_SEND,
+    PLAIN_PACED,
     GRPC_RECEIVE,
 )
 #: the tasks of the pop scenario, each with a SimpleConsumer of the group
@@ -211,18 +216,33 @@ async def send_concurrent(producer: Producer, topic: str, count: int) -> Outcome
     return await _send_many(producer.send, topic, count, IN_FLIGHT)
 
 
+async def send_paced(producer: Producer, topic: str, count: int, rate: float) -> Outcome:
+    """``count`` sends with 64 in flight, the i-th not before i / ``rate`` s."""
+    return await _send_many(producer.send, topic, count, IN_FLIGHT, rate)
+
+
 async def _send_many(
-    send: Callable[[Message], Awaitable[SendResult]], topic: str, count: int, in_flight: int
+    send: Callable[[Message], Awaitable[SendResult]],
+    topic: str,
+    count: int,
+    in_flight: int,
+    rate: float | None = None,
 ) -> Outcome:
     messages = _messages(topic, count)
     latencies: list[float] = []
     next_index = 0
+    began = time.perf_counter()
 
     async def sender() -> None:
         nonlocal next_index
         while next_index < count:
             message = messages[next_index]
-            next_index += 1
+            if rate is not None:
+                due = began + next_index / rate
+                next_index += 1
+                await anyio.sleep(max(0.0, due - time.perf_counter()))
+            else:
+                next_index += 1
             start = time.perf_counter()
             result = await send(message)
             latencies.append(time.perf_counter() - start)
@@ -413,7 +433,14 @@ async def run_round(
     if grpc is not None:
         python, endpoints = grpc
         common = ("--endpoints", endpoints, "--topic", f"{topic}-grpc", "--count", str(sizes.grpc))
-        figures[GRPC_SEND] = await grpc_figure(python, broker_pid, "send", *common)
+        figures[GRPC_SEND] = sent = await grpc_figure(python, broker_pid, "send", *common)
+        async with Producer(f"{topic}-paced", namesrv, **plain_options) as plain:
+            await send_concurrent(plain, topic, IN_FLIGHT)  # (warm up)
+            await timed(
+                PLAIN_PACED,
+                sizes.grpc,
+                lambda: send_paced(plain, topic, sizes.grpc, sent.messages / sent.seconds),
+            )
         figures[GRPC_RECEIVE] = await grpc_figure(
             python, broker_pid, "receive", *common, "--group", f"{topic}-grpc"
         )
@@ -566,12 +593,19 @@ def main() -> None:
         one_us = statistics.median(
             1e6 * f.broker_cpu / f.messages for f in figures[PLAIN_SEQUENTIAL]
         )
+        # (each round's gRPC send against its paced remoting sends, at the same rate)
+        paced = statistics.median(
+            (grpc.broker_cpu / grpc.messages) / (remoting.broker_cpu / remoting.messages)
+            for grpc, remoting in zip(figures[GRPC_SEND], figures[PLAIN_PACED], strict=True)
+        )
         print(
             f"gRPC (the official Python 5.x client, one message per request): {grpc_us:.1f} us"
-            f" of broker CPU per send at {rates[GRPC_SEND]:,.0f} sends/s: {grpc_us / plain_us:.2f}x"
-            f" a remoting 1/req send at {IN_FLIGHT} in flight ({rates[PLAIN]:,.0f}/s, grouped),"
-            f" {grpc_us / one_us:.2f}x one at 1 in flight ({rates[PLAIN_SEQUENTIAL]:,.0f}/s);"
-            f" receive+ack at {rates[GRPC_RECEIVE] / rates[POP]:.2f}x hamq's pop consume."
+            f" of broker CPU per send at {rates[GRPC_SEND]:,.0f} sends/s: {paced:.2f}x a"
+            f" remoting 1/req send at the same rate and {IN_FLIGHT} in flight (median of the"
+            f" rounds' ratios), {grpc_us / plain_us:.2f}x one at {IN_FLIGHT} in flight unpaced"
+            f" ({rates[PLAIN]:,.0f}/s, grouped), {grpc_us / one_us:.2f}x one at 1 in flight"
+            f" ({rates[PLAIN_SEQUENTIAL]:,.0f}/s); receive+ack at"
+            f" {rates[GRPC_RECEIVE] / rates[POP]:.2f}x hamq's pop consume."
         )
     if exit_code not in (0, None) or broker_stderr:
         print(f"\nThe broker exited with code {exit_code}; its stderr:\n{broker_stderr}")

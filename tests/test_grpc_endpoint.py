@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 import trio
 from google.protobuf.duration_pb2 import Duration
@@ -366,3 +369,75 @@ accounts:
     }
     assert other.status.code == pb.FORBIDDEN  # (no PUB on U)
     del node
+
+
+async def test_the_sends_of_one_read_are_dispatched_as_one_group_in_stream_order(
+    tmp_path: Path,
+) -> None:
+    """As a remoting connection dispatches the requests of one read: one group (one
+    store append announced, one durability wait), in the order the streams opened."""
+    async with serving(tmp_path) as (node, address):
+        client = Client(address)
+        first = spb.SendMessageRequest(messages=[message("T", b"create the topic")])
+        assert (await call(client, "SendMessage", first)).status.code == pb.OK
+        client.close()
+        assert node.grpc_server is not None
+
+        count = 10
+        h2_client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        h2_client.initiate_connection()
+        for index in range(count):
+            stream_id = h2_client.get_next_available_stream_id()
+            request = spb.SendMessageRequest(
+                messages=[
+                    message(
+                        "T", f"in order {index}".encode(), message_group="g", message_type=pb.FIFO
+                    )
+                ]
+            ).SerializeToString()
+            h2_client.send_headers(
+                stream_id,
+                [
+                    (":method", "POST"),
+                    (":scheme", "http"),
+                    (":path", SERVICE + "SendMessage"),
+                    (":authority", address),
+                    ("content-type", "application/grpc"),
+                    ("x-mq-client-id", "raw-client"),
+                ],
+            )
+            h2_client.send_data(
+                stream_id, b"\0" + len(request).to_bytes(4, "big") + request, end_stream=True
+            )
+        host, port = address.split(":")
+        sock = trio.socket.socket()
+        await sock.connect((host, int(port)))
+        await sock.send(h2_client.data_to_send())  # (the preface and the 10 calls: one read)
+
+        answers: dict[int, bytes] = {}
+        ended: set[int] = set()
+        with trio.fail_after(10):
+            while len(ended) < count:
+                data = await sock.recv(65536)
+                assert data, "the server closed the connection"
+                for event in h2_client.receive_data(data):
+                    if isinstance(event, h2.events.DataReceived):
+                        answers[event.stream_id] = answers.get(event.stream_id, b"") + event.data
+                    elif isinstance(event, h2.events.StreamEnded):
+                        ended.add(event.stream_id)
+                await sock.send(h2_client.data_to_send())
+        sock.close()
+
+        offsets = []
+        for stream_id in sorted(answers):
+            answer = spb.SendMessageResponse.FromString(answers[stream_id][5:])
+            assert answer.status.code == pb.OK, answer
+            offsets.append(answer.entries[0].offset)
+        assert offsets == sorted(offsets) and len(set(offsets)) == count, offsets
+        (channel,) = [
+            attributes["client"].channel
+            for attributes in node.grpc_server.connection_attributes()
+            if attributes["client"].client_id == "raw-client"
+        ] or [None]
+        assert channel is not None
+        assert (channel.requests, channel.request_groups) == (count, 1)

@@ -8,6 +8,7 @@ tested apart from RocketMQ's messages. Loopback, ports free at run time.
 from __future__ import annotations
 
 import socket
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -39,6 +40,9 @@ class Served:
         self.started = trio.Event()
         self.release = trio.Event()
         self.metadata: dict[str, str] = {}
+        #: the Later calls held for the test to answer
+        self.held: list[tuple[StringValue, Call]] = []
+        self.held_one = trio.Event()
 
     async def echo(self, request: StringValue, call: Call) -> StringValue:
         self.metadata = call.metadata
@@ -71,6 +75,20 @@ class Served:
     async def big(self, request: StringValue, _call: Call) -> StringValue:
         return StringValue(value="x" * int(request.value))
 
+    def later(self, request: StringValue, call: Call) -> None:
+        """(UNARY_CALLBACK) answered here, or refused, or held for the test."""
+        if request.value == "refuse":
+            raise GrpcError(Status.PERMISSION_DENIED, "not you either")
+        if request.value == "crash":
+            raise RuntimeError("boom later")
+        if request.value.startswith("now"):
+            call.answer(StringValue(value=f"at once {request.value}"))
+        elif request.value.isdigit():
+            call.answer(StringValue(value="z" * int(request.value)))
+        else:
+            self.held.append((request, call))
+            self.held_one.set()
+
     def methods(self) -> dict[str, Method]:
         def method(kind: MethodKind, fn: Callable[..., Any]) -> Method:
             return Method(kind, StringValue, fn)
@@ -82,6 +100,7 @@ class Served:
             "/t.T/Hang": method(MethodKind.SERVER_STREAMING, self.hang),
             "/t.T/Big": method(MethodKind.UNARY, self.big),
             "/t.T/Slow": method(MethodKind.SERVER_STREAMING, self.slow),
+            "/t.T/Later": method(MethodKind.UNARY_CALLBACK, self.later),
         }
 
 
@@ -214,6 +233,76 @@ async def test_a_deadline_and_a_cancel_end_the_call_on_the_server() -> None:
             responses.cancel()  # (RST_STREAM)
             with trio.fail_after(10):
                 await served.cancelled.wait()
+
+
+async def test_a_method_answered_by_callback() -> None:
+    async with serving() as (server, served, address):
+        with grpc.insecure_channel(address) as channel:
+            later = stub(channel, "/t.T/Later")
+
+            def refused(value: str) -> tuple[grpc.StatusCode, str]:
+                with pytest.raises(grpc.RpcError) as caught:
+                    later(StringValue(value=value), timeout=10)
+                return caught.value.code(), caught.value.details()
+
+            assert await in_thread(lambda: later(StringValue(value="now"), timeout=10).value) == (
+                "at once now"
+            )
+            assert await in_thread(lambda: refused("refuse")) == (
+                grpc.StatusCode.PERMISSION_DENIED,
+                "not you either",
+            )
+            code, details = await in_thread(lambda: refused("crash"))
+            assert code == grpc.StatusCode.INTERNAL and "boom later" in details
+            # an answer past the stream's flow-control window (65,535 bytes): it waits
+            # in a task for the client to open the window
+            big = await in_thread(lambda: later(StringValue(value="300000"), timeout=10).value)
+            assert big == "z" * 300_000
+
+            # answered later, from another task
+            future = later.future(StringValue(value="hold"), timeout=10)
+            with trio.fail_after(10):
+                await served.held_one.wait()
+            request, call = served.held.pop()
+            assert request.value == "hold" and call.active
+            call.answer(StringValue(value="from elsewhere"))
+            assert (await in_thread(lambda: future.result(10))).value == "from elsewhere"
+
+            # the client gives up first: the answer is dropped, the connection goes on
+            served.held_one = trio.Event()
+            with pytest.raises(grpc.RpcError) as caught:
+                await in_thread(lambda: later(StringValue(value="hold"), timeout=0.5))
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            _request, call = served.held.pop()
+            await wait_for(lambda: not call.active, what="the reset reaching the call")
+            call.answer(StringValue(value="too late"))
+            assert await in_thread(lambda: later(StringValue(value="now 2"), timeout=10).value) == (
+                "at once now 2"
+            )
+        assert server.statistics().calls_open == 0
+
+
+async def test_a_callback_request_longer_than_a_read_waits_for_its_end() -> None:
+    config = GrpcConfig(remoting=RemotingConfig(frame_timeout_s=0.5))
+    async with serving(config) as (server, _served, address):
+        client = RawClient(address)
+        stream_id = client.open_stream("/t.T/Later")
+        payload = StringValue(value="now split").SerializeToString()
+        message = b"\0" + len(payload).to_bytes(4, "big") + payload
+        client.h2.send_data(stream_id, message[:7])
+        client.flush()
+        await wait_for(lambda: server.statistics().calls == 1, what="the call begun")
+        client.h2.send_data(stream_id, message[7:], end_stream=True)
+        client.flush()
+        assert (await in_thread(lambda: client.trailers(stream_id)))["grpc-status"] == "0"
+        # one that never ends is answered DEADLINE_EXCEEDED after frame_timeout_s
+        never = client.open_stream("/t.T/Later")
+        client.h2.send_data(never, message[:7])
+        client.flush()
+        found = await in_thread(lambda: client.trailers(never))
+        client.sock.close()
+    assert found["grpc-status"] == str(int(Status.DEADLINE_EXCEEDED)), found
+    assert "not complete" in urllib.parse.unquote(found["grpc-message"])
 
 
 async def test_oversized_messages_end_their_call_alone() -> None:

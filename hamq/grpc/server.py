@@ -9,6 +9,11 @@ One connection per peer, three kinds of task:
   new stream starts a task for its call, data is cut into gRPC messages (a 5-byte
   prefix: compressed flag, length) and queued for the call, a reset cancels the call;
 - one task per call runs its method (``Method``: unary, server streaming or bidi);
+  a method answered by callback (``MethodKind.UNARY_CALLBACK``) has none: the reader
+  hands it its request once the request is complete, and it answers when it can from
+  whichever task learns the answer (``Call.answer``), so the calls a client makes most
+  cost no task each (a request not complete by the end of the read that began it gets
+  a task that waits for the rest);
 - the writer sends what the state machine has to send. Nothing else touches the socket,
   so a call never waits for the peer to read: only for HTTP/2 flow control, and
   ``Call.try_send`` does not even wait for that.
@@ -40,7 +45,7 @@ import re
 import urllib.parse
 import zlib
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -56,6 +61,7 @@ from attrs import validators as v
 from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
 
+from hamq.grpc.hpack_codec import Decoder, Encoder
 from hamq.grpc.status import GrpcError, Status
 from hamq.ratelimit import RateLimitedLog
 from hamq.remoting import RemotingConfig
@@ -99,14 +105,19 @@ class GrpcConfig:
 
 class MethodKind(enum.Enum):
     UNARY = "unary"
+    UNARY_CALLBACK = "unary, answered by callback"
     SERVER_STREAMING = "server streaming"
     BIDI = "bidi streaming"
 
 
 #: unary: ``await handler(request, call)`` returns the response;
+#: unary answered by callback: ``handler(request, call)`` (not a coroutine: it runs in
+#: the connection's reader and must not block) answers then or later, from any task,
+#: with ``call.answer(response)`` or ``call.fail(status, message)``; the call's deadline
+#: is the client's to keep (a client past it resets the stream: the answer is dropped);
 #: server streaming: ``await handler(request, call)`` sends with ``call.send``;
 #: bidi: ``await handler(None, call)`` reads with ``call.receive``.
-Handler = Callable[[Any, "Call"], Awaitable[Any]]
+Handler = Callable[[Any, "Call"], Any]
 
 
 @attrs.frozen
@@ -151,6 +162,8 @@ class Call:
         self._headers_sent = False
         self._finished = False
         self._scope: trio.CancelScope | None = None
+        #: (UNARY_CALLBACK) a task waits for the rest of its request
+        self._awaited = False
         #: when the call's deadline (grpc-timeout) passes, in Trio's clock (inf: none)
         self.deadline = math.inf
 
@@ -227,7 +240,9 @@ class Call:
                 return None
             self._arrived = trio.Event()
             await self._arrived.wait()
-        payload = self._messages.popleft()
+        return self._parse(self._messages.popleft())
+
+    def _parse(self, payload: bytes) -> Any:
         assert self._method is not None
         try:
             return self._method.request_type.FromString(payload)
@@ -245,7 +260,9 @@ class Call:
     async def send(self, message: ProtoMessage) -> None:
         """Send one message, waiting for HTTP/2 flow control (never for the socket);
         _Ended (a subclass of Exception) when the stream or connection is gone."""
-        data = self._frame(message)
+        await self._send_framed(self._frame(message))
+
+    async def _send_framed(self, data: bytearray) -> None:
         while data:
             if not self.active:
                 raise _Ended
@@ -267,6 +284,29 @@ class Call:
         except _Ended:
             return False
         return True
+
+    def answer(self, message: ProtoMessage) -> None:
+        """A UNARY_CALLBACK call's answer: sent, and the call ended OK (dropped if the
+        call is gone). Never waits: what flow control holds back goes in a task."""
+        if not self.active:
+            return
+        try:
+            data = self._frame(message)
+        except GrpcError as exc:
+            self.fail(exc.status, exc.message)
+            return
+        if self._conn.flow_window(self) < len(data):
+            self._conn.answer_later(self, data)
+            return
+        try:
+            self._conn.send_data(self, data)
+        except _Ended:
+            return
+        self._conn._finish(self, Status.OK, "")
+
+    def fail(self, status: Status, message: str) -> None:
+        """End a UNARY_CALLBACK call with ``status`` and no answer (if it is not gone)."""
+        self._conn._finish(self, status, message)
 
     def _frame(self, message: ProtoMessage) -> bytearray:
         payload = message.SerializeToString()
@@ -301,6 +341,9 @@ class _Connection:
             normalize_outbound_headers=False,
         )
         self.h2 = h2.connection.H2Connection(config)
+        # (HPACK as a gRPC server needs it: hamq/grpc/hpack_codec.py says why)
+        self.h2.decoder = Decoder()
+        self.h2.encoder = Encoder()
         self.h2.local_settings = h2.settings.Settings(
             client=False,
             initial_values={
@@ -311,6 +354,8 @@ class _Connection:
         )
         self.h2.decoder.max_header_list_size = self.config.max_header_list_bytes
         self.calls: dict[int, Call] = {}
+        #: UNARY_CALLBACK calls whose request is not complete yet
+        self._unstarted: dict[int, Call] = {}
         self.closed = False
         self._going_away = False
         #: a GOAWAY to send (shutdown): the streams open go on, new ones are refused
@@ -360,6 +405,11 @@ class _Connection:
                 return
             for event in events:
                 self._event(event)
+            for call in self._unstarted.values():
+                if not call._awaited:  # (a request longer than a read: it waits in a task)
+                    call._awaited = True
+                    assert self._nursery is not None
+                    self._nursery.start_soon(self._await_request, call)
             self._kick()
 
     async def _flush_last(self) -> None:
@@ -439,6 +489,8 @@ class _Connection:
             call = self.calls.get(event.stream_id)
             if call is not None:
                 call._end_of_input()
+                if call.stream_id in self._unstarted:
+                    self._start_callback(call)
         elif isinstance(event, h2.events.StreamReset):
             self._stream_gone(event.stream_id)
         elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
@@ -450,8 +502,8 @@ class _Connection:
     def _request(self, event: h2.events.RequestReceived) -> None:
         stream_id = event.stream_id
         headers = {
-            bytes(k).decode("latin-1"): bytes(value).decode("utf-8", "replace")
-            for k, value in event.headers or []
+            k.decode("latin-1"): value.decode("utf-8", "replace")
+            for k, value in event.headers or ()
         }
         path = headers.get(":path", "")
         metadata = {k: value for k, value in headers.items() if not k.startswith(":")}
@@ -477,6 +529,10 @@ class _Connection:
             except ValueError as exc:
                 self._finish(call, Status.INVALID_ARGUMENT, str(exc))
                 return
+        if call._method.kind is MethodKind.UNARY_CALLBACK:
+            call.deadline = deadline
+            self._unstarted[stream_id] = call
+            return
         assert self._nursery is not None
         self._nursery.start_soon(self._run_call, call, deadline)
 
@@ -510,6 +566,7 @@ class _Connection:
             self._reset_stream(call, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
     def _stream_gone(self, stream_id: int) -> None:
+        self._unstarted.pop(stream_id, None)
         call = self.calls.pop(stream_id, None)
         if call is None:
             return
@@ -558,7 +615,59 @@ class _Connection:
             status, message = Status.DEADLINE_EXCEEDED, "the call's deadline (grpc-timeout) passed"
         self._finish(call, status, message)
 
+    def _start_callback(self, call: Call) -> None:
+        """A UNARY_CALLBACK call's request is complete: its handler has it."""
+        del self._unstarted[call.stream_id]
+        if call._finished or call._reset:
+            return
+        method = call._method
+        assert method is not None
+        try:
+            if len(call._messages) != 1:
+                raise GrpcError(
+                    Status.INVALID_ARGUMENT,
+                    "the call ended without a request"
+                    if not call._messages
+                    else "a unary request holds one message",
+                )
+            method.handler(call._parse(call._messages.popleft()), call)
+        except GrpcError as exc:
+            self._finish(call, exc.status, exc.message)
+        except Exception as exc:
+            log.error("gRPC: %s failed", call.path, exc_info=exc)
+            self._finish(call, Status.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    async def _await_request(self, call: Call) -> None:
+        """The rest of a UNARY_CALLBACK call's request, within ``frame_timeout_s`` (and
+        its deadline); the reader starts the call when it is complete."""
+        timeout = self.config.remoting.frame_timeout_s or math.inf
+        with trio.move_on_at(min(call.deadline, trio.current_time() + timeout)):
+            while call.stream_id in self._unstarted:
+                call._arrived = trio.Event()
+                await call._arrived.wait()
+            return
+        if self._unstarted.pop(call.stream_id, None) is not None:
+            self._finish(
+                call,
+                Status.DEADLINE_EXCEEDED,
+                f"the request was not complete {timeout} s after it began",
+            )
+
+    def answer_later(self, call: Call, data: bytearray) -> None:
+        """Send a UNARY_CALLBACK call's answer as flow control lets it, then end it."""
+        assert self._nursery is not None
+        self._nursery.start_soon(self._answer_later, call, data)
+
+    async def _answer_later(self, call: Call, data: bytearray) -> None:
+        try:
+            await call._send_framed(data)
+        except _Ended:
+            return
+        self._finish(call, Status.OK, "")
+
     async def _only_request(self, call: Call) -> Any:
+        if call._remote_ended and len(call._messages) == 1:  # (all here: the usual case)
+            return await call.receive()
         with trio.move_on_after(self.config.remoting.frame_timeout_s or math.inf):
             request = await call.receive()
             if request is None:
@@ -593,6 +702,7 @@ class _Connection:
             pass
         call._finished = True
         self.calls.pop(call.stream_id, None)
+        self._unstarted.pop(call.stream_id, None)
         self._last_stream_activity = trio.current_time()
         self._kick()
 
@@ -706,6 +816,10 @@ class GrpcServer:
                     log.exception("gRPC: a close listener of %s failed", peer)
             if not self._connections and self._shutdown.is_set():
                 self._all_closed.set()
+
+    def connection_attributes(self) -> list[dict[str, Any]]:
+        """The ``attributes`` of each open connection (what the layers above tagged)."""
+        return [conn.attributes for conn in self._connections]
 
     def statistics(self) -> GrpcStatistics:
         return GrpcStatistics(

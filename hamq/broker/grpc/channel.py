@@ -9,7 +9,16 @@ remoting one is (the processors, the ACL guard, SEND_OK's durability), by one pa
 One channel per HTTP/2 connection: it stands for the client as a remoting connection
 would (heartbeats register it as a producer or consumer, its close unregisters it).
 The processors see it as a ``Connection``: what they call on one (respond, defer,
-spawn, at_group_end, invoke_oneway) is answered here in memory. What the broker asks of
+spawn, at_group_end, invoke_oneway) is answered here in memory.
+
+Requests are dispatched in groups, as a remoting connection dispatches the requests of
+one read: they are queued (``submit``, or ``request`` to wait for the answer), and the
+channel's own task dispatches what is queued when it next runs, in the order it was
+queued, as one group (``at_group_end``: the sends among them are stored and wait for
+their durability together). The calls of one HTTP/2 read queue theirs before it runs:
+the server's reader submits the calls answered by callback itself (in the order of
+their streams), and the tasks it starts for the others run in the same pass of the
+scheduler. What the broker asks of
 the client (a transaction check-back) goes to ``on_request``: the endpoint writes it
 on the client's Telemetry stream.
 """
@@ -25,6 +34,7 @@ import trio
 
 from hamq.protocol import RemotingCommand, RequestError, ResponseCode
 from hamq.remoting import Connection, Dispatcher
+from hamq.remoting.connection import YIELD_EVERY_COMMANDS
 from hamq.remoting.errors import RemotingConnectionClosed
 from hamq.remoting.responder import Responder
 
@@ -34,12 +44,8 @@ log = logging.getLogger(__name__)
 MAX_IN_FLIGHT = 1024
 
 
-class _Waiter:
-    __slots__ = ("done", "response")
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.response: RemotingCommand | None = None
+#: what a request's answer is handed to (None: the channel closed first)
+OnAnswer = Callable[[RemotingCommand | None], None]
 
 
 class LocalChannel(Connection):
@@ -58,7 +64,17 @@ class LocalChannel(Connection):
         self._dispatcher = dispatcher
         self._tasks = nursery
         self._on_request = on_request
-        self._waiters: dict[int, _Waiter] = {}
+        #: what each request (by opaque) still waiting for its answer hands it to
+        self._waiters: dict[int, OnAnswer] = {}
+        #: requests waiting for their group's dispatch
+        self._queued: list[RemotingCommand] = []
+        self._dispatching = False
+        self._wakeup = trio.Event()
+        #: requests dispatched, and the groups they were dispatched in
+        self.requests = 0
+        self.request_groups = 0
+        #: callbacks for the end of the group being dispatched (None: no group is)
+        self._group_callbacks: list[Callable[[], None]] | None = None
         self._opaques = itertools.count(1)
         self._in_flight = 0
         self._closed = False
@@ -69,24 +85,66 @@ class LocalChannel(Connection):
         return f"<LocalChannel {self.peer} {'closed' if self._closed else 'open'}>"
 
     # ------------------------------------------------------------------ asking
-    async def request(self, request: RemotingCommand) -> RemotingCommand:
-        """Dispatch ``request`` and wait for its answer (a held pop waits with it).
-        Cancelled (the gRPC call reset or past its deadline): the answer, if one comes,
-        is dropped; what the broker did stands, as for a remoting client that left.
-        RemotingConnectionClosed if the channel is closed, or closes while it waits."""
+    def submit(self, request: RemotingCommand, on_answer: OnAnswer) -> None:
+        """Queue ``request`` for its group's dispatch; its answer goes to ``on_answer``
+        (a held pop's when it comes; None if the channel closes first).
+        RemotingConnectionClosed if the channel is closed."""
         if self._closed:
             raise RemotingConnectionClosed(self.peer, "the gRPC connection closed")
         request.opaque = next(self._opaques)
-        waiter = _Waiter()
-        self._waiters[request.opaque] = waiter
+        self._waiters[request.opaque] = on_answer
+        self._queued.append(request)
+        if not self._dispatching:
+            self._dispatching = True
+            self._tasks.start_soon(self._dispatch_loop)
+        self._wakeup.set()
+
+    async def request(self, request: RemotingCommand) -> RemotingCommand:
+        """``submit`` and wait for the answer. Cancelled (the gRPC call reset or past
+        its deadline): the answer, if one comes, is dropped; what the broker did
+        stands, as for a remoting client that left. RemotingConnectionClosed if the
+        channel is closed, or closes while it waits."""
+        done = trio.Event()
+        answers: list[RemotingCommand | None] = []
+
+        def on_answer(response: RemotingCommand | None) -> None:
+            answers.append(response)
+            done.set()
+
+        self.submit(request, on_answer)
         try:
-            self._dispatcher.dispatch(request, self)
-            await waiter.done.wait()
+            await done.wait()
         finally:
             self._waiters.pop(request.opaque, None)
-        if waiter.response is None:  # (closed while it waited)
+        if answers[0] is None:  # (closed while it waited)
             raise RemotingConnectionClosed(self.peer, f"closed: {self._close_reason}")
-        return waiter.response
+        return answers[0]
+
+    async def _dispatch_loop(self) -> None:
+        while not self._closed:
+            if self._queued:
+                self._dispatch_queued()
+                await trio.lowlevel.checkpoint()  # (what the answers queue: next turn)
+            else:
+                self._wakeup = trio.Event()
+                await self._wakeup.wait()
+
+    def _dispatch_queued(self) -> None:
+        queued, self._queued = self._queued, []
+        for start in range(0, len(queued), YIELD_EVERY_COMMANDS):
+            self._group_callbacks = []
+            self.request_groups += 1
+            try:
+                for request in queued[start : start + YIELD_EVERY_COMMANDS]:
+                    self.requests += 1
+                    self._dispatcher.dispatch(request, self)
+            finally:
+                callbacks, self._group_callbacks = self._group_callbacks, None
+                for callback in callbacks:
+                    try:
+                        callback()
+                    except Exception:
+                        log.exception("%s: finishing a group of requests failed", self.peer)
 
     # ------------------------------------------------------------------ Connection's
     @property
@@ -106,8 +164,13 @@ class LocalChannel(Connection):
             return
         self._closed = True
         self._close_reason = reason
-        for waiter in self._waiters.values():
-            waiter.done.set()  # (with no response: the caller is being cancelled anyway)
+        self._wakeup.set()
+        waiters, self._waiters = self._waiters, {}
+        for on_answer in waiters.values():
+            try:
+                on_answer(None)
+            except Exception:
+                log.exception("%s: an answer's callback failed", self.peer)
         for listener in self._close_listeners:
             try:
                 listener(self)
@@ -117,13 +180,15 @@ class LocalChannel(Connection):
     def respond(
         self, request: RemotingCommand, response: RemotingCommand, *, flush: bool = True
     ) -> None:
-        waiter = self._waiters.get(request.opaque)
-        if waiter is None:
+        on_answer = self._waiters.pop(request.opaque, None)
+        if on_answer is None:
             log.debug("%s: dropping %s, nobody waits for it", self.peer, response.describe())
             return
         response.opaque = request.opaque
-        waiter.response = response
-        waiter.done.set()
+        try:
+            on_answer(response)
+        except Exception:
+            log.exception("%s: the callback of %s failed", self.peer, response.describe())
 
     def flush(self) -> None:
         return None
@@ -147,7 +212,10 @@ class LocalChannel(Connection):
         self._tasks.start_soon(fn, *args)
 
     def at_group_end(self, callback: Callable[[], None]) -> None:
-        callback()  # (no read groups here: each call is dispatched alone)
+        if self._group_callbacks is not None:
+            self._group_callbacks.append(callback)
+        else:
+            callback()
 
     async def invoke_oneway(self, request: RemotingCommand, timeout_s: float) -> None:
         """What the broker asks of the client (CHECK_TRANSACTION_STATE): handed to

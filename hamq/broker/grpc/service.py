@@ -38,7 +38,7 @@ import trio
 from hamq.acl import AclGuard, sign
 from hamq.broker.context import BrokerContext
 from hamq.broker.grpc.auth import AuthError, verify
-from hamq.broker.grpc.channel import LocalChannel
+from hamq.broker.grpc.channel import LocalChannel, OnAnswer
 from hamq.broker.grpc.convert import (
     Refused,
     code_of,
@@ -122,14 +122,14 @@ CONSUMER_BACKOFF_S = (
 _RPCS: dict[str, tuple[MethodKind, Any, str]] = {
     "QueryRoute": (MethodKind.UNARY, spb.QueryRouteRequest, "query_route"),
     "Heartbeat": (MethodKind.UNARY, spb.HeartbeatRequest, "heartbeat"),
-    "SendMessage": (MethodKind.UNARY, spb.SendMessageRequest, "send_message"),
+    "SendMessage": (MethodKind.UNARY_CALLBACK, spb.SendMessageRequest, "send_message"),
     "QueryAssignment": (MethodKind.UNARY, spb.QueryAssignmentRequest, "query_assignment"),
     "ReceiveMessage": (
         MethodKind.SERVER_STREAMING,
         spb.ReceiveMessageRequest,
         "receive_message",
     ),
-    "AckMessage": (MethodKind.UNARY, spb.AckMessageRequest, "ack_message"),
+    "AckMessage": (MethodKind.UNARY_CALLBACK, spb.AckMessageRequest, "ack_message"),
     "ForwardMessageToDeadLetterQueue": (
         MethodKind.UNARY,
         spb.ForwardMessageToDeadLetterQueueRequest,
@@ -167,6 +167,30 @@ def parse_transaction_id(text: str) -> tuple[int, int]:
             pb.INVALID_TRANSACTION_ID, f"transaction id {text[:80]!r} is not hamq's"
         ) from None
     return offset, int(queue)
+
+
+class _Entries:
+    """The entries of a call's answer (one per message sent, or per handle acked), each
+    set when its request is answered; ``finish`` has them all once the last is set."""
+
+    __slots__ = ("_entries", "_finish", "_missing")
+
+    def __init__(self, count: int, finish: Callable[[list[Any]], None]) -> None:
+        self._entries: list[Any] = [None] * count
+        self._missing = count
+        self._finish = finish
+
+    def set(self, index: int, entry: Any) -> None:
+        self._entries[index] = entry
+        self._missing -= 1
+        if not self._missing:
+            self._finish(self._entries)
+
+
+def _overall(entries: list[Any]) -> pb.Status:
+    """An answer's status: its entries' if they share one, else MULTIPLE_RESULTS."""
+    codes = {entry.status.code for entry in entries}
+    return entries[0].status if len(codes) == 1 else status(pb.MULTIPLE_RESULTS)
 
 
 class _Client:
@@ -240,6 +264,23 @@ class GrpcEndpoint:
     async def _ask(self, call: Call, request: RemotingCommand) -> RemotingCommand:
         """Dispatch ``request`` for the caller: signed with its verified credentials
         (the ACL guard then checks it as a remoting request), answered by the broker."""
+        channel = self._channel(call, request)
+        try:
+            return await channel.request(request)
+        except RemotingError as exc:  # (the client terminated meanwhile)
+            raise Refused(pb.INTERNAL_SERVER_ERROR, str(exc)) from None
+
+    def _submit(self, call: Call, request: RemotingCommand, on_answer: OnAnswer) -> None:
+        """``_ask`` with the answer handed to ``on_answer`` (None: the client's
+        connection closed first)."""
+        try:
+            self._channel(call, request).submit(request, on_answer)
+        except RemotingError as exc:
+            raise Refused(pb.INTERNAL_SERVER_ERROR, str(exc)) from None
+
+    def _channel(self, call: Call, request: RemotingCommand) -> LocalChannel:
+        """The caller's channel, ``request`` signed with its verified credentials;
+        Refused UNAUTHORIZED if they do not verify."""
         if self._acl is not None:
             try:
                 credentials = verify(call.metadata, self._acl.table)
@@ -247,11 +288,7 @@ class GrpcEndpoint:
                 raise Refused(pb.UNAUTHORIZED, str(exc)) from None
             if credentials is not None:
                 sign(request, credentials)
-        client = self._client(call)
-        try:
-            return await client.channel.request(request)
-        except RemotingError as exc:  # (the client terminated meanwhile)
-            raise Refused(pb.INTERNAL_SERVER_ERROR, str(exc)) from None
+        return self._client(call).channel
 
     @staticmethod
     def _refusal(response: RemotingCommand) -> pb.Status:
@@ -478,21 +515,44 @@ class GrpcEndpoint:
         return False
 
     # ------------------------------------------------------------------ sending
-    async def send_message(self, request: spb.SendMessageRequest, call: Call) -> Any:
+    def send_message(self, request: spb.SendMessageRequest, call: Call) -> None:
+        """(answered by callback: each message is a SEND_MESSAGE, the answer goes once
+        each has its entry)"""
         if not request.messages:
-            return spb.SendMessageResponse(status=status(pb.BAD_REQUEST, "no message to send"))
-        entries = [await self._send_one(message, call) for message in request.messages]
-        codes = {entry.status.code for entry in entries}
-        overall = entries[0].status if len(codes) == 1 else status(pb.MULTIPLE_RESULTS)
-        return spb.SendMessageResponse(status=overall, entries=entries)
+            call.answer(
+                spb.SendMessageResponse(status=status(pb.BAD_REQUEST, "no message to send"))
+            )
+            return
+        entries = _Entries(
+            len(request.messages),
+            lambda done: call.answer(spb.SendMessageResponse(status=_overall(done), entries=done)),
+        )
+        for index, message in enumerate(request.messages):
 
-    async def _send_one(self, message: pb.Message, call: Call) -> spb.SendResultEntry:
+            def sent(
+                response: RemotingCommand | None, index: int = index, message: Any = message
+            ) -> None:
+                entries.set(index, self._send_entry(message, response))
+
+            try:
+                self._submit(call, self._send_command(message), sent)
+            except Refused as exc:
+                entries.set(index, self._send_refused(message, exc))
+
+    @staticmethod
+    def _send_refused(message: pb.Message, exc: Refused) -> spb.SendResultEntry:
+        return spb.SendResultEntry(
+            status=status(exc.code, exc.message), message_id=message.system_properties.message_id
+        )
+
+    def _send_entry(
+        self, message: pb.Message, response: RemotingCommand | None
+    ) -> spb.SendResultEntry:
         message_id = message.system_properties.message_id
-        try:
-            command = self._send_command(message)
-            response = await self._ask(call, command)
-        except Refused as exc:
-            return spb.SendResultEntry(status=status(exc.code, exc.message), message_id=message_id)
+        if response is None:
+            return self._send_refused(
+                message, Refused(pb.INTERNAL_SERVER_ERROR, "the client's connection closed")
+            )
         if response.code != ResponseCode.SUCCESS:
             return spb.SendResultEntry(status=self._refusal(response), message_id=message_id)
         answer = response.header(SendMessageResponseHeader)
@@ -630,36 +690,44 @@ class GrpcEndpoint:
             attempt_id=request.attempt_id if request.HasField("attempt_id") else None,
         )
 
-    async def ack_message(self, request: spb.AckMessageRequest, call: Call) -> Any:
+    def ack_message(self, request: spb.AckMessageRequest, call: Call) -> None:
+        """(answered by callback, as send_message: an ACK_MESSAGE per entry)"""
+        if not request.entries:
+            call.answer(spb.AckMessageResponse(status=status(pb.BAD_REQUEST, "no entry to ack")))
+            return
         group, topic = request.group.name, request.topic.name
-        entries = []
-        for entry in request.entries:
+        results = _Entries(
+            len(request.entries),
+            lambda done: call.answer(spb.AckMessageResponse(status=_overall(done), entries=done)),
+        )
+        for index, entry in enumerate(request.entries):
+
+            def acked(result: pb.Status, index: int = index, entry: Any = entry) -> None:
+                results.set(
+                    index,
+                    spb.AckMessageResultEntry(
+                        message_id=entry.message_id,
+                        receipt_handle=entry.receipt_handle,
+                        status=result,
+                    ),
+                )
+
+            def answered(response: RemotingCommand | None, acked: Any = acked) -> None:
+                acked(self._ack_status(response))
+
             try:
                 handle = self._handle(entry.receipt_handle)
-                response = await self._ask(
-                    call, self._ack(group, self._handle_topic(handle, group, topic), handle)
-                )
-                result = (
-                    status(pb.OK)
-                    if response.code == ResponseCode.SUCCESS
-                    else self._handle_refusal(response)
-                )
+                ack = self._ack(group, self._handle_topic(handle, group, topic), handle)
+                self._submit(call, ack, answered)
             except Refused as exc:
-                result = status(exc.code, exc.message)
-            entries.append(
-                spb.AckMessageResultEntry(
-                    message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=result
-                )
-            )
-        codes = {entry.status.code for entry in entries}
-        overall = (
-            entries[0].status
-            if len(codes) == 1
-            else status(pb.MULTIPLE_RESULTS)
-            if entries
-            else status(pb.BAD_REQUEST, "no entry to ack")
-        )
-        return spb.AckMessageResponse(status=overall, entries=entries)
+                acked(status(exc.code, exc.message))
+
+    def _ack_status(self, response: RemotingCommand | None) -> pb.Status:
+        if response is None:
+            return status(pb.INTERNAL_SERVER_ERROR, "the client's connection closed")
+        if response.code == ResponseCode.SUCCESS:
+            return status(pb.OK)
+        return self._handle_refusal(response)
 
     @staticmethod
     def _handle(text: str) -> ReceiptHandle:
