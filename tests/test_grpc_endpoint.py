@@ -24,10 +24,18 @@ import trio
 from google.protobuf.duration_pb2 import Duration
 
 from hamq.broker import BrokerNode
+from hamq.broker.grpc import routes
+from hamq.protocol import ResponseCode
 from hamq.protocol.v2 import definition_pb2 as pb
 from hamq.protocol.v2 import service_pb2 as spb
 from tests.support.acl import write_acl
-from tests.support.brokers import running_broker, running_nameserver
+from tests.support.brokers import (
+    create_topic_request,
+    invoke,
+    running_broker,
+    running_nameserver,
+)
+from tests.support.processes import free_ports
 from tests.support.timing import wait_for
 
 pytestmark = [pytest.mark.slow]
@@ -232,6 +240,53 @@ async def test_a_route_names_every_broker_group_and_its_own_endpoint(tmp_path: P
         assert {x.message_queue.id for x in assignment.assignments} == {-1}
         for client in clients:
             client.close()
+
+
+async def test_a_master_that_served_no_grpc_is_asked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group whose master serves no gRPC is left out of routes; once that broker
+    serves it (restarted at the same address), the route names it again."""
+    monkeypatch.setattr(routes, "KNOWN_FOR_S", 0.2)
+    port_b, ha_port_b = free_ports(2)
+    request = spb.QueryRouteRequest(topic=pb.Resource(name="Both"))
+    async with (
+        running_nameserver() as (_ns, namesrv),
+        running_broker(
+            tmp_path / "a", grpc_port=0, broker_name="broker-a", namesrv_addrs=[namesrv]
+        ) as a,
+    ):
+        assert a.grpc is not None
+        client = Client(f"127.0.0.1:{a.ctx.grpc_port}")
+
+        async def groups() -> set[str]:
+            route = await call(client, "QueryRoute", request)  # (broker-a creates the topic)
+            return {queue.broker.name for queue in route.message_queues}
+
+        common: dict[str, Any] = {
+            "listen_port": port_b,
+            "ha_listen_port": ha_port_b,
+            "broker_name": "broker-b",
+        }
+        async with running_broker(tmp_path / "b", namesrv_addrs=[namesrv], **common):
+            created = await invoke(f"127.0.0.1:{port_b}", create_topic_request("Both"))
+            assert created.code == ResponseCode.SUCCESS
+
+            async def asked_twice() -> bool:
+                assert await groups() == {"broker-a"}
+                return a.grpc is not None and a.grpc.routes.asked >= 2
+
+            await wait_for(asked_twice, 20, what="broker-b asked for its gRPC endpoint, twice")
+        async with running_broker(
+            tmp_path / "b", grpc_port=0, namesrv_addrs=[namesrv], **common
+        ) as b:
+
+            async def both() -> bool:
+                return await groups() == {"broker-a", "broker-b"}
+
+            await wait_for(both, 20, what="broker-b in broker-a's route, serving gRPC")
+            assert b.ctx.grpc_port
+        client.close()
 
 
 @pytest.mark.parametrize(

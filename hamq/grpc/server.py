@@ -641,17 +641,16 @@ class _Connection:
         """The rest of a UNARY_CALLBACK call's request, within ``frame_timeout_s`` (and
         its deadline); the reader starts the call when it is complete."""
         timeout = self.config.remoting.frame_timeout_s or math.inf
+        why = f"the request was not complete {timeout} s after it began"
+        if call.deadline < trio.current_time() + timeout:
+            why = "the call's deadline (grpc-timeout) passed"
         with trio.move_on_at(min(call.deadline, trio.current_time() + timeout)):
             while call.stream_id in self._unstarted:
                 call._arrived = trio.Event()
                 await call._arrived.wait()
             return
         if self._unstarted.pop(call.stream_id, None) is not None:
-            self._finish(
-                call,
-                Status.DEADLINE_EXCEEDED,
-                f"the request was not complete {timeout} s after it began",
-            )
+            self._finish(call, Status.DEADLINE_EXCEEDED, why)
 
     def answer_later(self, call: Call, data: bytearray) -> None:
         """Send a UNARY_CALLBACK call's answer as flow control lets it, then end it."""

@@ -4,10 +4,11 @@ A topic's broker groups come from the nameservers' route (GET_ROUTEINFO_BY_TOPIC
 one a remoting client reads), this broker's own group from its own topic table (the
 freshest: a topic it just created is not registered yet). Each group's endpoint is its
 master's gRPC port at the master's host: this broker itself when it is that master;
-else asked of the master once per address (GET_BROKER_CONFIG: ``grpc_port``, the port it
-serves) and kept, so that after a failover the new master's address is asked in its
-turn. A master that does not serve gRPC, or cannot be asked now, leaves its group out
-of the answer (clients ask again).
+else asked of the master (GET_BROKER_CONFIG: ``grpc_port``, the port it serves) and
+kept for ``KNOWN_FOR_S`` per address, so that after a failover the new master's address
+is asked in its turn, and a broker restarted with another port (or with gRPC turned on
+or off) is asked again. A master that does not serve gRPC, or cannot be asked now,
+leaves its group out of the answer (clients ask again).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 from collections.abc import Callable
 
 import attrs
+import trio
 
 from hamq.broker.context import BrokerContext
 from hamq.broker.live_config import parse_properties
@@ -27,6 +29,8 @@ from hamq.remoting import RemotingClient, RemotingError, parse_address
 log = logging.getLogger(__name__)
 
 ASK_TIMEOUT_S = 3.0
+#: how long a master's answer (its gRPC endpoint, or none) is kept
+KNOWN_FOR_S = 30.0
 
 Endpoint = tuple[str, int]
 
@@ -58,8 +62,10 @@ class GrpcRoutes:
         self._client = client
         self._master_address = master_address
         self._namesrv_addrs = namesrv_addrs
-        #: master remoting address -> its gRPC endpoint; None: it serves none
-        self._known: dict[str, Endpoint | None] = {}
+        #: master remoting address -> (when asked, its gRPC endpoint; None: it serves none)
+        self._known: dict[str, tuple[float, Endpoint | None]] = {}
+        #: masters asked for their gRPC endpoint (GET_BROKER_CONFIG sent)
+        self.asked = 0
 
     async def topic(self, topic: str) -> list[GroupQueues]:
         """Every broker group of ``topic`` that has a master serving gRPC now."""
@@ -97,16 +103,19 @@ class GrpcRoutes:
     async def _endpoint_at(self, address: str) -> Endpoint | None:
         if address == self.ctx.address and self.ctx.roles.is_master:
             return (self.ctx.config.advertised_host, self.ctx.grpc_port)
-        if address not in self._known:
+        known = self._known.get(address)
+        now = trio.current_time()
+        if known is None or now - known[0] >= KNOWN_FOR_S:
             try:
-                self._known[address] = await self._ask_endpoint(address)
+                known = self._known[address] = (now, await self._ask_endpoint(address))
             except _Unknown:
                 return None
-        return self._known[address]
+        return known[1]
 
     async def _ask_endpoint(self, address: str) -> Endpoint | None:
         """The gRPC endpoint of the broker at ``address``; None if it serves none;
         _Unknown if it cannot be asked now."""
+        self.asked += 1
         response = await self._ask(address, RemotingCommand.request(RequestCode.GET_BROKER_CONFIG))
         if response is None or response.code != ResponseCode.SUCCESS:
             raise _Unknown

@@ -216,7 +216,7 @@ class GrpcEndpoint:
         self.ctx = ctx
         self._dispatcher = dispatcher
         self._acl = acl
-        self._routes = routes
+        self.routes = routes
         self._connection_closed = connection_closed
         self._nursery: trio.Nursery | None = None
         #: check-backs written to Telemetry streams, and those no stream could take
@@ -315,7 +315,7 @@ class GrpcEndpoint:
                 )
             except RequestError as exc:  # (max_topics reached)
                 raise Refused(code_of(exc.code), str(exc)) from None
-        groups = await self._routes.topic(topic)  # (every group the nameservers know too)
+        groups = await self.routes.topic(topic)  # (every group the nameservers know too)
         if not groups:
             if config is None:
                 raise Refused(pb.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
