@@ -24,7 +24,8 @@ import trio
 from google.protobuf.duration_pb2 import Duration
 
 from hamq.broker import BrokerNode
-from hamq.broker.grpc import routes
+from hamq.broker.grpc import renewal, routes, service
+from hamq.client import AdminClient
 from hamq.protocol import ResponseCode
 from hamq.protocol.v2 import definition_pb2 as pb
 from hamq.protocol.v2 import service_pb2 as spb
@@ -32,6 +33,7 @@ from tests.support.acl import write_acl
 from tests.support.brokers import (
     create_topic_request,
     invoke,
+    namesrv,
     running_broker,
     running_nameserver,
 )
@@ -496,3 +498,91 @@ async def test_the_sends_of_one_read_are_dispatched_as_one_group_in_stream_order
         ] or [None]
         assert channel is not None
         assert (channel.requests, channel.request_groups) == (count, 1)
+
+
+def _ids(frames: list[spb.ReceiveMessageResponse]) -> dict[str, pb.Message]:
+    return {
+        frame.message.system_properties.message_id: frame.message
+        for frame in frames
+        if frame.WhichOneof("content") == "message"
+    }
+
+
+def push_receive(topic: str, group: str) -> spb.ReceiveMessageRequest:
+    """A push consumer's receive: auto_renew, no invisible time, one message."""
+    request = receive_request(topic, group)
+    request.ClearField("invisible_duration")
+    request.auto_renew = True
+    request.batch_size = 1
+    return request
+
+
+async def test_what_a_push_consumer_holds_is_renewed_until_it_acks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (the proxy's leases, 60 s renewed 10 s ahead, made 2 s renewed 1 s ahead)
+    monkeypatch.setattr(service, "AUTO_RENEW_INVISIBLE_MS", 2000)
+    monkeypatch.setattr(renewal, "RENEW_STEPS_MS", (2000,))
+    monkeypatch.setattr(renewal, "RENEW_AHEAD_S", 1.0)
+    monkeypatch.setattr(renewal, "SCAN_EVERY_S", 0.1)
+    async with serving(tmp_path) as (node, address):
+        assert node.grpc is not None
+        client = Client(address)
+        both = [message("T", b"held", message_id="HELD"), message("T", b"plain", message_id="P")]
+        sent = await call(client, "SendMessage", spb.SendMessageRequest(messages=both))
+        assert sent.status.code == pb.OK
+        held = _ids(await call(client, "ReceiveMessage", push_receive("T", "G")))
+        (held_id,) = held
+        plain_id = ({"HELD", "P"} - {held_id}).pop()
+        plain = receive_request("T", "G")
+        plain.invisible_duration.seconds = 2  # (not renewed: it comes back)
+        assert list(_ids(await call(client, "ReceiveMessage", plain))) == [plain_id]
+
+        # the plain message comes back once its 2 s are over; the held one never does
+        again = receive_request("T", "G", wait_s=1)
+
+        async def plain_back() -> bool:
+            found = _ids(await call(client, "ReceiveMessage", again))
+            assert held_id not in found, "a message its push consumer holds came back"
+            return plain_id in found
+
+        await wait_for(plain_back, 30, what="the plain message back after its 2 s")
+        assert node.grpc.renewals.renewed >= 1
+        # acked by the handle the consumer was given: the renewed one is acked
+        handle = held[held_id].system_properties.receipt_handle
+        ack = spb.AckMessageRequest(
+            group=pb.Resource(name="G"),
+            topic=pb.Resource(name="T"),
+            entries=[spb.AckMessageEntry(message_id=held_id, receipt_handle=handle)],
+        )
+        assert (await call(client, "AckMessage", ack)).status.code == pb.OK
+        assert len(node.grpc.renewals) == 0
+        async with AdminClient(namesrv(node)) as admin:
+            progress = await admin.consumer_progress("G")
+        in_flight = sum(queue.in_flight for queue in progress.queues)
+        assert in_flight == 1, progress  # (the plain one, received again and not acked)
+        client.close()
+
+
+async def test_what_a_closed_push_consumer_held_comes_back_at_once(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (node, address):
+        assert node.grpc is not None
+        pusher, other = Client(address), Client(address)
+        sent = await call(
+            pusher,
+            "SendMessage",
+            spb.SendMessageRequest(messages=[message("T", b"x", message_id="X")]),
+        )
+        assert sent.status.code == pb.OK
+        assert list(_ids(await call(pusher, "ReceiveMessage", push_receive("T", "G")))) == ["X"]
+        assert len(node.grpc.renewals) == 1
+        pusher.close()  # (its 60 s lease is given up: the message is for the others now)
+        await wait_for(lambda: len(node.grpc.renewals) == 0 if node.grpc else False)
+        again = receive_request("T", "G", wait_s=1)
+
+        async def back() -> bool:
+            return "X" in _ids(await call(other, "ReceiveMessage", again))
+
+        with trio.fail_after(30):  # (well within the 60 s it was given)
+            await wait_for(back, 30, what="the closed consumer's message back")
+        other.close()

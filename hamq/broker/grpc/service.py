@@ -35,7 +35,7 @@ from typing import Any
 
 import trio
 
-from hamq.acl import AclGuard, sign
+from hamq.acl import AclGuard, Credentials, sign
 from hamq.broker.context import BrokerContext
 from hamq.broker.grpc.auth import AuthError, verify
 from hamq.broker.grpc.channel import LocalChannel, OnAnswer
@@ -49,6 +49,7 @@ from hamq.broker.grpc.convert import (
     status,
     timestamp,
 )
+from hamq.broker.grpc.renewal import AUTO_RENEW_INVISIBLE_MS, Renewals
 from hamq.broker.grpc.routes import GrpcRoutes
 from hamq.grpc import Call, Method, MethodKind
 from hamq.protocol import RemotingCommand, RequestCode, RequestError, ResponseCode
@@ -88,6 +89,7 @@ from hamq.protocol.message import (
 )
 from hamq.protocol.pop import (
     MAX_POP_MESSAGES,
+    PROPERTY_RECEIPT_HANDLE,
     ReceiptHandle,
     ReceiptHandleError,
     changed_handle,
@@ -106,9 +108,6 @@ SERVICE = "/apache.rocketmq.v2.MessagingService/"
 RECEIVE_MARGIN_S = 1.0
 #: a receive's long polling when neither the call nor the client says
 DEFAULT_POLL_S = 20.0
-#: a push consumer's invisible time (it asks auto_renew, names none): RocketMQ proxy's
-#: defaultInvisibleTimeMills
-AUTO_RENEW_INVISIBLE_MS = 60_000
 #: the largest body a client may send (RocketMQ's maxMessageSize default: 4 MiB)
 MAX_BODY_BYTES = 4 * 1024 * 1024
 #: the retry policy answered to producers (RocketMQ's proxy: 3 attempts, 10 ms .. 1 s)
@@ -169,6 +168,11 @@ def parse_transaction_id(text: str) -> tuple[int, int]:
     return offset, int(queue)
 
 
+def _refuse(_request: RemotingCommand) -> bool:
+    """(the endpoint's own channel: nobody to ask back)"""
+    return False
+
+
 class _Entries:
     """The entries of a call's answer (one per message sent, or per handle acked), each
     set when its request is answered; ``finish`` has them all once the last is set."""
@@ -219,6 +223,10 @@ class GrpcEndpoint:
         self.routes = routes
         self._connection_closed = connection_closed
         self._nursery: trio.Nursery | None = None
+        #: the endpoint's own requests (renewals), each signed with its account
+        self._own: LocalChannel | None = None
+        #: what push consumers hold, kept invisible while they work on it
+        self.renewals = Renewals(self._submit_own)
         #: check-backs written to Telemetry streams, and those no stream could take
         self.checks_sent = 0
         self.checks_dropped = 0
@@ -230,9 +238,12 @@ class GrpcEndpoint:
         }
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Hosts the tasks the channels' requests spawn (async processors)."""
+        """Hosts the tasks the channels' requests spawn (async processors), and the
+        renewals."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self._own = LocalChannel("the gRPC endpoint", self._dispatcher, nursery, _refuse)
+            await nursery.start(self.renewals.run)
             task_status.started()
             await trio.sleep_forever()
 
@@ -241,6 +252,7 @@ class GrpcEndpoint:
         client = attributes.get("client")
         if isinstance(client, _Client):
             client.channel.close("gRPC connection closed")
+            self.renewals.forget(client.channel)
 
     # ------------------------------------------------------------------ plumbing
     def _client(self, call: Call) -> _Client:
@@ -281,14 +293,31 @@ class GrpcEndpoint:
     def _channel(self, call: Call, request: RemotingCommand) -> LocalChannel:
         """The caller's channel, ``request`` signed with its verified credentials;
         Refused UNAUTHORIZED if they do not verify."""
-        if self._acl is not None:
-            try:
-                credentials = verify(call.metadata, self._acl.table)
-            except AuthError as exc:
-                raise Refused(pb.UNAUTHORIZED, str(exc)) from None
-            if credentials is not None:
-                sign(request, credentials)
+        credentials = self._credentials(call)
+        if credentials is not None:
+            sign(request, credentials)
         return self._client(call).channel
+
+    def _credentials(self, call: Call) -> Credentials | None:
+        """The account the call is signed by (None: unsigned, or no ACL); Refused
+        UNAUTHORIZED if its signature does not verify."""
+        if self._acl is None:
+            return None
+        try:
+            return verify(call.metadata, self._acl.table)
+        except AuthError as exc:
+            raise Refused(pb.UNAUTHORIZED, str(exc)) from None
+
+    def _submit_own(
+        self, request: RemotingCommand, credentials: Credentials | None, on_answer: OnAnswer
+    ) -> None:
+        """The endpoint's own request, signed with ``credentials``."""
+        if credentials is not None:
+            sign(request, credentials)
+        if self._own is None or self._own.closed:
+            on_answer(None)
+            return
+        self._own.submit(request, on_answer)
 
     @staticmethod
     def _refusal(response: RemotingCommand) -> pb.Status:
@@ -635,6 +664,8 @@ class GrpcEndpoint:
         answer = response.header(PopMessageResponseHeader)
         messages = decode_messages(response.body)
         read_popped(answer, messages, self.ctx.config.broker_name, topic)
+        if request.auto_renew and not request.HasField("invisible_duration"):
+            self._renew(messages, call, group, topic)
         if not messages:
             await call.send(spb.ReceiveMessageResponse(status=status(pb.MESSAGE_NOT_FOUND)))
             return
@@ -645,6 +676,22 @@ class GrpcEndpoint:
             )
         now = time.time_ns() // 1_000_000
         await call.send(spb.ReceiveMessageResponse(delivery_timestamp=timestamp(now)))
+
+    def _renew(self, messages: list[Any], call: Call, group: str, topic: str) -> None:
+        """Track what a push consumer was given (renewal.py)."""
+        channel = self._client(call).channel
+        credentials = self._credentials(call)
+        for message in messages:
+            text = message.properties[PROPERTY_RECEIPT_HANDLE]
+            handle = ReceiptHandle.parse(text)
+            self.renewals.track(
+                text,
+                handle,
+                owner=channel,
+                credentials=credentials,
+                group=group,
+                topic=self._handle_topic(handle, group, topic),
+            )
 
     def _pop_header(
         self, request: spb.ReceiveMessageRequest, group: str, topic: str, call: Call
@@ -712,15 +759,16 @@ class GrpcEndpoint:
                     ),
                 )
 
-            def answered(response: RemotingCommand | None, acked: Any = acked) -> None:
-                acked(self._ack_status(response))
+            def by(text: str, acked: Callable[[pb.Status], None] = acked) -> None:
+                try:
+                    handle = self._handle(text)
+                    ack = self._ack(group, self._handle_topic(handle, group, topic), handle)
+                    self._submit(call, ack, lambda response: acked(self._ack_status(response)))
+                except Refused as exc:
+                    acked(status(exc.code, exc.message))
 
-            try:
-                handle = self._handle(entry.receipt_handle)
-                ack = self._ack(group, self._handle_topic(handle, group, topic), handle)
-                self._submit(call, ack, answered)
-            except Refused as exc:
-                acked(status(exc.code, exc.message))
+            # (a push consumer's message: by its current handle, renewals.py)
+            self.renewals.use(entry.receipt_handle, by)
 
     def _ack_status(self, response: RemotingCommand | None) -> pb.Status:
         if response is None:
@@ -763,13 +811,14 @@ class GrpcEndpoint:
         self, request: spb.ChangeInvisibleDurationRequest, call: Call
     ) -> Any:
         group, topic = request.group.name, request.topic.name
+        text = await self.renewals.current(request.receipt_handle)
         try:
-            handle = self._handle(request.receipt_handle)
+            handle = self._handle(text)
             header = ChangeInvisibleTimeRequestHeader(
                 consumer_group=group,
                 topic=self._handle_topic(handle, group, topic),
                 queue_id=handle.queue_id,
-                extra_info=request.receipt_handle,
+                extra_info=text,
                 offset=handle.offset,
                 invisible_time=millis(request.invisible_duration),
             )
@@ -791,8 +840,9 @@ class GrpcEndpoint:
         """The message goes to the group's DLQ (a send-back past every retry), then is
         acked, as RocketMQ's proxy does it."""
         group, topic = request.group.name, request.topic.name
+        text = await self.renewals.current(request.receipt_handle)
         try:
-            handle = self._handle(request.receipt_handle)
+            handle = self._handle(text)
             real_topic = self._handle_topic(handle, group, topic)
             queue = self.ctx.store.consume_queue(real_topic, handle.queue_id)
             entry = queue.entry(handle.offset) if queue is not None else None
