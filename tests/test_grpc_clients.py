@@ -1,7 +1,8 @@
 """RocketMQ's official Python 5.x client, unchanged, against a ``hamq broker`` process's
 gRPC endpoint: Producer (normal with tag, keys and properties; FIFO; delay; transactions
 with commit, rollback and check-back), SimpleConsumer (receive, ack, a message not acked
-coming back, change of invisible duration) and PushConsumer (a failure retried).
+coming back, change of invisible duration), PushConsumer (a failure retried), and a
+topic served by two broker groups (sent to and received from both).
 
 The client runs in its own virtualenv (tests/support/rocketmq5.py, made from the index
 on first use), one driver process per client; loopback, free ports.
@@ -16,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from hamq.client import AdminClient
+from hamq.client import AdminClient, NoRouteError
 from tests.support.processes import broker_process, free_ports, hamq_command
 from tests.support.rocketmq5 import ensure_venv, run_driver
+from tests.support.timing import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -185,3 +187,53 @@ async def test_a_push_consumer_gets_a_failed_message_again(
     assert got.records[-1] == {"done": 3}
     assert sorted(attempts) == ["body 0", "body 1", "body 2"]
     assert all(runs[:2] == [1, 2] for runs in attempts.values()), attempts
+
+
+async def test_a_producer_and_a_consumer_use_every_broker_group_of_a_topic(
+    python: Path, tmp_path: Path
+) -> None:
+    """Two broker groups serving the topic: the client, given one endpoint, learns the
+    other from QueryRoute, sends to the queues of both, and receives from both."""
+    port_a, port_b = free_ports(2)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with broker_process(tmp_path / "a", f"grpc_port = {port_a}\nbroker_name = 'broker-a'\n") as (
+        _address_a,
+        namesrv,
+    ):
+        config_b = (
+            f"grpc_port = {port_b}\nbroker_name = 'broker-b'\nnamesrv_addrs = ['{namesrv}']\n"
+        )
+        with broker_process(tmp_path / "b", config_b):
+            async with AdminClient(namesrv) as admin:
+
+                async def both_registered() -> bool:
+                    return len((await admin.cluster_info()).broker_addr_table) == 2
+
+                async def routed_to_both() -> bool:
+                    try:
+                        route = await admin.topic_route("Spread")
+                    except NoRouteError:
+                        return False
+                    return len({data.broker_name for data in route.queue_datas}) == 2
+
+                await wait_for(both_registered, 30, what="both brokers registered")
+                await admin.create_topic("Spread", 4)
+                await wait_for(routed_to_both, 30, what="a route of Spread naming both groups")
+                where = {"endpoints": f"127.0.0.1:{port_a}", "namesrv": namesrv}
+                sent = await client(
+                    python, tmp_path, where, "produce", "--topic", "Spread", "--count", "40",
+                    "--body", "spread {i}",
+                )  # fmt: skip
+                assert len(sent.all("sent")) == 40, sent.records
+                stored: collections.Counter[str] = collections.Counter()
+                for status in await admin.queue_status("Spread"):
+                    stored[status.queue.broker_name] += status.max_offset - status.min_offset
+                assert stored.keys() == {"broker-a", "broker-b"}, stored
+                assert sum(stored.values()) == 40
+                got = await client(
+                    python, tmp_path, where, "simple", "--topic", "Spread", "--group", "GS",
+                    "--count", "40",
+                )  # fmt: skip
+                bodies = [m["body"] for m in got.all("received")]
+                assert sorted(bodies) == sorted(f"spread {i}" for i in range(40)), got.records
