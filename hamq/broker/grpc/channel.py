@@ -9,18 +9,18 @@ remoting one is (the processors, the ACL guard, SEND_OK's durability), by one pa
 One channel per HTTP/2 connection: it stands for the client as a remoting connection
 would (heartbeats register it as a producer or consumer, its close unregisters it).
 The processors see it as a ``Connection``: what they call on one (respond, defer,
-spawn, at_group_end, invoke_oneway) is answered here in memory.
+spawn, at_group_end, invoke_oneway) is answered here in memory. What the broker asks of
+the client (a transaction check-back) goes to ``on_request``: the endpoint writes it
+on the client's Telemetry stream.
 
 Requests are dispatched in groups, as a remoting connection dispatches the requests of
 one read: they are queued (``submit``, or ``request`` to wait for the answer), and the
 channel's own task dispatches what is queued when it next runs, in the order it was
-queued, as one group (``at_group_end``: the sends among them are stored and wait for
-their durability together). The calls of one HTTP/2 read queue theirs before it runs:
-the server's reader submits the calls answered by callback itself (in the order of
-their streams), and the tasks it starts for the others run in the same pass of the
-scheduler. What the broker asks of
-the client (a transaction check-back) goes to ``on_request``: the endpoint writes it
-on the client's Telemetry stream.
+queued, YIELD_EVERY_COMMANDS at a time, each such chunk one group (``at_group_end``: the
+sends among them are stored and wait for their durability together). The calls of one
+HTTP/2 read queue theirs before it runs: the server's reader submits the calls answered
+by callback itself (in the order of their streams), and the tasks it starts for the
+others run in the same pass of the scheduler.
 """
 
 from __future__ import annotations
@@ -124,27 +124,28 @@ class LocalChannel(Connection):
         while not self._closed:
             if self._queued:
                 self._dispatch_queued()
-                await trio.lowlevel.checkpoint()  # (what the answers queue: next turn)
+                await trio.lowlevel.checkpoint()  # (the rest, and what answers queue: next)
             else:
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
 
     def _dispatch_queued(self) -> None:
-        queued, self._queued = self._queued, []
-        for start in range(0, len(queued), YIELD_EVERY_COMMANDS):
-            self._group_callbacks = []
-            self.request_groups += 1
-            try:
-                for request in queued[start : start + YIELD_EVERY_COMMANDS]:
-                    self.requests += 1
-                    self._dispatcher.dispatch(request, self)
-            finally:
-                callbacks, self._group_callbacks = self._group_callbacks, None
-                for callback in callbacks:
-                    try:
-                        callback()
-                    except Exception:
-                        log.exception("%s: finishing a group of requests failed", self.peer)
+        """The first YIELD_EVERY_COMMANDS queued, as one group."""
+        group = self._queued[:YIELD_EVERY_COMMANDS]
+        del self._queued[:YIELD_EVERY_COMMANDS]
+        self._group_callbacks = []
+        self.request_groups += 1
+        try:
+            for request in group:
+                self.requests += 1
+                self._dispatcher.dispatch(request, self)
+        finally:
+            callbacks, self._group_callbacks = self._group_callbacks, None
+            for callback in callbacks:
+                try:
+                    callback()
+                except Exception:
+                    log.exception("%s: finishing a group of requests failed", self.peer)
 
     # ------------------------------------------------------------------ Connection's
     @property
