@@ -11,8 +11,8 @@ from hpack.exceptions import HPACKDecodingError, InvalidTableSizeError, Oversize
 
 from hamq.grpc.hpack_codec import Decoder, Encoder
 
-#: request headers in the shape grpcio's core sends a gRPC client's metadata: indexed
-#: fields from the dynamic table, then literals without indexing, not Huffman-coded
+#: metadata in the shape grpcio's core sends a gRPC client's: literals with a literal
+#: name, not Huffman-coded, without indexing (and here one never indexed)
 GRPCIO_BLOCK = bytes.fromhex(
     "000d782d6d712d6c616e677561676506505954484f4e"  # x-mq-language: PYTHON
     "100f782d6d712d726571756573742d6964037a7a7a"  # never indexed x-mq-request-id: zzz
