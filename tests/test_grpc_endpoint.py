@@ -37,6 +37,7 @@ from tests.support.brokers import (
     running_broker,
     running_nameserver,
 )
+from tests.support.metrics import documented, scrape, value
 from tests.support.processes import free_ports
 from tests.support.timing import wait_for
 
@@ -586,3 +587,23 @@ async def test_what_a_closed_push_consumer_held_comes_back_at_once(tmp_path: Pat
         with trio.fail_after(30):  # (well within the 60 s it was given)
             await wait_for(back, 30, what="the closed consumer's message back")
         other.close()
+
+
+async def test_the_metrics_show_the_endpoint_its_calls_and_leases(tmp_path: Path) -> None:
+    async with serving(tmp_path, metrics_port=0) as (node, address):
+        assert node.metrics_port is not None
+        client = Client(address)
+        sent = await call(
+            client, "SendMessage", spb.SendMessageRequest(messages=[message("T", b"x")])
+        )
+        assert sent.status.code == pb.OK
+        assert len(_ids(await call(client, "ReceiveMessage", push_receive("T", "G")))) == 1
+        scraped = await scrape(node.metrics_port)
+        assert value(scraped, "hamq_broker_grpc_connections") == 1
+        assert value(scraped, "hamq_broker_grpc_calls", "_total") >= 2
+        assert value(scraped, "hamq_broker_grpc_calls_open") == 0
+        assert value(scraped, "hamq_broker_grpc_push_leases") == 1
+        assert value(scraped, "hamq_broker_grpc_renewals", "_total", outcome="renewed") == 0
+        assert value(scraped, "hamq_broker_connections_refused", "_total", listener="grpc") == 0
+        assert documented(scraped) == []
+        client.close()

@@ -4,9 +4,10 @@ Every family is named ``hamq_broker_*`` (README: "Metrics" lists them with their
 meaning). Counters come from hamq/broker/stats.py; the rest is read when scraped:
 consumer lag from the committed offsets and the consume queues, replication from the
 HA service, the store's offsets, the transaction check's completed passes (tests wait
-on them: hamq/broker/transactions.py, "Observed"), and what hostile peers met (``_defenses``: the
-listeners' refused connections and failed TLS handshakes, the HA port's refused
-peers, the ACL's refusals by reason) from those services' statistics. The store's
+on them: hamq/broker/transactions.py, "Observed"), the gRPC endpoint's connections,
+calls and push consumers' renewals (when it is served), and what hostile peers met
+(``_defenses``: the listeners' refused connections and failed TLS handshakes, the HA
+port's refused peers, the ACL's refusals by reason) from those services' statistics. The store's
 disk use is a walk of its files: it is measured every DISK_WALK_S in a worker thread
 by ``measure_disk`` (a task the broker runs), never on the Trio thread while a scrape
 waits.
@@ -90,6 +91,7 @@ class BrokerCollector:
         yield from self._transactions()
         yield from self._replication()
         yield from self._store()
+        yield from self._grpc()
         yield from self._defenses()
 
     def _identity(self) -> Iterator[Metric]:
@@ -292,11 +294,54 @@ class BrokerCollector:
         disk.add_metric(["used"], self.disk[1])
         yield disk
 
+    def _grpc(self) -> Iterator[Metric]:
+        """The gRPC endpoint's (RocketMQ 5 clients), when it is served."""
+        endpoint, server = self.node.grpc, self.node.grpc_server
+        if endpoint is None or server is None:
+            return
+        served = server.statistics()
+        yield GaugeMetricFamily(
+            "hamq_broker_grpc_connections", "gRPC connections open now", value=served.connections
+        )
+        yield CounterMetricFamily(
+            "hamq_broker_grpc_calls", "gRPC calls received (HTTP/2 streams)", served.calls
+        )
+        yield GaugeMetricFamily(
+            "hamq_broker_grpc_calls_open", "gRPC calls not answered yet", value=served.calls_open
+        )
+        yield CounterMetricFamily(
+            "hamq_broker_grpc_protocol_errors",
+            "gRPC connections ended by an HTTP/2 protocol error of the peer's",
+            served.protocol_errors,
+        )
+        renewals = endpoint.renewals
+        yield GaugeMetricFamily(
+            "hamq_broker_grpc_push_leases",
+            "Messages push consumers hold now, kept invisible by renewals",
+            value=len(renewals),
+        )
+        yield _counted(
+            "hamq_broker_grpc_renewals",
+            "Renewals of what push consumers hold, by outcome",
+            "outcome",
+            {"renewed": renewals.renewed, "failed": renewals.failed},
+        )
+        yield _counted(
+            "hamq_broker_grpc_transaction_checks",
+            "Transaction check-backs for gRPC producers: sent on a Telemetry stream, or dropped",
+            "outcome",
+            {"sent": endpoint.checks_sent, "dropped": endpoint.checks_dropped},
+        )
+
     def _defenses(self) -> Iterator[Metric]:
         node = self.node
         remoting = node.server.statistics()
         refused = {"remoting": remoting.connections_refused}
         handshakes = {"remoting": remoting.tls_handshake_failures}
+        if node.grpc_server is not None:
+            grpc = node.grpc_server.statistics()
+            refused["grpc"] = grpc.connections_refused
+            handshakes["grpc"] = grpc.tls_handshake_failures
         ha_refused = 0
         if node.ha_service is not None:
             ha = node.ha_service.statistics()
