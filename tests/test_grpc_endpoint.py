@@ -548,7 +548,7 @@ async def test_what_a_push_consumer_holds_is_renewed_until_it_acks(
             return plain_id in found
 
         await wait_for(plain_back, 30, what="the plain message back after its 2 s")
-        assert node.grpc.renewals.renewed >= 1
+        assert node.grpc.renewals.statistics().renewed >= 1
         # acked by the handle the consumer was given: the renewed one is acked
         handle = held[held_id].system_properties.receipt_handle
         ack = spb.AckMessageRequest(
@@ -557,7 +557,7 @@ async def test_what_a_push_consumer_holds_is_renewed_until_it_acks(
             entries=[spb.AckMessageEntry(message_id=held_id, receipt_handle=handle)],
         )
         assert (await call(client, "AckMessage", ack)).status.code == pb.OK
-        assert len(node.grpc.renewals) == 0
+        assert node.grpc.renewals.statistics().leases == 0
         async with AdminClient(namesrv(node)) as admin:
             progress = await admin.consumer_progress("G")
         in_flight = sum(queue.in_flight for queue in progress.queues)
@@ -576,9 +576,11 @@ async def test_what_a_closed_push_consumer_held_comes_back_at_once(tmp_path: Pat
         )
         assert sent.status.code == pb.OK
         assert list(_ids(await call(pusher, "ReceiveMessage", push_receive("T", "G")))) == ["X"]
-        assert len(node.grpc.renewals) == 1
+        assert node.grpc.renewals.statistics().leases == 1
         pusher.close()  # (its 60 s lease is given up: the message is for the others now)
-        await wait_for(lambda: len(node.grpc.renewals) == 0 if node.grpc else False)
+        await wait_for(
+            lambda: node.grpc is not None and node.grpc.renewals.statistics().leases == 0
+        )
         again = receive_request("T", "G", wait_s=1)
 
         async def back() -> bool:

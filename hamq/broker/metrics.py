@@ -314,11 +314,11 @@ class BrokerCollector:
             "gRPC connections ended by an HTTP/2 protocol error of the peer's",
             served.protocol_errors,
         )
-        renewals = endpoint.renewals
+        renewals = endpoint.renewals.statistics()
         yield GaugeMetricFamily(
             "hamq_broker_grpc_push_leases",
             "Messages push consumers hold now, kept invisible by renewals",
-            value=len(renewals),
+            value=renewals.leases,
         )
         yield _counted(
             "hamq_broker_grpc_renewals",

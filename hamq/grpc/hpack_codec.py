@@ -4,7 +4,9 @@ h2 uses in place of the ``hpack`` package's own (``H2Connection.decoder`` and
 
 Each request's header block is decoded once, in one loop over its bytes: a gRPC
 client's ~15 headers cost the ``hpack`` package's decoder more than the rest of h2 did
-for the request (a function call, a memoryview slice and a HeaderTuple per field). The
+for the request (a function call, a memoryview slice and a HeaderTuple per field). With
+this codec a send from the official Python client cost the broker ~278 us of CPU
+instead of ~326 (the ad-hoc measurement of the gRPC send row, interleaved runs). The
 dynamic table is the package's own ``HeaderTable`` (its eviction, its size rules); the
 static table and Huffman decoding are the package's too, so only the walk over the
 block is this module's. It returns the headers as tuples of bytes (h2 wants bytes).

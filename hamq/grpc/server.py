@@ -665,8 +665,6 @@ class _Connection:
         self._finish(call, Status.OK, "")
 
     async def _only_request(self, call: Call) -> Any:
-        if call._remote_ended and len(call._messages) == 1:  # (all here: the usual case)
-            return await call.receive()
         with trio.move_on_after(self.config.remoting.frame_timeout_s or math.inf):
             request = await call.receive()
             if request is None:

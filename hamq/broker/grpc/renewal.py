@@ -87,17 +87,25 @@ class _Lease:
     closed: bool = False
 
 
+@attrs.frozen
+class RenewalStatistics:
+    #: messages tracked now
+    leases: int
+    #: renewals answered OK, and failed (refused, or no answer)
+    renewed: int
+    failed: int
+
+
 class Renewals:
     def __init__(self, submit: Submit) -> None:
         self._submit = submit
         #: the receipt handle a client holds -> its message's lease
         self._leases: dict[str, _Lease] = {}
-        #: renewals answered OK, and failed
-        self.renewed = 0
-        self.failed = 0
+        self._renewals_ok = 0
+        self._renewals_failed = 0
 
-    def __len__(self) -> int:
-        return len(self._leases)
+    def statistics(self) -> RenewalStatistics:
+        return RenewalStatistics(len(self._leases), self._renewals_ok, self._renewals_failed)
 
     def track(
         self,
@@ -188,14 +196,14 @@ class Renewals:
         lease.renewing = False
         now = trio.current_time()
         if response is not None and response.code == ResponseCode.SUCCESS:
-            self.renewed += 1
+            self._renewals_ok += 1
             answer = response.header(ChangeInvisibleTimeResponseHeader)
             lease.handle = changed_handle(lease.handle, answer)
             lease.step += 1
             lease.failures = 0
             lease.renew_at = now + answer.invisible_time / 1000 - RENEW_AHEAD_S
         else:
-            self.failed += 1
+            self._renewals_failed += 1
             lease.failures += 1
             lease.renew_at = now + RETRY_AFTER_S
             if lease.failures >= RENEW_ATTEMPTS and not lease.ended:
