@@ -83,6 +83,8 @@ class Served:
             raise RuntimeError("boom later")
         if request.value.startswith("now"):
             call.answer(StringValue(value=f"at once {request.value}"))
+        elif request.value == "at the read's end":
+            call.at_read_end(lambda: call.answer(StringValue(value="after the read")))
         elif request.value.isdigit():
             call.answer(StringValue(value="z" * int(request.value)))
         else:
@@ -259,13 +261,17 @@ async def test_a_method_answered_by_callback() -> None:
             big = await in_thread(lambda: later(StringValue(value="300000"), timeout=10).value)
             assert big == "z" * 300_000
 
-            # answered later, from another task
+            # answered once the read that brought the request is handled
+            at_end = StringValue(value="at the read's end")
+            assert await in_thread(lambda: later(at_end, timeout=10).value) == "after the read"
+
+            # answered later, from another task (outside a read: at_read_end at once)
             future = later.future(StringValue(value="hold"), timeout=10)
             with trio.fail_after(10):
                 await served.held_one.wait()
             request, call = served.held.pop()
             assert request.value == "hold" and call.active
-            call.answer(StringValue(value="from elsewhere"))
+            call.at_read_end(lambda: call.answer(StringValue(value="from elsewhere")))
             assert (await in_thread(lambda: future.result(10))).value == "from elsewhere"
 
             # the client gives up first: the answer is dropped, the connection goes on

@@ -14,8 +14,13 @@ One connection per peer, three kinds of task:
   whichever task learns the answer (``Call.answer``), so the calls a client makes most
   cost no task each (a request not complete by the end of the read that began it gets
   a task that waits for the rest);
-- the writer sends what the state machine has to send. Nothing else touches the socket,
-  so a call never waits for the peer to read: only for HTTP/2 flow control, and
+- the writer sends what the state machine has to send. The reader writes too, as a
+  remoting connection's does: once a read's events are handled (and the work they
+  gathered, ``Call.at_read_end``), what they answered goes out in one non-blocking
+  write on a plain socket while the writer is not sending; what the socket does not
+  take, and everything decided in other tasks, the writer sends. A request answered at
+  once costs one read and one write, no task woken. Nothing else touches the socket, so
+  a call never waits for the peer to read: only for HTTP/2 flow control, and
   ``Call.try_send`` does not even wait for that.
 
 Answers: a call ends with trailers (``grpc-status``, ``grpc-message``); one that fails
@@ -41,6 +46,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import os
 import re
 import urllib.parse
 import zlib
@@ -67,6 +73,7 @@ from hamq.ratelimit import RateLimitedLog
 from hamq.remoting import RemotingConfig
 from hamq.remoting.address import format_address
 from hamq.remoting.server import DEFAULT_SHUTDOWN_GRACE_S, Acceptor
+from hamq.remoting.trio_stream import TrioByteStream
 
 log = logging.getLogger(__name__)
 
@@ -304,6 +311,13 @@ class Call:
             return
         self._conn._finish(self, Status.OK, "")
 
+    def at_read_end(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the events of the read being handled (the one that
+        completed this call's request, for a UNARY_CALLBACK method) are all handled,
+        before what they answer is written; at once outside a read. Work gathered per
+        read is finished there (hamq/broker/grpc/channel.py dispatches a group)."""
+        self._conn.at_read_end(callback)
+
     def fail(self, status: Status, message: str) -> None:
         """End a UNARY_CALLBACK call with ``status`` and no answer (if it is not gone)."""
         self._conn._finish(self, status, message)
@@ -329,6 +343,10 @@ class _Connection:
         self.peer = peer
         self.attributes: dict[str, Any] = {}
         self._stream = stream
+        # (Trio's receive in fewer steps on a plain socket; its descriptor for the
+        # reader's own writes: hamq/remoting/trio_stream.py says why)
+        self._receive = TrioByteStream(stream).raw_receive
+        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
         # h2's header checks (RFC 9113 8.2, per header, per request) cost a third of a
         # call's time here; what a call uses is checked in _check and _request, what it
         # sends is this module's own
@@ -360,6 +378,14 @@ class _Connection:
         self._going_away = False
         #: a GOAWAY to send (shutdown): the streams open go on, new ones are refused
         self._goaway = b""
+        #: bytes taken from the state machine and not written yet, and whether the
+        #: writer is sending (the reader then writes nothing: it would cut in)
+        self._out = bytearray()
+        self._send_busy = False
+        #: the reader is handling a read's events: what they answer is written at the
+        #: end, and ``at_read_end`` callbacks run then
+        self._reading = False
+        self._read_end: list[Callable[[], None]] = []
         self._out_wakeup = trio.Event()
         self._window_wakeup = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -389,7 +415,7 @@ class _Connection:
         size = self.config.remoting.receive_size_bytes
         while True:
             try:
-                data = await self._stream.receive_some(size)
+                data = await self._receive(size)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return
             if not data:
@@ -403,19 +429,61 @@ class _Connection:
                 )
                 await self._flush_last()
                 return
-            for event in events:
-                self._event(event)
-            for call in self._unstarted.values():
-                if not call._awaited:  # (a request longer than a read: it waits in a task)
-                    call._awaited = True
-                    assert self._nursery is not None
-                    self._nursery.start_soon(self._await_request, call)
-            self._kick()
+            self._reading = True
+            try:
+                for event in events:
+                    self._event(event)
+                for call in self._unstarted.values():
+                    if not call._awaited:  # (a request longer than a read: a task waits)
+                        call._awaited = True
+                        assert self._nursery is not None
+                        self._nursery.start_soon(self._await_request, call)
+                self._run_read_end()
+            finally:
+                self._reading = False
+            self._write_now()
+
+    def at_read_end(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the events of the read being handled are handled,
+        before what they answer is written; at once outside a read."""
+        if self._reading:
+            self._read_end.append(callback)
+        else:
+            callback()
+
+    def _run_read_end(self) -> None:
+        callbacks = self._read_end
+        while callbacks:
+            callback = callbacks.pop(0)
+            try:
+                callback()
+            except Exception:
+                log.exception("gRPC: a read's end callback for %s failed", self.peer)
+
+    def _write_now(self) -> None:
+        """Write what there is to send without waiting (the reader's, after a read: no
+        wait for the writer's turn); what the socket does not take, the writer sends."""
+        if self._send_busy or self._fd < 0:
+            self._out_wakeup.set()
+            return
+        self._out += self.h2.data_to_send()
+        if self._out:
+            try:
+                written = os.write(self._fd, self._out)
+            except BlockingIOError:
+                written = 0
+            except OSError:
+                self.abort()
+                return
+            del self._out[:written]
+        if self._out or self._goaway:
+            self._out_wakeup.set()
 
     async def _flush_last(self) -> None:
         """Send what is pending (a GOAWAY, say) within a moment, then give up."""
         with trio.move_on_after(1.0):
-            data = self.h2.data_to_send()
+            data = bytes(self._out) + self.h2.data_to_send()
+            self._out = bytearray()
             if data:
                 try:
                     await self._stream.send_all(data)
@@ -425,26 +493,30 @@ class _Connection:
     async def _write_loop(self) -> None:
         limit = self.config.remoting.max_send_buffer_bytes
         while True:
-            data = self.h2.data_to_send() + self._goaway
+            self._out += self.h2.data_to_send() + self._goaway
             self._goaway = b""
-            if not data and self._going_away and not self.calls:
+            if not self._out and self._going_away and not self.calls:
                 self.abort()  # (the GOAWAY is out, the last call answered)
                 return
-            if not data:
+            if not self._out:
                 self._out_wakeup = trio.Event()
                 await self._out_wakeup.wait()
                 continue
+            data, self._out = self._out, bytearray()
             if len(data) > limit:
                 self.server.warnings.warning(
                     "slow", "gRPC: closed %s: it leaves %d bytes unread", self.peer, len(data)
                 )
                 self.abort()
                 return
+            self._send_busy = True
             try:
                 await self._stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 self.abort()
                 return
+            finally:
+                self._send_busy = False
 
     async def _idle_watch(self) -> None:
         timeout = self.config.remoting.idle_timeout_s
@@ -477,7 +549,8 @@ class _Connection:
             self._kick()
 
     def _kick(self) -> None:
-        self._out_wakeup.set()
+        if not self._reading:  # (the reader writes what a read's events answer)
+            self._out_wakeup.set()
 
     # ------------------------------------------------------------------ events
     def _event(self, event: h2.events.Event) -> None:

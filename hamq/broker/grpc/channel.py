@@ -14,13 +14,16 @@ the client (a transaction check-back) goes to ``on_request``: the endpoint write
 on the client's Telemetry stream.
 
 Requests are dispatched in groups, as a remoting connection dispatches the requests of
-one read: they are queued (``submit``, or ``request`` to wait for the answer), and the
-channel's own task dispatches what is queued when it next runs, in the order it was
-queued, YIELD_EVERY_COMMANDS at a time, each such chunk one group (``at_group_end``: the
-sends among them are stored and wait for their durability together). The calls of one
-HTTP/2 read queue theirs before it runs: the server's reader submits the calls answered
-by callback itself (in the order of their streams), and the tasks it starts for the
-others run in the same pass of the scheduler.
+one read: they are queued, and dispatched in the order they were queued,
+YIELD_EVERY_COMMANDS at a time, each such chunk one group (``at_group_end``: the sends
+among them are stored and wait for their durability together). Who dispatches them:
+- the calls answered by callback are submitted by the server's reader (in the order of
+  their streams) with the read's end as their moment (``submit``'s ``at_end``: the
+  reader dispatches them once the read's events are handled, and writes the answers
+  decided at once itself, no task woken);
+- the others (``request``, from a call's task) are dispatched by the channel's own task
+  when it next runs: the tasks a read started run in one pass of the scheduler, so
+  theirs are queued by then.
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ class LocalChannel(Connection):
         self._queued: list[RemotingCommand] = []
         self._dispatching = False
         self._wakeup = trio.Event()
+        #: a read's end will dispatch what is queued (``submit``'s ``at_end``)
+        self._at_end = False
         #: requests dispatched, and the groups they were dispatched in
         self.requests = 0
         self.request_groups = 0
@@ -85,15 +90,36 @@ class LocalChannel(Connection):
         return f"<LocalChannel {self.peer} {'closed' if self._closed else 'open'}>"
 
     # ------------------------------------------------------------------ asking
-    def submit(self, request: RemotingCommand, on_answer: OnAnswer) -> None:
+    def submit(
+        self,
+        request: RemotingCommand,
+        on_answer: OnAnswer,
+        at_end: Callable[[Callable[[], None]], None] | None = None,
+    ) -> None:
         """Queue ``request`` for its group's dispatch; its answer goes to ``on_answer``
-        (a held pop's when it comes; None if the channel closes first).
-        RemotingConnectionClosed if the channel is closed."""
+        (a held pop's when it comes; None if the channel closes first). ``at_end``
+        (the server's ``Call.at_read_end``) says when the group is dispatched: else the
+        channel's task dispatches it when it next runs. RemotingConnectionClosed if the
+        channel is closed."""
         if self._closed:
             raise RemotingConnectionClosed(self.peer, "the gRPC connection closed")
         request.opaque = next(self._opaques)
         self._waiters[request.opaque] = on_answer
         self._queued.append(request)
+        if at_end is None:
+            self._wake()
+        elif not self._at_end:
+            self._at_end = True
+            at_end(self._read_ended)
+
+    def _read_ended(self) -> None:
+        self._at_end = False
+        if self._queued and not self._closed:
+            self._dispatch_queued()
+        if self._queued:
+            self._wake()  # (the rest: the channel's task, a group at a time)
+
+    def _wake(self) -> None:
         if not self._dispatching:
             self._dispatching = True
             self._tasks.start_soon(self._dispatch_loop)

@@ -286,7 +286,7 @@ class GrpcEndpoint:
         """``_ask`` with the answer handed to ``on_answer`` (None: the client's
         connection closed first)."""
         try:
-            self._channel(call, request).submit(request, on_answer)
+            self._channel(call, request).submit(request, on_answer, call.at_read_end)
         except RemotingError as exc:
             raise Refused(pb.INTERNAL_SERVER_ERROR, str(exc)) from None
 
