@@ -41,8 +41,6 @@ from hamq.client.message import MessageExt, check_group, check_timeout, check_to
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.bodies import MASTER_ID
 from hamq.protocol.headers import (
-    AckMessageRequestHeader,
-    ChangeInvisibleTimeRequestHeader,
     ChangeInvisibleTimeResponseHeader,
     PopMessageRequestHeader,
     PopMessageResponseHeader,
@@ -52,6 +50,8 @@ from hamq.protocol.pop import (
     MAX_POP_MESSAGES,
     PROPERTY_RECEIPT_HANDLE,
     ReceiptHandle,
+    ack_header,
+    change_invisible_header,
     changed_handle,
     read_popped,
 )
@@ -212,13 +212,7 @@ class SimpleConsumer(InstanceOwner):
         or its invisible time ran out: it is delivered again)."""
         handle = receipt_handle(message)
         addr = await self._master(message.topic, handle)
-        header = AckMessageRequestHeader(
-            consumer_group=self.group,
-            topic=message.topic,
-            queue_id=handle.queue_id,
-            extra_info=str(handle),
-            offset=handle.offset,
-        )
+        header = ack_header(self.group, message.topic, handle)
         await self._ask(addr, self.instance.request(RequestCode.ACK_MESSAGE, header))
 
     async def ack_many(self, messages: Sequence[MessageExt]) -> None:
@@ -264,14 +258,7 @@ class SimpleConsumer(InstanceOwner):
         check_timeout("invisible_s", invisible_s)
         handle = receipt_handle(message)
         addr = await self._master(message.topic, handle)
-        header = ChangeInvisibleTimeRequestHeader(
-            consumer_group=self.group,
-            topic=message.topic,
-            queue_id=handle.queue_id,
-            extra_info=str(handle),
-            offset=handle.offset,
-            invisible_time=int(invisible_s * 1000),
-        )
+        header = change_invisible_header(self.group, message.topic, handle, int(invisible_s * 1000))
         response = await self._ask(
             addr, self.instance.request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, header)
         )

@@ -91,14 +91,8 @@ class Decoder(hpack.Decoder):
                 index, at = _integer(data, at, 7)
                 header = self._entry(index, dynamic)
             elif first & 0x40:  # literal with incremental indexing
-                index, at = _integer(data, at, 6)
-                if index:
-                    name = self._entry(index, dynamic)[0]
-                else:
-                    name, at = _string(data, at)
-                value, at = _string(data, at)
-                header = (name, value)
-                table.add(name, value)
+                header, at = self._literal(data, at, 6, dynamic)
+                table.add(*header)
             elif first & 0x20:  # dynamic table size update: only before the first field
                 if headers:
                     raise HPACKDecodingError("a table size update after the block's first field")
@@ -110,13 +104,7 @@ class Decoder(hpack.Decoder):
                 table.maxsize = new_size
                 continue
             else:  # literal without indexing (0000), or never indexed (0001)
-                index, at = _integer(data, at, 4)
-                if index:
-                    name = self._entry(index, dynamic)[0]
-                else:
-                    name, at = _string(data, at)
-                value, at = _string(data, at)
-                header = (name, value)
+                header, at = self._literal(data, at, 4, dynamic)
             headers.append(header)
             size += len(header[0]) + len(header[1]) + _ENTRY_OVERHEAD
             if size > limit:
@@ -124,6 +112,18 @@ class Decoder(hpack.Decoder):
         if table.maxsize > self.max_allowed_table_size:
             raise InvalidTableSizeError("the peer did not shrink its table to the size allowed")
         return headers
+
+    def _literal(
+        self, data: bytes, at: int, prefix_bits: int, dynamic: deque[tuple[bytes, bytes]]
+    ) -> tuple[tuple[bytes, bytes], int]:
+        """A literal field at ``at`` (its name indexed, or a string), and where it ends."""
+        index, at = _integer(data, at, prefix_bits)
+        if index:
+            name = self._entry(index, dynamic)[0]
+        else:
+            name, at = _string(data, at)
+        value, at = _string(data, at)
+        return (name, value), at
 
     @staticmethod
     def _entry(index: int, dynamic: deque[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:

@@ -23,7 +23,12 @@ import re
 
 import attrs
 
-from hamq.protocol.headers import ChangeInvisibleTimeResponseHeader, PopMessageResponseHeader
+from hamq.protocol.headers import (
+    AckMessageRequestHeader,
+    ChangeInvisibleTimeRequestHeader,
+    ChangeInvisibleTimeResponseHeader,
+    PopMessageResponseHeader,
+)
 from hamq.protocol.message import (
     PROPERTY_RETRY_TOPIC,
     RETRY_GROUP_TOPIC_PREFIX,
@@ -168,6 +173,33 @@ def read_popped(
             message.reconsume_times = count
         if is_retry_topic(message.topic):
             message.topic = message.properties.get(PROPERTY_RETRY_TOPIC, topic)
+
+
+def ack_header(group: str, topic: str, handle: ReceiptHandle) -> AckMessageRequestHeader:
+    """ACK_MESSAGE's header for the message ``handle`` names, in ``topic`` (the one its
+    handle is in: the pop retry topic's, or the topic)."""
+    return AckMessageRequestHeader(
+        consumer_group=group,
+        topic=topic,
+        queue_id=handle.queue_id,
+        extra_info=str(handle),
+        offset=handle.offset,
+    )
+
+
+def change_invisible_header(
+    group: str, topic: str, handle: ReceiptHandle, invisible_ms: int
+) -> ChangeInvisibleTimeRequestHeader:
+    """CHANGE_MESSAGE_INVISIBLETIME's header: the message ``handle`` names (in ``topic``,
+    as for ``ack_header``) comes back ``invisible_ms`` from now."""
+    return ChangeInvisibleTimeRequestHeader(
+        consumer_group=group,
+        topic=topic,
+        queue_id=handle.queue_id,
+        extra_info=str(handle),
+        offset=handle.offset,
+        invisible_time=invisible_ms,
+    )
 
 
 def changed_handle(

@@ -34,10 +34,9 @@ import trio
 from hamq.acl import Credentials
 from hamq.protocol import RemotingCommand, RequestCode, ResponseCode
 from hamq.protocol.headers import (
-    ChangeInvisibleTimeRequestHeader,
     ChangeInvisibleTimeResponseHeader,
 )
-from hamq.protocol.pop import ReceiptHandle, changed_handle
+from hamq.protocol.pop import ReceiptHandle, change_invisible_header, changed_handle
 
 log = logging.getLogger(__name__)
 
@@ -225,14 +224,6 @@ class Renewals:
         invisible_ms: int,
         on_answer: Callable[[RemotingCommand | None], None],
     ) -> None:
-        handle = lease.handle
-        header = ChangeInvisibleTimeRequestHeader(
-            consumer_group=lease.group,
-            topic=lease.topic,
-            queue_id=handle.queue_id,
-            extra_info=str(handle),
-            offset=handle.offset,
-            invisible_time=invisible_ms,
-        )
+        header = change_invisible_header(lease.group, lease.topic, lease.handle, invisible_ms)
         request = RemotingCommand.request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, header)
         self._submit(request, lease.credentials, on_answer)

@@ -66,8 +66,6 @@ from hamq.protocol.bodies import (
     encode_body,
 )
 from hamq.protocol.headers import (
-    AckMessageRequestHeader,
-    ChangeInvisibleTimeRequestHeader,
     ChangeInvisibleTimeResponseHeader,
     CheckTransactionStateRequestHeader,
     ConsumerSendMsgBackRequestHeader,
@@ -92,6 +90,8 @@ from hamq.protocol.pop import (
     PROPERTY_RECEIPT_HANDLE,
     ReceiptHandle,
     ReceiptHandleError,
+    ack_header,
+    change_invisible_header,
     changed_handle,
     pop_retry_topic,
     read_popped,
@@ -787,14 +787,7 @@ class GrpcEndpoint:
     @staticmethod
     def _ack(group: str, topic: str, handle: ReceiptHandle) -> RemotingCommand:
         """ACK_MESSAGE of the message ``handle`` names, in ``topic`` (its real one)."""
-        header = AckMessageRequestHeader(
-            consumer_group=group,
-            topic=topic,
-            queue_id=handle.queue_id,
-            extra_info=str(handle),
-            offset=handle.offset,
-        )
-        return RemotingCommand.request(RequestCode.ACK_MESSAGE, header)
+        return RemotingCommand.request(RequestCode.ACK_MESSAGE, ack_header(group, topic, handle))
 
     @staticmethod
     def _handle_topic(handle: ReceiptHandle, group: str, topic: str) -> str:
@@ -814,13 +807,11 @@ class GrpcEndpoint:
         text = await self.renewals.current(request.receipt_handle)
         try:
             handle = self._handle(text)
-            header = ChangeInvisibleTimeRequestHeader(
-                consumer_group=group,
-                topic=self._handle_topic(handle, group, topic),
-                queue_id=handle.queue_id,
-                extra_info=text,
-                offset=handle.offset,
-                invisible_time=millis(request.invisible_duration),
+            header = change_invisible_header(
+                group,
+                self._handle_topic(handle, group, topic),
+                handle,
+                millis(request.invisible_duration),
             )
             response = await self._ask(
                 call, RemotingCommand.request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, header)
